@@ -1,0 +1,320 @@
+//! Error responses: the codes of the contract and the typed `data` each one carries.
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Every error code of the contract, with its number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// `-32700`: the line is not valid UTF-8 or not valid JSON. The response's id is null.
+    ParseError,
+    /// `-32600`: not an object, no method, a batch, or a line over the length limit.
+    InvalidRequest,
+    /// `-32601`: no such method.
+    MethodNotFound,
+    /// `-32602`: a parameter is missing or wrong; `data` is [`InvalidParamsData`].
+    InvalidParams,
+    /// `-32603`: a fault inside the worker.
+    InternalError,
+    /// `-32001`: no model is loaded, or the named model is not resident.
+    NoModel,
+    /// `-32002`: a `load` failed; `data` is [`LoadFailedData`]. Resident models are untouched.
+    LoadFailed,
+    /// `-32003`: the queue is full; `data` is [`BusyData`]. Retry later.
+    Busy,
+    /// `-32004`: the prompt is longer than the context limit; `data` is [`ContextOverflowData`].
+    ContextOverflow,
+    /// `-32005`: generation failed inside MLX; `data` is [`GenerationFailedData`].
+    GenerationFailed,
+    /// `-32800`: a request other than `generate` was cancelled before it ran.
+    RequestCancelled,
+}
+
+impl ErrorCode {
+    /// Every code, in the order of the contract's table.
+    pub const ALL: [ErrorCode; 11] = [
+        ErrorCode::ParseError,
+        ErrorCode::InvalidRequest,
+        ErrorCode::MethodNotFound,
+        ErrorCode::InvalidParams,
+        ErrorCode::InternalError,
+        ErrorCode::NoModel,
+        ErrorCode::LoadFailed,
+        ErrorCode::Busy,
+        ErrorCode::ContextOverflow,
+        ErrorCode::GenerationFailed,
+        ErrorCode::RequestCancelled,
+    ];
+
+    /// The number on the wire.
+    pub const fn code(self) -> i64 {
+        match self {
+            ErrorCode::ParseError => -32700,
+            ErrorCode::InvalidRequest => -32600,
+            ErrorCode::MethodNotFound => -32601,
+            ErrorCode::InvalidParams => -32602,
+            ErrorCode::InternalError => -32603,
+            ErrorCode::NoModel => -32001,
+            ErrorCode::LoadFailed => -32002,
+            ErrorCode::Busy => -32003,
+            ErrorCode::ContextOverflow => -32004,
+            ErrorCode::GenerationFailed => -32005,
+            ErrorCode::RequestCancelled => -32800,
+        }
+    }
+
+    /// The code with this number, if the contract defines one.
+    pub fn from_code(code: i64) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.code() == code)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.code())
+    }
+}
+
+/// The `error` member of a response: `{code, message, data?}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, thiserror::Error)]
+#[error("{message} (JSON-RPC error {code})")]
+pub struct ResponseError {
+    /// The error's number; see [`ErrorCode`] for those the contract defines.
+    pub code: i64,
+    /// A sentence for people: what went wrong and, where possible, what to do.
+    pub message: String,
+    /// Structured detail; its shape depends on `code` (see [`ErrorCode`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl ResponseError {
+    /// An error with this code and message and no data.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ResponseError {
+            code: code.code(),
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    /// The same error with `data` set to the JSON form of `data`.
+    ///
+    /// # Panics
+    /// Panics if `data` cannot be represented as JSON; the data types of this module always can.
+    pub fn with_data(mut self, data: impl Serialize) -> Self {
+        self.data = Some(serde_json::to_value(data).expect("error data serialises to JSON"));
+        self
+    }
+
+    /// The contract's code for this error, if it is one of them.
+    pub fn error_code(&self) -> Option<ErrorCode> {
+        ErrorCode::from_code(self.code)
+    }
+
+    /// Decodes `data` as `T` (e.g. [`LoadFailedData`] for a `-32002`); `None` if absent or of
+    /// another shape.
+    pub fn data_as<T: DeserializeOwned>(&self) -> Option<T> {
+        self.data
+            .as_ref()
+            .and_then(|d| serde_json::from_value(d.clone()).ok())
+    }
+
+    /// `-32700`: the line is not valid UTF-8 or not JSON; `detail` says where.
+    pub fn parse_error(detail: impl fmt::Display) -> Self {
+        Self::new(
+            ErrorCode::ParseError,
+            format!("parse error: {detail}; send one UTF-8 JSON object per line"),
+        )
+    }
+
+    /// `-32600` for a line longer than `limit` bytes.
+    pub fn line_too_long(limit: usize) -> Self {
+        Self::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "invalid request: the line is longer than {limit} bytes and was discarded; \
+                 send smaller messages or raise --max-line-bytes"
+            ),
+        )
+    }
+
+    /// `-32601` for an unknown method.
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(
+            ErrorCode::MethodNotFound,
+            format!("method not found: `{method}`; see protocol.md for the methods"),
+        )
+    }
+
+    /// `-32602` for a bad parameter: `field` is its JSON path (e.g. `messages[0].role`).
+    pub fn invalid_params(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        let data = InvalidParamsData {
+            field: field.into(),
+            reason: reason.into(),
+        };
+        Self::new(
+            ErrorCode::InvalidParams,
+            format!("invalid params: `{}`: {}", data.field, data.reason),
+        )
+        .with_data(data)
+    }
+
+    /// `-32603`: a fault inside the worker.
+    pub fn internal(detail: impl fmt::Display) -> Self {
+        Self::new(
+            ErrorCode::InternalError,
+            format!("internal error: {detail}"),
+        )
+    }
+
+    /// `-32001`: no model loaded, or `model` is not resident.
+    pub fn no_model(model: Option<&str>) -> Self {
+        let message = match model {
+            Some(m) => format!("model `{m}` is not resident; `load` it first"),
+            None => "no model is loaded; call `load` first".to_owned(),
+        };
+        Self::new(ErrorCode::NoModel, message)
+    }
+
+    /// `-32002`: a `load` failed for reason `kind`.
+    pub fn load_failed(kind: LoadErrorKind, detail: impl Into<String>) -> Self {
+        let data = LoadFailedData {
+            kind,
+            detail: detail.into(),
+        };
+        Self::new(
+            ErrorCode::LoadFailed,
+            format!("model load failed ({}): {}", kind.as_str(), data.detail),
+        )
+        .with_data(data)
+    }
+
+    /// `-32003`: the queue already holds `max_queue` requests.
+    pub fn busy(max_queue: usize) -> Self {
+        Self::new(
+            ErrorCode::Busy,
+            format!("busy: {max_queue} requests are already queued; retry when one finishes"),
+        )
+        .with_data(BusyData { max_queue })
+    }
+
+    /// `-32004`: the prompt has more tokens than the context allows.
+    pub fn context_overflow(prompt_tokens: u64, context_length: u64) -> Self {
+        Self::new(
+            ErrorCode::ContextOverflow,
+            format!(
+                "context overflow: the prompt has {prompt_tokens} tokens and the context limit is \
+                 {context_length}; shorten the prompt or load with a larger max_seq_length"
+            ),
+        )
+        .with_data(ContextOverflowData {
+            prompt_tokens,
+            context_length,
+        })
+    }
+
+    /// `-32005`: MLX failed while generating.
+    pub fn generation_failed(detail: impl Into<String>) -> Self {
+        let data = GenerationFailedData {
+            detail: detail.into(),
+        };
+        Self::new(
+            ErrorCode::GenerationFailed,
+            format!("generation failed: {}", data.detail),
+        )
+        .with_data(data)
+    }
+
+    /// `-32800`: the request was cancelled before it ran.
+    pub fn request_cancelled() -> Self {
+        Self::new(
+            ErrorCode::RequestCancelled,
+            "request cancelled before it ran",
+        )
+    }
+}
+
+/// `data` of `-32602 invalid params`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct InvalidParamsData {
+    /// The JSON path of the bad field, e.g. `temperature` or `messages[1].content`; `.` for the
+    /// params as a whole.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Why a model failed to load: `data.kind` of `-32002`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadErrorKind {
+    /// No such repo, directory or file.
+    NotFound,
+    /// The model's architecture has no implementation in the worker.
+    UnsupportedArchitecture,
+    /// Weights are missing, truncated, or do not match the config.
+    InvalidWeights,
+    /// No usable tokenizer next to the weights.
+    TokenizerMissing,
+    /// The hub wants a token (gated or private repo); pass `hf_token`.
+    AuthRequired,
+    /// The hub could not be reached.
+    Network,
+    /// Not enough memory for the weights.
+    OutOfMemory,
+    /// A GGUF file with a layout or quantization the worker cannot read.
+    GgufUnsupported,
+}
+
+impl LoadErrorKind {
+    /// The name on the wire, e.g. `"not_found"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LoadErrorKind::NotFound => "not_found",
+            LoadErrorKind::UnsupportedArchitecture => "unsupported_architecture",
+            LoadErrorKind::InvalidWeights => "invalid_weights",
+            LoadErrorKind::TokenizerMissing => "tokenizer_missing",
+            LoadErrorKind::AuthRequired => "auth_required",
+            LoadErrorKind::Network => "network",
+            LoadErrorKind::OutOfMemory => "out_of_memory",
+            LoadErrorKind::GgufUnsupported => "gguf_unsupported",
+        }
+    }
+}
+
+/// `data` of `-32002 model load failed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LoadFailedData {
+    /// The class of failure.
+    pub kind: LoadErrorKind,
+    /// The underlying error, for people.
+    pub detail: String,
+}
+
+/// `data` of `-32003 busy`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct BusyData {
+    /// The queue's capacity (`--max-queue`).
+    pub max_queue: usize,
+}
+
+/// `data` of `-32004 context overflow`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ContextOverflowData {
+    /// Tokens in the templated prompt.
+    pub prompt_tokens: u64,
+    /// The context limit of the model as loaded.
+    pub context_length: u64,
+}
+
+/// `data` of `-32005 generation failed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GenerationFailedData {
+    /// The MLX error, for people.
+    pub detail: String,
+}

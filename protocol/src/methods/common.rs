@@ -1,0 +1,147 @@
+//! Types shared by several methods: memory figures, model info, chat messages.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// MLX memory figures, in bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryInfo {
+    /// Memory held by live arrays now.
+    pub active_bytes: u64,
+    /// The most held at once since start (or the last reset of the peak).
+    pub peak_bytes: u64,
+    /// MLX's memory limit.
+    pub limit_bytes: u64,
+}
+
+/// A compute dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// `"bfloat16"`.
+    Bfloat16,
+    /// `"float16"`.
+    Float16,
+    /// `"float32"`.
+    Float32,
+}
+
+/// How a model's weights are quantized.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Quantization {
+    /// Bits per weight, e.g. 4.
+    pub bits: u32,
+    /// Weights sharing one scale and bias, e.g. 64.
+    pub group_size: u32,
+}
+
+/// Where a model's chat template came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ChatTemplateSource {
+    /// `chat_template` of `tokenizer_config.json`.
+    #[serde(rename = "tokenizer_config")]
+    TokenizerConfig,
+    /// A `chat_template.jinja` file.
+    #[serde(rename = "chat_template.jinja")]
+    ChatTemplateJinja,
+    /// The GGUF file's `tokenizer.chat_template`.
+    #[serde(rename = "gguf")]
+    Gguf,
+    /// `chat_template_override` of `load`.
+    #[serde(rename = "override")]
+    Override,
+    /// No template: prompts are the plain concatenation of message contents.
+    #[serde(rename = "none")]
+    None,
+}
+
+/// Whether a model has a chat template, and from where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ChatTemplateInfo {
+    /// True when a template is in use.
+    pub present: bool,
+    /// Its origin.
+    pub source: ChatTemplateSource,
+}
+
+/// What the worker knows about a loaded model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ModelInfo {
+    /// The architecture class of `config.json`, e.g. `"LlamaForCausalLM"`.
+    pub architecture: String,
+    /// `model_type` of `config.json`, e.g. `"llama"`.
+    pub model_type: String,
+    /// The model takes images.
+    pub is_vision: bool,
+    /// A LoRA adapter is applied.
+    pub is_lora: bool,
+    /// Loaded from a GGUF file.
+    pub is_gguf: bool,
+    /// The compute dtype.
+    pub dtype: Dtype,
+    /// The weights' quantization; `null` when unquantized.
+    pub quantization: Option<Quantization>,
+    /// The context limit in force (tokens).
+    pub context_length: u64,
+    /// Parameter count.
+    pub num_parameters: u64,
+    /// Vocabulary size.
+    pub vocab_size: u64,
+    /// Tokens that end a generation.
+    pub eos_token_ids: Vec<u32>,
+    /// The chat template in use.
+    pub chat_template: ChatTemplateInfo,
+}
+
+/// One chat message: `{role, content}`.
+///
+/// Members other than `role` and `content` (e.g. `tool_calls`, `name`) are kept in `extra` and
+/// passed to the chat template as they are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ChatMessage {
+    /// `"system"`, `"user"`, `"assistant"`, `"tool"`, or what the template knows.
+    pub role: String,
+    /// A string, or a list of text and image parts.
+    pub content: MessageContent,
+    /// Other members, passed to the chat template unchanged.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl ChatMessage {
+    /// A message with plain-text content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: MessageContent::Text(content.into()),
+            extra: Map::new(),
+        }
+    }
+}
+
+/// The `content` of a [`ChatMessage`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// A list of parts.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a multi-part [`MessageContent`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// `{type: "text", text}`.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// `{type: "image", image}`: base64, a data URL or a local path.
+    Image {
+        /// The image.
+        image: String,
+    },
+}

@@ -1,0 +1,283 @@
+//! `generate`: one chat completion, streamed as `generate/delta` notifications.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{notification, ChatMessage, Method};
+use crate::envelope::RequestId;
+use crate::error::ResponseError;
+
+/// `generate`: runs one completion; deltas stream while it runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Generate {}
+
+impl Method for Generate {
+    const NAME: &'static str = "generate";
+    type Params = GenerateParams;
+    type Result = GenerateResult;
+
+    fn validate(p: &GenerateParams) -> Result<(), ResponseError> {
+        let bad = |field: &str, reason: String| Err(ResponseError::invalid_params(field, reason));
+        if p.messages.is_empty() {
+            return bad("messages", "must hold at least one message".into());
+        }
+        if !(p.temperature.is_finite() && p.temperature >= 0.0) {
+            return bad(
+                "temperature",
+                format!("must be >= 0, not {}", p.temperature),
+            );
+        }
+        if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+            return bad("top_p", format!("must be in (0, 1], not {}", p.top_p));
+        }
+        if p.top_k < -1 {
+            return bad("top_k", format!("must be >= -1, not {}", p.top_k));
+        }
+        if !(0.0..=1.0).contains(&p.min_p) {
+            return bad("min_p", format!("must be in [0, 1], not {}", p.min_p));
+        }
+        if !(p.repetition_penalty.is_finite() && p.repetition_penalty > 0.0) {
+            return bad(
+                "repetition_penalty",
+                format!("must be > 0, not {}", p.repetition_penalty),
+            );
+        }
+        if !p.presence_penalty.is_finite() {
+            return bad("presence_penalty", "must be a finite number".into());
+        }
+        if !p.frequency_penalty.is_finite() {
+            return bad("frequency_penalty", "must be a finite number".into());
+        }
+        if p.logprobs > MAX_LOGPROBS {
+            return bad(
+                "logprobs",
+                format!("must be in 0..={MAX_LOGPROBS}, not {}", p.logprobs),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The largest `logprobs` a request may ask for.
+pub const MAX_LOGPROBS: u8 = 20;
+
+fn default_max_new_tokens() -> u32 {
+    256
+}
+fn default_temperature() -> f64 {
+    0.7
+}
+fn default_top_p() -> f64 {
+    0.9
+}
+fn default_top_k() -> i32 {
+    40
+}
+fn default_repetition_penalty() -> f64 {
+    1.0
+}
+fn default_repetition_context_size() -> u32 {
+    20
+}
+fn default_true() -> bool {
+    true
+}
+
+/// Params of `generate`. Absent fields take the contract's defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GenerateParams {
+    /// Which resident model; default the active one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The conversation (required, non-empty).
+    pub messages: Vec<ChatMessage>,
+    /// Prepended as a system message when non-empty; default `""`.
+    #[serde(default)]
+    pub system_prompt: String,
+    /// One image (base64, data URL or local path) for the last user message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Most tokens to generate; default 256.
+    #[serde(default = "default_max_new_tokens")]
+    pub max_new_tokens: u32,
+    /// Sampling temperature; 0 means greedy; default 0.7.
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+    /// Nucleus sampling mass; 1.0 disables; default 0.9.
+    #[serde(default = "default_top_p")]
+    pub top_p: f64,
+    /// Keep the k most likely tokens; 0 or -1 disables; default 40.
+    #[serde(default = "default_top_k")]
+    pub top_k: i32,
+    /// Drop tokens below `min_p` times the top token's probability; default 0.
+    #[serde(default)]
+    pub min_p: f64,
+    /// Penalty over the last `repetition_context_size` tokens; 1.0 (default) disables.
+    #[serde(default = "default_repetition_penalty")]
+    pub repetition_penalty: f64,
+    /// Window of the repetition penalty (tokens); default 20.
+    #[serde(default = "default_repetition_context_size")]
+    pub repetition_context_size: u32,
+    /// OpenAI presence penalty; default 0.
+    #[serde(default)]
+    pub presence_penalty: f64,
+    /// OpenAI frequency penalty; default 0.
+    #[serde(default)]
+    pub frequency_penalty: f64,
+    /// Same seed, params and model: same tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Stop sequences; never emitted, even in part.
+    #[serde(default)]
+    pub stop: Vec<String>,
+    /// `false`: use the base weights although an adapter is loaded; default `null`.
+    #[serde(default)]
+    pub use_adapter: Option<bool>,
+    /// When > 0, each delta carries `tokens` with this many top alternatives (0..=20).
+    #[serde(default)]
+    pub logprobs: u8,
+    /// Passed to the chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
+    /// Tool definitions, passed to the chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Value>,
+    /// Passed to the chat template; default true.
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+    /// Passed to the chat template; default false.
+    #[serde(default)]
+    pub continue_final_message: bool,
+}
+
+impl GenerateParams {
+    /// Params for `messages` with every other field at its default.
+    pub fn new(messages: Vec<ChatMessage>) -> Self {
+        GenerateParams {
+            model: None,
+            messages,
+            system_prompt: String::new(),
+            image: None,
+            max_new_tokens: default_max_new_tokens(),
+            temperature: default_temperature(),
+            top_p: default_top_p(),
+            top_k: default_top_k(),
+            min_p: 0.0,
+            repetition_penalty: default_repetition_penalty(),
+            repetition_context_size: default_repetition_context_size(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            stop: Vec::new(),
+            use_adapter: None,
+            logprobs: 0,
+            enable_thinking: None,
+            tools: None,
+            add_generation_prompt: true,
+            continue_final_message: false,
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token.
+    Stop,
+    /// `max_new_tokens` (or the context) ran out.
+    Length,
+    /// A stop sequence matched.
+    StopSequence,
+    /// Cancelled; the text so far is returned.
+    Cancelled,
+}
+
+/// Token counts of a generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Usage {
+    /// Tokens in the templated prompt.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub completion_tokens: u64,
+    /// Their sum.
+    pub total_tokens: u64,
+    /// Prompt tokens reused from a prompt cache.
+    pub cached_tokens: u64,
+}
+
+/// Timings, with llama-server's field names.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Timings {
+    /// Prompt tokens processed.
+    pub prompt_n: u64,
+    /// Prefill time (ms).
+    pub prompt_ms: f64,
+    /// Prefill speed (tokens/s).
+    pub prompt_per_second: f64,
+    /// Tokens generated.
+    pub predicted_n: u64,
+    /// Decode time (ms).
+    pub predicted_ms: f64,
+    /// Decode speed (tokens/s).
+    pub predicted_per_second: f64,
+    /// Time to first token (ms).
+    pub ttft_ms: f64,
+}
+
+/// Result of `generate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GenerateResult {
+    /// The whole completion.
+    pub text: String,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Timings.
+    pub timings: Timings,
+}
+
+notification!(
+    /// `generate/delta`: new text of a running `generate`.
+    GenerateDeltaNotification,
+    "generate/delta",
+    GenerateDelta
+);
+
+/// Params of `generate/delta`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GenerateDelta {
+    /// The id of the `generate` request.
+    pub request_id: RequestId,
+    /// Counts deltas of this request from 0.
+    pub index: u64,
+    /// Only the text new since the last delta: valid UTF-8, never part of a stop sequence.
+    pub text: String,
+    /// With `logprobs > 0`: the tokens of this delta and their log-probabilities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<TokenLogprob>>,
+}
+
+/// A generated token and its log-probability.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TokenLogprob {
+    /// Token id.
+    pub id: u32,
+    /// Its text.
+    pub text: String,
+    /// Natural-log probability.
+    pub logprob: f32,
+    /// The most likely alternatives, best first.
+    pub top: Vec<TopLogprob>,
+}
+
+/// An alternative token and its log-probability.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TopLogprob {
+    /// Token id.
+    pub id: u32,
+    /// Natural-log probability.
+    pub logprob: f32,
+}

@@ -1,0 +1,76 @@
+//! `tokenize`: token ids of a text, or of a templated conversation.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{ChatMessage, Method};
+use crate::error::ResponseError;
+
+/// `tokenize`: answered at once, even during a generation.
+#[derive(Debug, Clone, Copy)]
+pub enum Tokenize {}
+
+impl Method for Tokenize {
+    const NAME: &'static str = "tokenize";
+    type Params = TokenizeParams;
+    type Result = TokenizeResult;
+
+    fn validate(p: &TokenizeParams) -> Result<(), ResponseError> {
+        match (&p.text, &p.messages) {
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            (None, None) => Err(ResponseError::invalid_params(
+                "text",
+                "give `text` or `messages`",
+            )),
+            (Some(_), Some(_)) => Err(ResponseError::invalid_params(
+                "messages",
+                "give `text` or `messages`, not both",
+            )),
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Params of `tokenize`: exactly one of `text` and `messages`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TokenizeParams {
+    /// Which resident model; default the active one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Text to tokenize as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// A conversation; the chat template is applied first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatMessage>>,
+    /// With `messages`: append the assistant prompt; default true.
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+}
+
+impl TokenizeParams {
+    /// Params to tokenize `text` with the active model.
+    pub fn text(text: impl Into<String>) -> Self {
+        TokenizeParams {
+            model: None,
+            text: Some(text.into()),
+            messages: None,
+            add_generation_prompt: true,
+        }
+    }
+}
+
+/// Result of `tokenize`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TokenizeResult {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    /// Their number.
+    pub count: usize,
+    /// With `messages`: the templated prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+}

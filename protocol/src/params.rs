@@ -1,0 +1,50 @@
+//! Decoding `params` into typed structs, with bad fields reported as `-32602 {field, reason}`.
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::envelope::json_kind;
+use crate::error::ResponseError;
+
+/// Decodes a request's or notification's `params` into `P`.
+///
+/// Absent (`null`) params decode as `{}`. Positional (array) params are refused. A serde error
+/// becomes `-32602` whose `data.field` is the JSON path of the offending field (`.` for the
+/// params as a whole) and `data.reason` serde's explanation. Unknown fields are ignored.
+pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ResponseError> {
+    let empty;
+    let params = match params {
+        Value::Null => {
+            empty = Value::Object(Map::new());
+            &empty
+        }
+        Value::Object(_) => params,
+        other => {
+            return Err(ResponseError::invalid_params(
+                ".",
+                format!(
+                    "params must be an object of named fields, not {}",
+                    json_kind(other)
+                ),
+            ))
+        }
+    };
+    serde_path_to_error::deserialize(params).map_err(|e| {
+        let path = e.path().to_string();
+        let reason = e.inner().to_string();
+        ResponseError::invalid_params(field_of(&path, &reason), reason)
+    })
+}
+
+/// The path of the bad field. serde reports a missing field at its parent's path, with the
+/// field's name only in the message, so the name is appended here.
+fn field_of(path: &str, reason: &str) -> String {
+    let missing = reason
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next());
+    match (missing, path) {
+        (Some(name), ".") => name.to_owned(),
+        (Some(name), parent) => format!("{parent}.{name}"),
+        (None, path) => path.to_owned(),
+    }
+}

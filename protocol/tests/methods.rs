@@ -1,0 +1,416 @@
+//! Params and results: the contract's field names, defaults, and `-32602` for bad fields.
+
+use protocol::error::{InvalidParamsData, LoadFailedData};
+use protocol::methods::*;
+use protocol::{ErrorCode, LoadErrorKind, Request, ResponseError, Secret};
+use serde_json::{json, Value};
+
+fn bad_field<M: Method>(params: Value) -> InvalidParamsData {
+    let err = M::parse_params(&params).expect_err("params should be refused");
+    assert_eq!(err.error_code(), Some(ErrorCode::InvalidParams), "{err:?}");
+    err.data_as().expect("-32602 carries {field, reason}")
+}
+
+#[test]
+fn generate_defaults_are_the_contracts() {
+    let p =
+        Generate::parse_params(&json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
+    assert_eq!(p.model, None);
+    assert_eq!(p.system_prompt, "");
+    assert_eq!(p.image, None);
+    assert_eq!(p.max_new_tokens, 256);
+    assert_eq!(p.temperature, 0.7);
+    assert_eq!(p.top_p, 0.9);
+    assert_eq!(p.top_k, 40);
+    assert_eq!(p.min_p, 0.0);
+    assert_eq!(p.repetition_penalty, 1.0);
+    assert_eq!(p.repetition_context_size, 20);
+    assert_eq!(p.presence_penalty, 0.0);
+    assert_eq!(p.frequency_penalty, 0.0);
+    assert_eq!(p.seed, None);
+    assert!(p.stop.is_empty());
+    assert_eq!(p.use_adapter, None);
+    assert_eq!(p.logprobs, 0);
+    assert_eq!(p.enable_thinking, None);
+    assert!(p.add_generation_prompt);
+    assert!(!p.continue_final_message);
+    assert_eq!(p, GenerateParams::new(vec![ChatMessage::new("user", "hi")]));
+}
+
+#[test]
+fn generate_reads_every_field_by_its_contract_name() {
+    let p = Generate::parse_params(&json!({
+        "model": "m", "system_prompt": "s", "image": "data:x",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "image": "/p.png"}]},
+            {"role": "assistant", "content": "b", "tool_calls": [{"id": 1}]}
+        ],
+        "max_new_tokens": 5, "temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.1,
+        "repetition_penalty": 1.1, "repetition_context_size": 64, "presence_penalty": 0.5,
+        "frequency_penalty": -0.5, "seed": 42, "stop": ["\n\n"], "use_adapter": false,
+        "logprobs": 20, "enable_thinking": true, "tools": [{"type": "function"}],
+        "add_generation_prompt": false, "continue_final_message": true,
+        "some_future_field": {"ignored": true}
+    }))
+    .unwrap();
+    assert_eq!(p.max_new_tokens, 5);
+    assert_eq!(p.temperature, 0.0);
+    assert_eq!(p.top_k, -1);
+    assert_eq!(p.seed, Some(42));
+    assert_eq!(p.use_adapter, Some(false));
+    assert_eq!(p.logprobs, 20);
+    assert_eq!(
+        p.messages[0].content,
+        MessageContent::Parts(vec![
+            ContentPart::Text { text: "a".into() },
+            ContentPart::Image {
+                image: "/p.png".into()
+            }
+        ])
+    );
+    assert_eq!(p.messages[1].extra["tool_calls"], json!([{"id": 1}]));
+    // Serialising gives the same names back (extra members included).
+    let back = serde_json::to_value(&p).unwrap();
+    assert_eq!(back["messages"][1]["tool_calls"], json!([{"id": 1}]));
+    assert_eq!(back["repetition_context_size"], 64);
+    assert_eq!(Generate::parse_params(&back).unwrap(), p);
+}
+
+#[test]
+fn wrong_types_and_ranges_name_the_field() {
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (json!({}), "messages"),
+        (
+            json!({"messages": msgs, "temperature": "hot"}),
+            "temperature",
+        ),
+        (
+            json!({"messages": msgs, "max_new_tokens": -1}),
+            "max_new_tokens",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+        ),
+        (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
+        (json!({"messages": msgs, "stop": "x"}), "stop"),
+        (json!({"messages": msgs, "logprobs": 21}), "logprobs"),
+        (json!({"messages": msgs, "temperature": -1}), "temperature"),
+        (json!({"messages": msgs, "top_p": 0}), "top_p"),
+        (json!({"messages": []}), "messages"),
+    ];
+    for (params, field) in cases {
+        let data = bad_field::<Generate>(params.clone());
+        assert_eq!(data.field, field, "{params} -> {data:?}");
+        assert!(!data.reason.is_empty());
+    }
+    assert_eq!(bad_field::<Generate>(json!([1, 2])).field, ".");
+    assert_eq!(
+        bad_field::<Load>(json!({"model": "m", "dtype": "int8"})).field,
+        "dtype"
+    );
+    assert_eq!(
+        bad_field::<Load>(json!({"model": "m", "kv_bits": 3})).field,
+        "kv_bits"
+    );
+    assert_eq!(bad_field::<Cancel>(json!({})).field, "request_id");
+    assert_eq!(
+        bad_field::<Cancel>(json!({"request_id": true})).field,
+        "request_id"
+    );
+    assert_eq!(bad_field::<Tokenize>(json!({})).field, "text");
+    assert_eq!(
+        bad_field::<Tokenize>(json!({"text": "a", "messages": []})).field,
+        "messages"
+    );
+}
+
+#[test]
+fn absent_params_mean_empty_object() {
+    let r = Request::new(1.into(), "status", Value::Null);
+    assert_eq!(r.parse_params::<StatusParams>().unwrap(), StatusParams {});
+    assert_eq!(Unload::parse_params(&Value::Null).unwrap().model, None);
+    assert_eq!(
+        Initialize::parse_params(&Value::Null).unwrap(),
+        InitializeParams::default()
+    );
+    assert_eq!(
+        Reset::parse_params(&json!({"x": 1})).unwrap(),
+        ResetParams {}
+    );
+}
+
+#[test]
+fn load_defaults_and_hf_token_is_redacted() {
+    let p = Load::parse_params(&json!({"model": "org/name", "hf_token": "hf_SECRET"})).unwrap();
+    assert_eq!(p.revision, "main");
+    assert_eq!(p.max_seq_length, 0);
+    assert!(!p.load_in_4bit && !p.trust_remote_code && !p.force);
+    assert_eq!(p.dtype, None);
+    assert_eq!(p.kv_bits, None);
+    assert_eq!(p.hf_token.as_ref().map(Secret::expose), Some("hf_SECRET"));
+    let debug = format!("{p:?} {p:#?}");
+    assert!(!debug.contains("hf_SECRET"), "{debug}");
+    assert!(debug.contains("<redacted>"));
+    let p = Load::parse_params(&json!({"model": "m", "dtype": "bfloat16", "kv_bits": 8})).unwrap();
+    assert_eq!(p.dtype, Some(Dtype::Bfloat16));
+    let mut expected = LoadParams::new("m");
+    expected.dtype = Some(Dtype::Bfloat16);
+    expected.kv_bits = Some(8);
+    assert_eq!(p, expected);
+}
+
+fn model_info() -> ModelInfo {
+    ModelInfo {
+        architecture: "LlamaForCausalLM".into(),
+        model_type: "llama".into(),
+        is_vision: false,
+        is_lora: false,
+        is_gguf: false,
+        dtype: Dtype::Float16,
+        quantization: None,
+        context_length: 2048,
+        num_parameters: 1,
+        vocab_size: 32000,
+        eos_token_ids: vec![2],
+        chat_template: ChatTemplateInfo {
+            present: true,
+            source: ChatTemplateSource::ChatTemplateJinja,
+        },
+    }
+}
+
+#[test]
+fn results_use_the_contracts_names() {
+    let load = LoadResult {
+        model_id: "m".into(),
+        info: model_info(),
+        load_ms: 3,
+        memory: MemoryInfo {
+            active_bytes: 1,
+            peak_bytes: 2,
+            limit_bytes: 3,
+        },
+    };
+    assert_eq!(
+        serde_json::to_value(&load).unwrap(),
+        json!({
+            "model_id": "m", "load_ms": 3,
+            "memory": {"active_bytes": 1, "peak_bytes": 2, "limit_bytes": 3},
+            "info": {
+                "architecture": "LlamaForCausalLM", "model_type": "llama", "is_vision": false,
+                "is_lora": false, "is_gguf": false, "dtype": "float16", "quantization": null,
+                "context_length": 2048, "num_parameters": 1, "vocab_size": 32000,
+                "eos_token_ids": [2],
+                "chat_template": {"present": true, "source": "chat_template.jinja"}
+            }
+        })
+    );
+
+    let generate = GenerateResult {
+        text: "hi".into(),
+        finish_reason: FinishReason::StopSequence,
+        usage: Usage {
+            prompt_tokens: 1,
+            completion_tokens: 2,
+            total_tokens: 3,
+            cached_tokens: 0,
+        },
+        timings: Timings::default(),
+    };
+    let v = serde_json::to_value(&generate).unwrap();
+    assert_eq!(v["finish_reason"], "stop_sequence");
+    let timing_keys: Vec<&str> = v["timings"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        timing_keys,
+        [
+            "predicted_ms",
+            "predicted_n",
+            "predicted_per_second",
+            "prompt_ms",
+            "prompt_n",
+            "prompt_per_second",
+            "ttft_ms"
+        ]
+    );
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3, "cached_tokens": 0})
+    );
+
+    let status = StatusResult {
+        state: WorkerState::Generating,
+        active_model: None,
+        models: vec![ResidentModel {
+            model_id: "m".into(),
+            info: model_info(),
+        }],
+        queue: QueueInfo {
+            running: 1,
+            waiting: 2,
+        },
+        memory: MemoryInfo::default(),
+        uptime_ms: 5,
+        requests_served: 6,
+    };
+    let v = serde_json::to_value(&status).unwrap();
+    assert_eq!(v["state"], "generating");
+    assert_eq!(v["active_model"], Value::Null);
+    assert_eq!(v["models"][0]["model_id"], "m");
+    assert_eq!(v["models"][0]["context_length"], 2048);
+    assert_eq!(v["queue"], json!({"running": 1, "waiting": 2}));
+    assert_eq!(serde_json::from_value::<StatusResult>(v).unwrap(), status);
+
+    let init = InitializeResult {
+        protocol_version: PROTOCOL_VERSION.into(),
+        worker: ProgramInfo {
+            name: "mlx-worker".into(),
+            version: "0.1.0".into(),
+        },
+        mlx: MlxInfo {
+            version: "0.29".into(),
+            backend: Backend::Cpu,
+            device: DeviceInfo {
+                name: "cpu".into(),
+                memory_bytes: 1,
+                recommended_working_set_bytes: None,
+            },
+        },
+        capabilities: Capabilities {
+            architectures: vec!["llama".into()],
+            vision: false,
+            lora: true,
+            gguf: true,
+            max_queue: 16,
+        },
+    };
+    let v = serde_json::to_value(&init).unwrap();
+    assert_eq!(v["protocol_version"], "1");
+    assert_eq!(v["mlx"]["backend"], "cpu");
+    assert_eq!(v["capabilities"]["max_queue"], 16);
+
+    assert_eq!(serde_json::to_value(ShutdownResult {}).unwrap(), json!({}));
+    assert_eq!(
+        serde_json::to_value(CancelResult { cancelled: true }).unwrap(),
+        json!({"cancelled": true})
+    );
+    assert_eq!(
+        serde_json::to_value(TokenizeResult {
+            tokens: vec![1, 2],
+            count: 2,
+            prompt: None
+        })
+        .unwrap(),
+        json!({"tokens": [1, 2], "count": 2})
+    );
+    assert_eq!(
+        serde_json::to_value(UnloadResult {
+            unloaded: vec!["m".into()],
+            memory: MemoryInfo::default()
+        })
+        .unwrap()["unloaded"],
+        json!(["m"])
+    );
+}
+
+#[test]
+fn notifications_use_the_contracts_names() {
+    let delta = GenerateDelta {
+        request_id: 7.into(),
+        index: 0,
+        text: "a".into(),
+        tokens: None,
+    };
+    assert_eq!(
+        serde_json::to_value(&delta).unwrap(),
+        json!({"request_id": 7, "index": 0, "text": "a"})
+    );
+    let delta = GenerateDelta {
+        tokens: Some(vec![TokenLogprob {
+            id: 1,
+            text: "a".into(),
+            logprob: -0.5,
+            top: vec![TopLogprob {
+                id: 1,
+                logprob: -0.5,
+            }],
+        }]),
+        ..delta
+    };
+    assert_eq!(
+        serde_json::to_value(&delta).unwrap()["tokens"],
+        json!([{"id": 1, "text": "a", "logprob": -0.5, "top": [{"id": 1, "logprob": -0.5}]}])
+    );
+    let progress: LoadProgress = serde_json::from_value(
+        json!({"request_id": "l", "stage": "download", "done": 1, "total": 2, "message": "x"}),
+    )
+    .unwrap();
+    assert_eq!(progress.stage, LoadStage::Download);
+    let c: CancelledParams =
+        serde_json::from_value(json!({"requestId": 3, "reason": "user"})).unwrap();
+    assert_eq!(c.request_id, 3.into());
+    let c: CancelRequestParams = serde_json::from_value(json!({"id": "x"})).unwrap();
+    assert_eq!(c.id, "x".into());
+    assert_eq!(GenerateDeltaNotification::NAME, "generate/delta");
+    assert_eq!(LoadProgressNotification::NAME, "load/progress");
+    assert_eq!(CancelRequestNotification::NAME, "$/cancelRequest");
+    assert_eq!(CancelledNotification::NAME, "notifications/cancelled");
+}
+
+#[test]
+fn error_codes_and_data() {
+    let codes: Vec<i64> = ErrorCode::ALL.iter().map(|c| c.code()).collect();
+    assert_eq!(
+        codes,
+        [-32700, -32600, -32601, -32602, -32603, -32001, -32002, -32003, -32004, -32005, -32800]
+    );
+    let e = ResponseError::load_failed(LoadErrorKind::AuthRequired, "gated");
+    assert_eq!(e.code, -32002);
+    assert_eq!(
+        e.data,
+        Some(json!({"kind": "auth_required", "detail": "gated"}))
+    );
+    assert_eq!(
+        e.data_as::<LoadFailedData>().unwrap().kind,
+        LoadErrorKind::AuthRequired
+    );
+    for kind in [
+        "not_found",
+        "unsupported_architecture",
+        "invalid_weights",
+        "tokenizer_missing",
+        "auth_required",
+        "network",
+        "out_of_memory",
+        "gguf_unsupported",
+    ] {
+        let k: LoadErrorKind = serde_json::from_value(json!(kind)).unwrap();
+        assert_eq!(k.as_str(), kind);
+    }
+    assert_eq!(ResponseError::busy(16).data, Some(json!({"max_queue": 16})));
+    assert_eq!(
+        ResponseError::context_overflow(9, 8).data,
+        Some(json!({"prompt_tokens": 9, "context_length": 8}))
+    );
+    assert_eq!(
+        ResponseError::generation_failed("oom").data,
+        Some(json!({"detail": "oom"}))
+    );
+    assert_eq!(ResponseError::request_cancelled().code, -32800);
+    assert_eq!(ResponseError::no_model(None).code, -32001);
+    assert_eq!(ResponseError::method_not_found("x").code, -32601);
+    assert_eq!(ResponseError::internal("x").code, -32603);
+    // `data` is omitted when absent.
+    assert_eq!(
+        serde_json::to_value(ResponseError::internal("x"))
+            .unwrap()
+            .get("data"),
+        None
+    );
+}
