@@ -1,0 +1,197 @@
+//! Rebuilding a Hugging Face `tokenizers` tokenizer from a GGUF's `tokenizer.ggml.*` metadata.
+//!
+//! Supported: byte-level BPE (`tokenizer.ggml.model = gpt2`) with the `smollm` and GPT-2
+//! pre-tokenizers. Other models and pre-tokenizers are refused with a message naming them.
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::{AddedToken, Tokenizer};
+
+use crate::{GgufFile, ImportError};
+
+/// GGUF token type of control tokens (`<|im_start|>` and the like): special in Hugging Face terms.
+const TOKEN_TYPE_CONTROL: i64 = 3;
+/// GGUF token type of user-defined tokens: added, but not special.
+const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Special token ids and flags from `tokenizer.ggml.*`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    /// `tokenizer.ggml.bos_token_id`.
+    pub bos: Option<u32>,
+    /// `tokenizer.ggml.eos_token_id`.
+    pub eos: Option<u32>,
+    /// `tokenizer.ggml.padding_token_id`.
+    pub pad: Option<u32>,
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub unk: Option<u32>,
+    /// `tokenizer.ggml.add_bos_token` (false when absent).
+    pub add_bos: bool,
+    /// `tokenizer.ggml.add_eos_token` (false when absent).
+    pub add_eos: bool,
+}
+
+impl SpecialTokens {
+    /// Reads the special token metadata.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self, ImportError> {
+        Ok(Self {
+            bos: file.get_as("tokenizer.ggml.bos_token_id")?,
+            eos: file.get_as("tokenizer.ggml.eos_token_id")?,
+            pad: file.get_as("tokenizer.ggml.padding_token_id")?,
+            unk: file.get_as("tokenizer.ggml.unknown_token_id")?,
+            add_bos: file
+                .get_as("tokenizer.ggml.add_bos_token")?
+                .unwrap_or(false),
+            add_eos: file
+                .get_as("tokenizer.ggml.add_eos_token")?
+                .unwrap_or(false),
+        })
+    }
+}
+
+/// The vocabulary as GGUF lists it: token strings, indexed by id.
+pub fn vocabulary(file: &GgufFile) -> Result<Vec<String>, ImportError> {
+    Ok(file.require("tokenizer.ggml.tokens")?)
+}
+
+/// Builds the tokenizer described by the metadata.
+pub fn tokenizer_from_gguf(file: &GgufFile) -> Result<Tokenizer, ImportError> {
+    let model: String = file.require("tokenizer.ggml.model")?;
+    if model != "gpt2" {
+        return Err(ImportError::Tokenizer(format!(
+            "tokenizer.ggml.model = {model:?} is not supported yet (only \"gpt2\", byte-level BPE); \
+             add it in crates/gguf/src/tokenizer.rs"
+        )));
+    }
+    let tokens = vocabulary(file)?;
+    let token_types: Vec<i64> = file
+        .get_as("tokenizer.ggml.token_type")?
+        .unwrap_or_else(|| vec![1; tokens.len()]);
+    if token_types.len() != tokens.len() {
+        return Err(ImportError::Inconsistent(format!(
+            "{} token types for {} tokens",
+            token_types.len(),
+            tokens.len()
+        )));
+    }
+    let merges: Vec<String> = file.require("tokenizer.ggml.merges")?;
+    let special = SpecialTokens::from_gguf(file)?;
+
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, token)| (token.clone(), id as u32))
+        .collect();
+    if vocab.len() != tokens.len() {
+        return Err(ImportError::Inconsistent(format!(
+            "tokenizer.ggml.tokens lists {} tokens but only {} distinct ones",
+            tokens.len(),
+            vocab.len()
+        )));
+    }
+    let merges = merges
+        .iter()
+        .map(|m| {
+            // Byte-level tokens never contain a space (it is mapped to 'Ġ'), so one space
+            // separates the pair.
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                .ok_or_else(|| ImportError::Tokenizer(format!("merge {m:?} is not a pair")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| ImportError::Tokenizer(e.to_string()))?;
+
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer(file)?));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    tokenizer.with_post_processor(Some(post_processor(&special, &tokens)?));
+
+    let added: Vec<AddedToken> = tokens
+        .iter()
+        .zip(&token_types)
+        .filter_map(|(token, &ty)| match ty {
+            TOKEN_TYPE_CONTROL => Some(AddedToken::from(token.clone(), true)),
+            TOKEN_TYPE_USER_DEFINED => Some(AddedToken::from(token.clone(), false)),
+            _ => None,
+        })
+        .collect();
+    // Both kinds are already in the vocabulary, so they keep their ids.
+    tokenizer.add_special_tokens(&added);
+    Ok(tokenizer)
+}
+
+/// The pre-tokenizer llama.cpp names in `tokenizer.ggml.pre`.
+fn pre_tokenizer(file: &GgufFile) -> Result<PreTokenizerWrapper, ImportError> {
+    let pre: Option<String> = file.get_as("tokenizer.ggml.pre")?;
+    let byte_level = ByteLevel::new(false, true, true);
+    match pre.as_deref() {
+        None | Some("default") | Some("gpt-2") => Ok(byte_level.into()),
+        Some("smollm") => Ok(Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()),
+        Some(other) => Err(ImportError::Tokenizer(format!(
+            "tokenizer.ggml.pre = {other:?} is not supported yet (supported: smollm, gpt-2, default); \
+             add its splitting rules in crates/gguf/src/tokenizer.rs"
+        ))),
+    }
+}
+
+/// Adds BOS/EOS around single sequences when the metadata asks for it; otherwise the plain
+/// byte-level post-processor (offsets only).
+fn post_processor(
+    special: &SpecialTokens,
+    tokens: &[String],
+) -> Result<PostProcessorWrapper, ImportError> {
+    if !special.add_bos && !special.add_eos {
+        return Ok(ByteLevel::new(true, false, true).into());
+    }
+    let named = |id: Option<u32>, what: &str| -> Result<(String, u32), ImportError> {
+        let id = id.ok_or_else(|| {
+            ImportError::Inconsistent(format!(
+                "tokenizer.ggml.add_{what}_token is set but no {what} token id is given"
+            ))
+        })?;
+        let token = tokens.get(id as usize).ok_or_else(|| {
+            ImportError::Inconsistent(format!("{what} token id {id} is outside the vocabulary"))
+        })?;
+        Ok((token.clone(), id))
+    };
+    let bos = special
+        .add_bos
+        .then(|| named(special.bos, "bos"))
+        .transpose()?;
+    let eos = special
+        .add_eos
+        .then(|| named(special.eos, "eos"))
+        .transpose()?;
+    // Pieces as separate strings, so token text with spaces cannot split a piece.
+    let wrap = |seq: &'static str, type_id: &str| {
+        let mut pieces = Vec::new();
+        pieces.extend(bos.iter().map(|(t, _)| format!("{t}:{type_id}")));
+        pieces.push(seq.to_owned());
+        pieces.extend(eos.iter().map(|(t, _)| format!("{t}:{type_id}")));
+        pieces
+    };
+    let single = wrap("$A:0", "0");
+    let mut pair = single.clone();
+    pair.extend(wrap("$B:1", "1"));
+    let specials: Vec<(String, u32)> = bos.iter().chain(eos.iter()).cloned().collect();
+    fn as_str(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let processor = TemplateProcessing::builder()
+        .try_single(as_str(&single))
+        .and_then(|b| b.try_pair(as_str(&pair)))
+        .map_err(ImportError::Tokenizer)?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| ImportError::Tokenizer(e.to_string()))?;
+    Ok(processor.into())
+}

@@ -1,0 +1,59 @@
+//! The reference Python: mlx-lm in a venv at `<workspace>/.venv` (git-ignored).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+/// Exactly these, so the reference runs the MLX build the worker links.
+const REQUIREMENTS: [&str; 3] = ["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2"];
+/// Written after a successful install; holds the requirement list it installed.
+const MARKER: &str = "mlx-worker-requirements.txt";
+
+/// The venv's python, creating the venv and installing the reference packages if needed.
+pub fn reference_python() -> anyhow::Result<PathBuf> {
+    let venv = crate::workspace_root().join(".venv");
+    let python = venv.join("bin").join("python");
+    let marker = venv.join(MARKER);
+    let wanted = REQUIREMENTS.join("\n") + "\n";
+    if python.is_file() && std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str())
+    {
+        return Ok(python);
+    }
+    if !python.is_file() {
+        eprintln!("creating {}", venv.display());
+        run(
+            Command::new("python3").arg("-m").arg("venv").arg(&venv),
+            "python3 -m venv",
+        )?;
+    }
+    eprintln!(
+        "installing {} into {}",
+        REQUIREMENTS.join(" "),
+        venv.display()
+    );
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(REQUIREMENTS),
+        "pip install",
+    )?;
+    std::fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
+    Ok(python)
+}
+
+fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let status = cmd.status().with_context(|| {
+        format!("{what}: cannot start it (is python3 with venv and pip installed?)")
+    })?;
+    if !status.success() {
+        bail!("{what} failed ({status}); see its output above");
+    }
+    Ok(())
+}
