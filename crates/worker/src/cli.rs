@@ -1,0 +1,25 @@
+//! Command-line options.
+
+use clap::Parser;
+
+/// mlx-worker: MLX inference behind JSON-RPC 2.0 on stdin/stdout, one message per line.
+/// Logs go to stderr; set the level with MLX_WORKER_LOG (or RUST_LOG), default `info`.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Cli {
+    /// Longest accepted input line in bytes; longer lines are discarded with -32600.
+    #[arg(long, default_value_t = protocol::DEFAULT_MAX_LINE_BYTES, value_parser = parse_positive)]
+    pub max_line_bytes: usize,
+
+    /// Most load/generate/unload/reset requests that may wait for the engine; past it -32003.
+    #[arg(long, default_value_t = 16)]
+    pub max_queue: usize,
+}
+
+fn parse_positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}

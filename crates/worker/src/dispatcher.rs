@@ -1,0 +1,421 @@
+//! The dispatcher: one task that owns the queue and the lifecycle.
+//!
+//! `initialize`, `status`, `cancel`, `tokenize` and `shutdown` are answered here at once, even
+//! while the MLX thread generates. `load`, `generate`, `unload` and `reset` have their params
+//! checked here, then wait in the bounded queue and run one at a time on the MLX thread.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use protocol::methods::{
+    Cancel, CancelRequestNotification, CancelRequestParams, CancelResult, CancelledNotification,
+    CancelledParams, Capabilities, FinishReason, Generate, GenerateResult, Initialize,
+    InitializeResult, Load, Method, NotificationMethod, ProgramInfo, QueueInfo, Reset, Shutdown,
+    ShutdownResult, Status, StatusResult, Timings, Tokenize, Unload, Usage, WorkerState,
+    PROTOCOL_VERSION,
+};
+use protocol::{ErrorCode, Message, Notification, Request, RequestId, Response, ResponseError};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use crate::backend::{BackendInfo, CancelSignal, Residents, TokenizeService};
+use crate::executor::{Executor, ExecutorEvent, Job, Work};
+use crate::queue::JobQueue;
+use crate::transport::{Inbound, Outbox};
+
+/// How long a stop waits for the running job to notice its cancellation.
+const CANCEL_GRACE: Duration = Duration::from_millis(600);
+/// How long a stop then waits for the MLX thread to free memory.
+const FREE_GRACE: Duration = Duration::from_millis(200);
+
+struct Running<C> {
+    id: RequestId,
+    state: WorkerState,
+    cancel: C,
+}
+
+/// Why the worker stops.
+#[derive(Debug, Clone, Copy)]
+enum StopReason {
+    Shutdown,
+    EndOfInput,
+    Sigterm,
+    Sigint,
+}
+
+/// The dispatcher's state.
+pub struct Dispatcher<C> {
+    outbox: Outbox,
+    executor: Executor<C>,
+    queue: JobQueue<C>,
+    running: Option<Running<C>>,
+    max_queue: usize,
+    info: Option<BackendInfo>,
+    engine_failed: Option<String>,
+    tokenizer: Option<Arc<dyn TokenizeService>>,
+    waiting_initialize: Vec<RequestId>,
+    residents: Arc<Mutex<Residents>>,
+    started: Instant,
+    served: u64,
+    stopping: Option<StopReason>,
+}
+
+impl<C: CancelSignal> Dispatcher<C> {
+    /// A dispatcher in front of `executor`.
+    pub fn new(
+        outbox: Outbox,
+        executor: Executor<C>,
+        residents: Arc<Mutex<Residents>>,
+        max_queue: usize,
+    ) -> Self {
+        Dispatcher {
+            outbox,
+            executor,
+            queue: JobQueue::new(max_queue),
+            running: None,
+            max_queue,
+            info: None,
+            engine_failed: None,
+            tokenizer: None,
+            waiting_initialize: Vec::new(),
+            residents,
+            started: Instant::now(),
+            served: 0,
+            stopping: None,
+        }
+    }
+
+    /// Serves until `shutdown`, end of stdin, SIGTERM or SIGINT; then cancels, frees and
+    /// returns within about a second.
+    pub async fn run(
+        mut self,
+        mut inbound: mpsc::UnboundedReceiver<Inbound>,
+        mut events: mpsc::UnboundedReceiver<ExecutorEvent>,
+    ) {
+        let mut sigterm = signal(SignalKind::terminate()).expect("install a SIGTERM handler");
+        let mut sigint = signal(SignalKind::interrupt()).expect("install a SIGINT handler");
+        let mut input_open = true;
+        let mut deadline = None;
+
+        loop {
+            tokio::select! {
+                item = inbound.recv(), if input_open => match item {
+                    Some(Inbound::Message(message)) => self.handle(message),
+                    Some(Inbound::Closed) | None => {
+                        input_open = false;
+                        self.stop(StopReason::EndOfInput);
+                    }
+                },
+                Some(event) = events.recv() => self.on_event(event),
+                _ = sigterm.recv() => self.stop(StopReason::Sigterm),
+                _ = sigint.recv() => self.stop(StopReason::Sigint),
+                _ = sleep_until(deadline) => {
+                    tracing::warn!("the running job did not stop in time; exiting anyway");
+                    break;
+                }
+            }
+            if self.stopping.is_some() {
+                deadline.get_or_insert_with(|| tokio::time::Instant::now() + CANCEL_GRACE);
+                if self.running.is_none() {
+                    break;
+                }
+            }
+        }
+
+        if !self.executor.quit(FREE_GRACE).await {
+            tracing::warn!("the MLX thread did not free in time; exiting anyway");
+        }
+        let _ = tokio::time::timeout(FREE_GRACE, self.outbox.flush()).await;
+        tracing::info!(reason = ?self.stopping, served = self.served, "stopped");
+    }
+
+    fn handle(&mut self, message: Message) {
+        match message {
+            Message::Request(request) => {
+                if self.stopping.is_some() {
+                    let error = ResponseError::new(
+                        ErrorCode::InvalidRequest,
+                        "the worker is shutting down and takes no more requests; start a new one",
+                    );
+                    self.answer(Response::err(Some(request.id), error));
+                } else {
+                    self.on_request(request);
+                }
+            }
+            Message::Notification(notification) => self.on_notification(notification),
+            Message::Response(response) => {
+                tracing::debug!(id = ?response.id, "ignoring a response: the worker sends no requests")
+            }
+        }
+    }
+
+    fn on_request(&mut self, request: Request) {
+        let Request { id, method, params } = request;
+        tracing::debug!(%id, %method, "request");
+        let work = match method.as_str() {
+            Initialize::NAME => {
+                return match Initialize::parse_params(&params) {
+                    Ok(p) => {
+                        if let Some(version) = p.protocol_version.filter(|v| v != PROTOCOL_VERSION)
+                        {
+                            tracing::warn!(%version, "host speaks another protocol version; answering with {PROTOCOL_VERSION}");
+                        }
+                        self.waiting_initialize.push(id);
+                        self.answer_initialize();
+                    }
+                    Err(e) => self.answer(Response::err(Some(id), e)),
+                };
+            }
+            Status::NAME => {
+                return match Status::parse_params(&params) {
+                    Ok(_) => {
+                        let status = self.status();
+                        self.answer(Response::ok(id, status))
+                    }
+                    Err(e) => self.answer(Response::err(Some(id), e)),
+                };
+            }
+            Cancel::NAME => {
+                return match Cancel::parse_params(&params) {
+                    Ok(p) => {
+                        let cancelled = self.cancel(&p.request_id);
+                        self.answer(Response::ok(id, CancelResult { cancelled }))
+                    }
+                    Err(e) => self.answer(Response::err(Some(id), e)),
+                };
+            }
+            Tokenize::NAME => return self.tokenize(id, &params),
+            Shutdown::NAME => {
+                return match Shutdown::parse_params(&params) {
+                    Ok(_) => {
+                        self.answer(Response::ok(id, ShutdownResult {}));
+                        self.stop(StopReason::Shutdown);
+                    }
+                    Err(e) => self.answer(Response::err(Some(id), e)),
+                };
+            }
+            Load::NAME => Load::parse_params(&params).map(|p| {
+                if p.trust_remote_code {
+                    tracing::warn!("trust_remote_code is accepted but no remote code ever runs");
+                }
+                Work::Load(Box::new(p))
+            }),
+            Generate::NAME => Generate::parse_params(&params).map(|p| Work::Generate(Box::new(p))),
+            Unload::NAME => Unload::parse_params(&params).map(Work::Unload),
+            Reset::NAME => Reset::parse_params(&params).map(|_| Work::Reset),
+            other => Err(ResponseError::method_not_found(other)),
+        };
+        match work {
+            Ok(work) => self.enqueue(id, work),
+            Err(e) => self.answer(Response::err(Some(id), e)),
+        }
+    }
+
+    fn on_notification(&mut self, notification: Notification) {
+        let target = match notification.method.as_str() {
+            CancelRequestNotification::NAME => notification
+                .parse_params::<CancelRequestParams>()
+                .map(|p| p.id),
+            CancelledNotification::NAME => notification
+                .parse_params::<CancelledParams>()
+                .map(|p| p.request_id),
+            other => {
+                tracing::debug!(method = other, "ignoring an unknown notification");
+                return;
+            }
+        };
+        match target {
+            Ok(id) => {
+                let cancelled = self.cancel(&id);
+                tracing::debug!(%id, cancelled, "cancel notification");
+            }
+            Err(e) => {
+                tracing::warn!(method = %notification.method, "ignoring a notification: {}", e.message)
+            }
+        }
+    }
+
+    fn enqueue(&mut self, id: RequestId, work: Work) {
+        let job = Job {
+            id,
+            work,
+            cancel: C::new(),
+        };
+        if self.running.is_none() && self.queue.is_empty() {
+            return self.start(job);
+        }
+        if let Err(job) = self.queue.push(job) {
+            let max_queue = self.max_queue;
+            self.answer(Response::err(Some(job.id), ResponseError::busy(max_queue)));
+        }
+    }
+
+    fn start(&mut self, job: Job<C>) {
+        self.running = Some(Running {
+            id: job.id.clone(),
+            state: job.work.state(),
+            cancel: job.cancel.clone(),
+        });
+        self.executor.run(job);
+    }
+
+    fn on_event(&mut self, event: ExecutorEvent) {
+        match event {
+            ExecutorEvent::Ready { info, tokenizer } => {
+                self.info = Some(info);
+                self.tokenizer = Some(tokenizer);
+                self.answer_initialize();
+            }
+            ExecutorEvent::Failed(reason) => {
+                self.engine_failed = Some(reason);
+                self.answer_initialize();
+            }
+            ExecutorEvent::Done(id) => {
+                // The MLX thread wrote the response itself.
+                self.served += 1;
+                if self.running.as_ref().is_some_and(|r| r.id == id) {
+                    self.running = None;
+                }
+                if self.stopping.is_none() {
+                    if let Some(next) = self.queue.pop() {
+                        self.start(next);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cancels a queued or running request; whether there was one.
+    fn cancel(&mut self, id: &RequestId) -> bool {
+        if let Some(running) = self.running.as_ref().filter(|r| &r.id == id) {
+            running.cancel.cancel();
+            return true;
+        }
+        match self.queue.remove(id) {
+            Some(job) => {
+                self.answer_cancelled(job);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The answer of a job cancelled before it ran.
+    fn answer_cancelled(&mut self, job: Job<C>) {
+        let response = match job.work {
+            Work::Generate(_) => Response::ok(
+                job.id,
+                GenerateResult {
+                    text: String::new(),
+                    finish_reason: FinishReason::Cancelled,
+                    usage: Usage::default(),
+                    timings: Timings::default(),
+                },
+            ),
+            _ => Response::err(Some(job.id), ResponseError::request_cancelled()),
+        };
+        self.answer(response);
+    }
+
+    fn stop(&mut self, reason: StopReason) {
+        if self.stopping.is_some() {
+            return;
+        }
+        tracing::info!(?reason, "stopping: cancelling running and queued work");
+        self.stopping = Some(reason);
+        if let Some(running) = &self.running {
+            running.cancel.cancel();
+        }
+        for job in self.queue.drain() {
+            self.answer_cancelled(job);
+        }
+    }
+
+    fn answer_initialize(&mut self) {
+        let info = match (&self.info, &self.engine_failed) {
+            (Some(info), _) => info.clone(),
+            (None, Some(reason)) => {
+                let error =
+                    ResponseError::internal(format!("the engine could not start: {reason}"));
+                for id in std::mem::take(&mut self.waiting_initialize) {
+                    self.answer(Response::err(Some(id), error.clone()));
+                }
+                return;
+            }
+            // Answered when the MLX thread reports in.
+            (None, None) => return,
+        };
+        for id in std::mem::take(&mut self.waiting_initialize) {
+            let result = InitializeResult {
+                protocol_version: PROTOCOL_VERSION.into(),
+                worker: ProgramInfo {
+                    name: env!("CARGO_PKG_NAME").into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                },
+                mlx: info.mlx.clone(),
+                capabilities: Capabilities {
+                    architectures: info.architectures.clone(),
+                    vision: info.vision,
+                    lora: info.lora,
+                    gguf: info.gguf,
+                    max_queue: self.max_queue,
+                },
+            };
+            self.answer(Response::ok(id, result));
+        }
+    }
+
+    fn status(&self) -> StatusResult {
+        let residents = self.residents.lock().expect("residents lock").clone();
+        StatusResult {
+            state: self.running.as_ref().map_or(WorkerState::Idle, |r| r.state),
+            active_model: residents.active_model,
+            models: residents.models,
+            queue: QueueInfo {
+                running: u32::from(self.running.is_some()),
+                waiting: self.queue.len() as u32,
+            },
+            memory: residents.memory,
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            requests_served: self.served,
+        }
+    }
+
+    /// Tokenizes off the dispatcher (templating can take a while) and off the MLX thread.
+    fn tokenize(&mut self, id: RequestId, params: &serde_json::Value) {
+        let params = match Tokenize::parse_params(params) {
+            Ok(p) => p,
+            Err(e) => return self.answer(Response::err(Some(id), e)),
+        };
+        let Some(tokenizer) = self.tokenizer.clone() else {
+            let error = match &self.engine_failed {
+                Some(reason) => {
+                    ResponseError::internal(format!("the engine could not start: {reason}"))
+                }
+                None => ResponseError::no_model(params.model.as_deref()),
+            };
+            return self.answer(Response::err(Some(id), error));
+        };
+        self.served += 1;
+        let outbox = self.outbox.clone();
+        tokio::task::spawn_blocking(move || {
+            let response = match tokenizer.tokenize(&params) {
+                Ok(result) => Response::ok(id, result),
+                Err(e) => Response::err(Some(id), e),
+            };
+            outbox.send(response);
+        });
+    }
+
+    fn answer(&mut self, response: Response) {
+        self.served += 1;
+        self.outbox.send(response);
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

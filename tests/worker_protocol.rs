@@ -1,0 +1,173 @@
+//! End-to-end: the real `mlx-worker` binary against bad input and its lifecycle. These need no
+//! engine and run on every build.
+
+#[path = "common_worker.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{within, worker};
+use protocol::error::{BusyData, InvalidParamsData};
+use protocol::methods::{Initialize, InitializeParams, Status, StatusParams, WorkerState};
+use protocol::{ClientError, ErrorCode, RequestId, Response};
+use serde_json::{json, Value};
+
+fn code(r: &Response) -> i64 {
+    r.outcome.as_ref().expect_err("an error response").code
+}
+
+#[tokio::test]
+async fn every_kind_of_bad_input_gets_its_error_and_the_worker_keeps_serving() {
+    let w = worker(&["--max-line-bytes", "200"]);
+    let cases: [(&[u8], Option<RequestId>, i64); 9] = [
+        (b"{not json\n", None, -32700),
+        (b"\xff\xfe\n", None, -32700),
+        (b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"status\"}]\n", None, -32600),
+        (b"42\n", None, -32600),
+        (b"{\"jsonrpc\":\"2.0\",\"id\":11}\n", Some(11.into()), -32600),
+        (b"{\"jsonrpc\":\"2.0\",\"id\":12,\"method\":\"nope\"}\n", Some(12.into()), -32601),
+        (b"{\"jsonrpc\":\"2.0\",\"id\":13,\"method\":\"generate\",\"params\":{\"messages\":[],\"temperature\":\"x\"}}\n", Some(13.into()), -32602),
+        (b"{\"jsonrpc\":\"2.0\",\"id\":\"s\",\"method\":\"cancel\",\"params\":{}}\n", Some("s".into()), -32602),
+        (b"{\"jsonrpc\":\"2.0\",\"id\":14,\"method\":\"status\",\"params\":7}\n", Some(14.into()), -32600),
+    ];
+    for (line, id, expected) in cases {
+        w.send_raw(line).unwrap();
+        let r = within(w.next_unmatched()).await.unwrap();
+        assert_eq!(
+            (r.id.clone(), code(&r)),
+            (id, expected),
+            "{}",
+            String::from_utf8_lossy(line)
+        );
+    }
+    // -32602 names the field.
+    w.send_raw(
+        &b"{\"jsonrpc\":\"2.0\",\"id\":15,\"method\":\"load\",\"params\":{\"model\":3}}\n"[..],
+    )
+    .unwrap();
+    let r = within(w.next_unmatched()).await.unwrap();
+    let data: InvalidParamsData = r.outcome.unwrap_err().data_as().unwrap();
+    assert_eq!(data.field, "model");
+    // An over-long line is discarded with -32600, id null, and the next line is served.
+    let long = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":16,\"method\":\"status\",\"pad\":\"{}\"}}\n",
+        "x".repeat(300)
+    );
+    w.send_raw(long).unwrap();
+    let r = within(w.next_unmatched()).await.unwrap();
+    assert_eq!((r.id.clone(), code(&r)), (None, -32600));
+    // Unknown notifications and blank lines get nothing; CRLF works.
+    w.send_raw("{\"jsonrpc\":\"2.0\",\"method\":\"whatever\"}\n\n\r\n")
+        .unwrap();
+    w.send_raw("{\"jsonrpc\":\"2.0\",\"id\":17,\"method\":\"status\"}\r\n")
+        .unwrap();
+    let r = within(w.next_unmatched()).await.unwrap();
+    assert_eq!(r.id, Some(17.into()));
+    assert!(r.outcome.is_ok());
+    let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
+    assert_eq!(status.state, WorkerState::Idle);
+    assert!(status.requests_served >= 5, "{}", status.requests_served);
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+    assert!(
+        w.stray_stdout_lines().is_empty(),
+        "{:?}",
+        w.stray_stdout_lines()
+    );
+}
+
+#[tokio::test]
+async fn initialize_reports_the_protocol_and_the_queue() {
+    let w = worker(&["--max-queue", "3"]);
+    let init = within(w.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    assert_eq!(init.protocol_version, "1");
+    assert_eq!(init.worker.name, "mlx-worker");
+    assert_eq!(init.capabilities.max_queue, 3);
+    within(w.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_answers_then_exits_zero_and_refuses_what_follows() {
+    let w = worker(&[]);
+    w.send_raw(
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"shutdown\"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"status\"}\n",
+    )
+    .unwrap();
+    let first = within(w.next_unmatched()).await.unwrap();
+    assert_eq!(first.id, Some(1.into()));
+    assert_eq!(first.outcome.unwrap(), json!({}));
+    // The worker may exit before it reads the next line; if it answers, it is an error.
+    if let Some(second) = within(w.next_unmatched()).await {
+        assert_eq!(second.id, Some(2.into()));
+        assert_eq!(code(&second), ErrorCode::InvalidRequest.code());
+    }
+    assert_eq!(within(w.wait()).await.unwrap().code(), Some(0));
+    let err = within(w.request_value("status", Value::Null))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClientError::WorkerExited { .. } | ClientError::StdinClosed
+        ),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn end_of_stdin_exits_zero_within_a_second() {
+    let w = worker(&[]);
+    within(w.call::<Status>(&StatusParams {})).await.unwrap();
+    let t = Instant::now();
+    w.close_stdin();
+    assert_eq!(within(w.wait()).await.unwrap().code(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn sigterm_and_sigint_exit_zero_within_a_second() {
+    for sig in ["-TERM", "-INT"] {
+        let w = worker(&[]);
+        within(w.call::<Status>(&StatusParams {})).await.unwrap();
+        let t = Instant::now();
+        let pid = w.pid().unwrap().to_string();
+        assert!(std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+        assert_eq!(within(w.wait()).await.unwrap().code(), Some(0), "{sig}");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "{sig}: {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+#[test]
+fn help_and_version() {
+    let bin = env!("CARGO_BIN_EXE_mlx-worker");
+    let out = std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("mlx-worker "));
+    let out = std::process::Command::new(bin)
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("--max-line-bytes") && help.contains("--max-queue"),
+        "{help}"
+    );
+    let out = std::process::Command::new(bin)
+        .args(["--max-queue", "x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let _ = BusyData { max_queue: 0 };
+}
