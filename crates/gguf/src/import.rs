@@ -293,34 +293,5 @@ pub(crate) fn unpermute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f
 }
 
 #[cfg(test)]
-mod tests {
-    use super::unpermute_rows;
-
-    #[test]
-    fn unpermute_one_head_of_four_rows() {
-        // GGUF rows interleave the halves: [a0, b0, a1, b1] -> HF [a0, a1, b0, b1].
-        let gguf = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5];
-        let hf = unpermute_rows(&gguf, 1, 2);
-        assert_eq!(hf, [0.0, 0.5, 2.0, 2.5, 1.0, 1.5, 3.0, 3.5]);
-    }
-
-    #[test]
-    fn unpermute_inverts_the_converter_permutation_per_head() {
-        // The converter's forward step: HF row h*hd + j*hd/2 + i goes to h*hd + 2*i + j.
-        let (heads, head_dim, cols) = (3, 8, 2);
-        let hf: Vec<f32> = (0..heads * head_dim * cols).map(|v| v as f32).collect();
-        let mut gguf = vec![0.0; hf.len()];
-        for h in 0..heads {
-            for j in 0..2 {
-                for i in 0..head_dim / 2 {
-                    let src = h * head_dim + j * head_dim / 2 + i;
-                    let dst = h * head_dim + 2 * i + j;
-                    gguf[dst * cols..(dst + 1) * cols]
-                        .copy_from_slice(&hf[src * cols..(src + 1) * cols]);
-                }
-            }
-        }
-        assert_ne!(gguf, hf);
-        assert_eq!(unpermute_rows(&gguf, heads, cols), hf);
-    }
-}
+#[path = "import_tests.rs"]
+mod tests;

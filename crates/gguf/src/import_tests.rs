@@ -1,0 +1,295 @@
+//! The importer on a tiny synthetic Llama whose Hugging Face weights are known.
+
+use std::path::Path;
+
+use safetensors::SafeTensors;
+use serde_json::Value;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+
+use super::*;
+use crate::test_file::TestGguf;
+use crate::MetadataValue as V;
+
+const HIDDEN: usize = 8;
+const HEADS: usize = 2;
+const KV_HEADS: usize = 1;
+const HEAD_DIM: usize = 4;
+const FFN: usize = 12;
+const LAYERS: usize = 2;
+
+fn tokens() -> Vec<String> {
+    let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+    alphabet.sort();
+    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        .map(String::from)
+        .to_vec();
+    tokens.extend(alphabet.iter().map(|c| c.to_string()));
+    tokens.push("Ġt".into());
+    tokens
+}
+
+/// A matrix whose every entry is distinct: `seed * 1000 + row * cols + col`.
+fn matrix(seed: usize, rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols).map(|i| (seed * 1000 + i) as f32).collect()
+}
+
+/// What llama.cpp's converter does to q/k rows (per head, `(2, hd/2)` -> `(hd/2, 2)`).
+fn permute_like_llama_cpp(hf: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let head_dim = hf.len() / cols / heads;
+    let mut out = vec![0.0; hf.len()];
+    for h in 0..heads {
+        for j in 0..2 {
+            for i in 0..head_dim / 2 {
+                let src = h * head_dim + j * head_dim / 2 + i;
+                let dst = h * head_dim + 2 * i + j;
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&hf[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+fn tiny_llama(untied: bool) -> TestGguf {
+    let tokens = tokens();
+    let vocab = tokens.len();
+    let mut types = vec![V::I32(1); vocab];
+    types[..3].fill(V::I32(3));
+    let mut spec = TestGguf::new()
+        .kv("general.architecture", V::String("llama".into()))
+        .kv("llama.embedding_length", V::U32(HIDDEN as u32))
+        .kv("llama.feed_forward_length", V::U32(FFN as u32))
+        .kv("llama.block_count", V::U32(LAYERS as u32))
+        .kv("llama.attention.head_count", V::U32(HEADS as u32))
+        .kv("llama.attention.head_count_kv", V::U32(KV_HEADS as u32))
+        .kv("llama.attention.layer_norm_rms_epsilon", V::F32(1e-6))
+        .kv("llama.rope.freq_base", V::F32(50000.0))
+        .kv("llama.context_length", V::U32(256))
+        .kv("tokenizer.ggml.model", V::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", V::String("smollm".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            V::Array(tokens.into_iter().map(V::String).collect()),
+        )
+        .kv("tokenizer.ggml.token_type", V::Array(types))
+        .kv(
+            "tokenizer.ggml.merges",
+            V::Array(vec![V::String("Ġ t".into())]),
+        )
+        .kv("tokenizer.ggml.bos_token_id", V::U32(1))
+        .kv("tokenizer.ggml.eos_token_id", V::U32(2))
+        .kv("tokenizer.ggml.add_bos_token", V::Bool(true))
+        .kv(
+            "tokenizer.chat_template",
+            V::String("{{ messages }}".into()),
+        );
+    let dims = |rows: usize, cols: usize| [cols as u64, rows as u64];
+    spec = spec.f32_tensor(
+        "token_embd.weight",
+        &dims(vocab, HIDDEN),
+        &matrix(1, vocab, HIDDEN),
+    );
+    spec = spec.f32_tensor(
+        "output_norm.weight",
+        &[HIDDEN as u64],
+        &matrix(2, 1, HIDDEN),
+    );
+    if untied {
+        spec = spec.f32_tensor(
+            "output.weight",
+            &dims(vocab, HIDDEN),
+            &matrix(3, vocab, HIDDEN),
+        );
+    }
+    for l in 0..LAYERS {
+        let seed = 10 * (l + 1);
+        let q = permute_like_llama_cpp(&matrix(seed, HEADS * HEAD_DIM, HIDDEN), HEADS, HIDDEN);
+        let k = permute_like_llama_cpp(
+            &matrix(seed + 1, KV_HEADS * HEAD_DIM, HIDDEN),
+            KV_HEADS,
+            HIDDEN,
+        );
+        spec = spec
+            .f32_tensor(
+                &format!("blk.{l}.attn_q.weight"),
+                &dims(HEADS * HEAD_DIM, HIDDEN),
+                &q,
+            )
+            .f32_tensor(
+                &format!("blk.{l}.attn_k.weight"),
+                &dims(KV_HEADS * HEAD_DIM, HIDDEN),
+                &k,
+            )
+            .f32_tensor(
+                &format!("blk.{l}.attn_v.weight"),
+                &dims(KV_HEADS * HEAD_DIM, HIDDEN),
+                &matrix(seed + 2, KV_HEADS * HEAD_DIM, HIDDEN),
+            )
+            .f32_tensor(
+                &format!("blk.{l}.attn_output.weight"),
+                &dims(HIDDEN, HEADS * HEAD_DIM),
+                &matrix(seed + 3, HIDDEN, HEADS * HEAD_DIM),
+            )
+            .f32_tensor(
+                &format!("blk.{l}.ffn_gate.weight"),
+                &dims(FFN, HIDDEN),
+                &matrix(seed + 4, FFN, HIDDEN),
+            )
+            .f32_tensor(
+                &format!("blk.{l}.ffn_up.weight"),
+                &dims(FFN, HIDDEN),
+                &matrix(seed + 5, FFN, HIDDEN),
+            )
+            .f32_tensor(
+                &format!("blk.{l}.ffn_down.weight"),
+                &dims(HIDDEN, FFN),
+                &matrix(seed + 6, HIDDEN, FFN),
+            )
+            .f32_tensor(
+                &format!("blk.{l}.attn_norm.weight"),
+                &[HIDDEN as u64],
+                &matrix(seed + 7, 1, HIDDEN),
+            )
+            .f32_tensor(
+                &format!("blk.{l}.ffn_norm.weight"),
+                &[HIDDEN as u64],
+                &matrix(seed + 8, 1, HIDDEN),
+            );
+    }
+    spec
+}
+
+fn import(spec: &TestGguf) -> (tempfile::TempDir, Result<ImportReport, ImportError>) {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("model.gguf");
+    fs::write(&gguf, spec.build()).unwrap();
+    let result = import_hf_dir(&gguf, &dir.path().join("out"));
+    (dir, result)
+}
+
+fn json_file(path: &Path) -> Value {
+    serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn floats(st: &SafeTensors, name: &str) -> Vec<f32> {
+    let view = st.tensor(name).unwrap();
+    view.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn untied_model_round_trips_to_hf_layout() {
+    let (dir, report) = import(&tiny_llama(true));
+    let report = report.unwrap();
+    let out = dir.path().join("out");
+    assert!(!report.tied_embeddings);
+    assert_eq!(report.tensors_written, 3 + 9 * LAYERS);
+
+    let config = json_file(&out.join("config.json"));
+    assert_eq!(config["tie_word_embeddings"], false);
+    assert_eq!(config["vocab_size"], 260);
+    assert_eq!(config["num_key_value_heads"], 1);
+    assert_eq!(config["head_dim"], HIDDEN / HEADS);
+    assert_eq!(config["rms_norm_eps"], 1e-6);
+    assert_eq!(config["rope_theta"], 50000.0);
+    assert_eq!(config["max_position_embeddings"], 256);
+
+    let bytes = fs::read(out.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(floats(&st, "lm_head.weight"), matrix(3, 260, HIDDEN));
+    assert_eq!(st.tensor("lm_head.weight").unwrap().shape(), [260, HIDDEN]);
+    assert_eq!(
+        st.tensor("model.layers.1.mlp.down_proj.weight")
+            .unwrap()
+            .shape(),
+        [HIDDEN, FFN]
+    );
+    for l in 0..LAYERS {
+        let seed = 10 * (l + 1);
+        let layer = |s: &str| format!("model.layers.{l}.{s}");
+        // The permutation is undone: q and k come back exactly as the HF matrices.
+        assert_eq!(
+            floats(&st, &layer("self_attn.q_proj.weight")),
+            matrix(seed, HEADS * HEAD_DIM, HIDDEN)
+        );
+        assert_eq!(
+            floats(&st, &layer("self_attn.k_proj.weight")),
+            matrix(seed + 1, HEAD_DIM, HIDDEN)
+        );
+        assert_eq!(
+            floats(&st, &layer("self_attn.v_proj.weight")),
+            matrix(seed + 2, HEAD_DIM, HIDDEN)
+        );
+        assert_eq!(
+            floats(&st, &layer("post_attention_layernorm.weight")),
+            matrix(seed + 8, 1, HIDDEN)
+        );
+    }
+
+    let tok_config = json_file(&out.join("tokenizer_config.json"));
+    assert_eq!(tok_config["add_bos_token"], true);
+    assert_eq!(tok_config["bos_token"], "<|im_start|>");
+    assert_eq!(tok_config["chat_template"], "{{ messages }}");
+    // add_bos_token: the saved tokenizer itself prepends <|im_start|>.
+    let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+    let t = tok.token_to_id("t").unwrap();
+    let space_t = tok.token_to_id("Ġt").unwrap();
+    assert_eq!(tok.encode("t t", true).unwrap().get_ids(), [1, t, space_t]);
+    assert_eq!(tok.encode("<|im_end|>t", false).unwrap().get_ids(), [2, t]);
+}
+
+#[test]
+fn tied_model_has_no_lm_head() {
+    let (dir, report) = import(&tiny_llama(false));
+    assert!(report.unwrap().tied_embeddings);
+    let bytes = fs::read(dir.path().join("out/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert!(st.tensor("lm_head.weight").is_err());
+    assert_eq!(
+        json_file(&dir.path().join("out/config.json"))["tie_word_embeddings"],
+        true
+    );
+}
+
+#[test]
+fn refuses_what_it_cannot_convert() {
+    let mut spec = tiny_llama(false);
+    spec.metadata[0].1 = V::String("gpt9".into());
+    assert!(matches!(import(&spec).1, Err(ImportError::UnsupportedArchitecture(a)) if a == "gpt9"));
+
+    let mut spec = tiny_llama(false);
+    spec.tensors.retain(|t| t.0 != "blk.1.ffn_up.weight");
+    assert!(
+        matches!(import(&spec).1, Err(ImportError::Inconsistent(m)) if m.contains("layers.1.mlp.up_proj"))
+    );
+
+    let spec = tiny_llama(false).f32_tensor("blk.0.mystery.weight", &[2], &[0.0, 0.0]);
+    assert!(matches!(
+        import(&spec).1,
+        Err(ImportError::UnmappedTensor(_))
+    ));
+
+    let mut spec = tiny_llama(false);
+    spec.metadata.retain(|(k, _)| k != "tokenizer.ggml.pre");
+    spec = spec.kv("tokenizer.ggml.pre", V::String("qwen9".into()));
+    assert!(matches!(import(&spec).1, Err(ImportError::Tokenizer(m)) if m.contains("qwen9")));
+}
+
+#[test]
+fn unpermute_one_head_of_four_rows() {
+    // GGUF rows interleave the halves: [a0, b0, a1, b1] -> HF [a0, a1, b0, b1].
+    let gguf = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5];
+    let hf = unpermute_rows(&gguf, 1, 2);
+    assert_eq!(hf, [0.0, 0.5, 2.0, 2.5, 1.0, 1.5, 3.0, 3.5]);
+}
+
+#[test]
+fn unpermute_inverts_the_converter_permutation_per_head() {
+    let (heads, head_dim, cols) = (3, 8, 2);
+    let hf = matrix(0, heads * head_dim, cols);
+    let gguf = permute_like_llama_cpp(&hf, heads, cols);
+    assert_ne!(gguf, hf);
+    assert_eq!(unpermute_rows(&gguf, heads, cols), hf);
+}
