@@ -25,6 +25,6 @@ pub use error::{DequantError, GgufError, ImportError};
 pub use ggml_type::GgmlType;
 pub use import::{import_hf_dir, ImportReport};
 pub use metadata::MetadataValue;
-pub use reader::{GgufFile, TensorInfo};
+pub use reader::{FromMetadata, GgufFile, TensorInfo};
 #[cfg(test)]
 mod test_file;
