@@ -1,1 +1,27 @@
+//! The inference library over mlx-rs: model files (one per architecture), weights and
+//! quantization, KV cache, sampler, and the generation loop. No JSON-RPC in here: the worker
+//! turns protocol messages into the calls below.
+//!
+//! MLX is used from one thread: an [`Engine`] lives on the worker's MLX thread and every call
+//! below runs there. What other threads need while a generation runs (a resident model's
+//! tokenizer for `tokenize`, a [`CancelToken`]) is `Send + Sync`.
 
+mod cancel;
+mod device;
+mod engine;
+mod error;
+mod generate;
+mod kv_cache;
+mod memory;
+mod models;
+mod nn;
+mod request;
+mod rope;
+mod sampler;
+mod weights;
+
+pub use cancel::CancelToken;
+pub use engine::{prompt_ids, Engine, Loaded};
+pub use error::{EngineError, LoadErrorKind};
+pub use request::*;
+pub use text;

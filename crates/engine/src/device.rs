@@ -1,0 +1,67 @@
+//! What MLX computes on: version, backend, device name and memory (MLX's `device_info`).
+
+use std::ffi::{CStr, CString};
+
+use mlx_sys as sys;
+
+use crate::request::DeviceInfo;
+
+/// Reads the default device's description from MLX.
+pub fn device_info() -> DeviceInfo {
+    // SAFETY: plain mlx-c calls on objects created and freed here; strings are copied out
+    // before the objects holding them are freed.
+    unsafe {
+        let mut version = sys::mlx_string_new();
+        sys::mlx_version(&mut version);
+        let mlx_version = CStr::from_ptr(sys::mlx_string_data(version))
+            .to_string_lossy()
+            .into_owned();
+        sys::mlx_string_free(version);
+
+        let (mut metal, mut cuda) = (false, false);
+        sys::mlx_metal_is_available(&mut metal);
+        sys::mlx_cuda_is_available(&mut cuda);
+        let backend = if metal {
+            "metal"
+        } else if cuda {
+            "cuda"
+        } else {
+            "cpu"
+        };
+
+        let mut dev = sys::mlx_device_new();
+        sys::mlx_get_default_device(&mut dev);
+        let mut info = sys::mlx_device_info_new();
+        let ok = sys::mlx_device_info_get(&mut info, dev) == 0;
+        let size = |key: &str| -> Option<u64> {
+            let key = CString::new(key).ok()?;
+            let mut v = 0usize;
+            (ok && sys::mlx_device_info_get_size(&mut v, info, key.as_ptr()) == 0)
+                .then_some(v as u64)
+        };
+        let string = |key: &str| -> Option<String> {
+            let key = CString::new(key).ok()?;
+            let mut v: *const std::ffi::c_char = std::ptr::null();
+            (ok && sys::mlx_device_info_get_string(&mut v, info, key.as_ptr()) == 0 && !v.is_null())
+                .then(|| CStr::from_ptr(v).to_string_lossy().into_owned())
+        };
+        let memory_bytes = size("memory_size")
+            .or_else(|| size("total_memory"))
+            .unwrap_or(0);
+        let recommended = size("max_recommended_working_set_size");
+        let name = string("device_name")
+            .or_else(|| string("architecture"))
+            .unwrap_or_else(|| backend.into());
+        sys::mlx_device_info_free(info);
+        sys::mlx_device_free(dev);
+
+        DeviceInfo {
+            mlx_version,
+            backend,
+            name,
+            memory_bytes,
+            recommended_working_set_bytes: recommended,
+            cpu_blas: sys::cpu_blas(),
+        }
+    }
+}

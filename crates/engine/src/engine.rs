@@ -1,0 +1,382 @@
+//! The engine: resident models, and the calls the worker makes on its MLX thread.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Instant,
+};
+
+use mlx_rs::Dtype;
+use serde_json::Value;
+use text::ModelTokenizer;
+
+use crate::{
+    device,
+    error::{EngineError, LoadErrorKind},
+    generate::{generate, GenerationContext},
+    memory,
+    models::{self, LanguageModel},
+    request::*,
+    weights::Weights,
+    CancelToken,
+};
+
+/// A model made resident by `load`.
+struct Resident {
+    info: ModelInfo,
+    model: Box<dyn LanguageModel>,
+    tokenizer: Arc<ModelTokenizer>,
+}
+
+/// Resident models and MLX state. Lives on one thread; see the crate docs.
+pub struct Engine {
+    /// In load order; the last one is the active model.
+    models: Vec<Resident>,
+    device: DeviceInfo,
+}
+
+/// What a successful `load` gives back.
+pub struct Loaded {
+    pub info: ModelInfo,
+    /// The model's tokenizer and chat template, for `tokenize` on other threads.
+    pub tokenizer: Arc<ModelTokenizer>,
+    /// Whether the model was already resident and kept (no `force`).
+    pub reused: bool,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Engine {
+    /// Starts MLX on its default device.
+    pub fn new() -> Self {
+        let device = device::device_info();
+        tracing::info!(
+            mlx = %device.mlx_version, backend = device.backend, device = %device.name,
+            memory_bytes = device.memory_bytes, blas = %device.cpu_blas, "MLX ready"
+        );
+        Self {
+            models: Vec::new(),
+            device,
+        }
+    }
+
+    /// The device MLX computes on.
+    pub fn device_info(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    /// The `model_type`s this build runs.
+    pub fn architectures() -> &'static [&'static str] {
+        models::ARCHITECTURES
+    }
+
+    /// MLX memory now.
+    pub fn memory(&self) -> MemoryStats {
+        memory::stats()
+    }
+
+    /// Infos of resident models, in load order (the last is active).
+    pub fn models(&self) -> Vec<ModelInfo> {
+        self.models.iter().map(|r| r.info.clone()).collect()
+    }
+
+    /// The active model's id.
+    pub fn active_model(&self) -> Option<&str> {
+        self.models.last().map(|r| r.info.model_id.as_str())
+    }
+
+    /// Makes a model resident (and active). A failure leaves resident models as they were.
+    pub fn load(
+        &mut self,
+        req: &LoadRequest,
+        progress: &mut dyn FnMut(LoadProgress),
+        cancel: &CancelToken,
+    ) -> Result<Loaded, EngineError> {
+        let path = resolve(&req.model)?;
+        let model_id = req.model.clone();
+        if let Some(i) = self.models.iter().position(|r| r.info.model_id == model_id) {
+            if !req.force {
+                let r = self.models.remove(i);
+                let loaded = Loaded {
+                    info: r.info.clone(),
+                    tokenizer: r.tokenizer.clone(),
+                    reused: true,
+                };
+                self.models.push(r);
+                return Ok(loaded);
+            }
+        }
+        progress(LoadProgress {
+            stage: "resolve",
+            done: 1,
+            total: 1,
+            message: path.display().to_string(),
+        });
+        let config = read_config(&path)?;
+
+        progress(LoadProgress {
+            stage: "tokenizer",
+            done: 0,
+            total: 1,
+            message: String::new(),
+        });
+        let mut tokenizer = ModelTokenizer::from_dir(&path).map_err(|e| {
+            EngineError::load(
+                LoadErrorKind::TokenizerMissing,
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+        if let Some(template) = &req.chat_template_override {
+            tokenizer
+                .set_chat_template(template, text::ChatTemplateSource::Override)
+                .map_err(|e| EngineError::InvalidParams {
+                    field: "chat_template_override".into(),
+                    reason: e.to_string(),
+                })?;
+        }
+        if cancel.is_cancelled() {
+            return Err(EngineError::Cancelled);
+        }
+
+        progress(LoadProgress {
+            stage: "weights",
+            done: 0,
+            total: 1,
+            message: String::new(),
+        });
+        memory::apply_limits(&self.device);
+        let mut weights = Weights::load_dir(&path, &config)?;
+        if let Some(dtype) = req.dtype {
+            weights.cast_floats(to_mlx(dtype))?;
+        }
+        let dtype = weights
+            .float_dtype()
+            .map(from_mlx)
+            .unwrap_or(WeightDtype::Float32);
+        let num_parameters = weights.num_parameters();
+        let mut model = models::build(&config, weights)?;
+        let mut quantization = quantization_of(&config);
+        if req.load_in_4bit && quantization.is_none() {
+            for linear in model.linears_mut() {
+                if linear.weight.dim(-1) % 64 == 0 {
+                    linear.quantize(64, 4)?;
+                }
+            }
+            quantization = Some(Quantization {
+                bits: 4,
+                group_size: 64,
+            });
+        }
+        let arrays: Vec<_> = model
+            .linears_mut()
+            .into_iter()
+            .map(|l| l.weight.clone())
+            .collect();
+        mlx_rs::transforms::eval(arrays.iter()).map_err(|e| {
+            EngineError::load(
+                LoadErrorKind::OutOfMemory,
+                format!("materialising weights: {e}"),
+            )
+        })?;
+        progress(LoadProgress {
+            stage: "weights",
+            done: 1,
+            total: 1,
+            message: String::new(),
+        });
+
+        let own_context = model.max_position_embeddings().unwrap_or(4096);
+        let context_length = if req.max_seq_length > 0 {
+            req.max_seq_length
+        } else {
+            own_context
+        };
+        let info = ModelInfo {
+            model_id: model_id.clone(),
+            path: path.clone(),
+            architecture: config["model_type"].as_str().unwrap_or_default().to_owned(),
+            model_type: config["model_type"].as_str().unwrap_or_default().to_owned(),
+            is_vision: false,
+            is_lora: false,
+            is_gguf: false,
+            dtype,
+            quantization,
+            context_length,
+            num_parameters,
+            vocab_size: tokenizer.vocab_size(),
+            eos_token_ids: tokenizer.eos_token_ids().iter().copied().collect(),
+            chat_template_present: tokenizer.chat_template().is_some(),
+            chat_template_source: tokenizer.chat_template_source(),
+        };
+        let tokenizer = Arc::new(tokenizer);
+        self.models.retain(|r| r.info.model_id != model_id);
+        self.models.push(Resident {
+            info: info.clone(),
+            model,
+            tokenizer: tokenizer.clone(),
+        });
+        progress(LoadProgress {
+            stage: "ready",
+            done: 1,
+            total: 1,
+            message: String::new(),
+        });
+        Ok(Loaded {
+            info,
+            tokenizer,
+            reused: false,
+        })
+    }
+
+    /// Generates a completion with a resident model.
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_delta: &mut dyn FnMut(Delta),
+        cancel: &CancelToken,
+    ) -> Result<Completion, EngineError> {
+        let started = Instant::now();
+        let resident = self.find(req.model.as_deref())?;
+        let prompt_ids = prompt_ids(&resident.tokenizer, &req.prompt)?;
+        let context = resident.info.context_length;
+        if prompt_ids.len() > context {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: prompt_ids.len(),
+                context_length: context,
+            });
+        }
+        let mut req = req.clone();
+        req.max_new_tokens = req.max_new_tokens.min(context - prompt_ids.len());
+        let eos = resident.tokenizer.eos_token_ids().clone();
+        let ctx = GenerationContext {
+            model: resident.model.as_ref(),
+            tokenizer: &resident.tokenizer,
+            eos: &eos,
+            vocab_size: resident.info.vocab_size.max(1),
+        };
+        let result = generate(&ctx, &req, &prompt_ids, on_delta, cancel, started);
+        if result.is_err() {
+            // An MLX error mid-graph can leave buffers behind; the next request starts clean.
+            let _ = mlx_rs::memory::clear_cache();
+        }
+        result
+    }
+
+    /// Unloads one model, or all (`None`). Returns the ids unloaded.
+    pub fn unload(&mut self, model: Option<&str>) -> Result<Vec<String>, EngineError> {
+        let ids: Vec<String> = match model {
+            Some(id) => {
+                self.find(Some(id))?;
+                vec![id.to_owned()]
+            }
+            None => self
+                .models
+                .iter()
+                .map(|r| r.info.model_id.clone())
+                .collect(),
+        };
+        self.models.retain(|r| !ids.contains(&r.info.model_id));
+        memory::release(self.models.is_empty());
+        Ok(ids)
+    }
+
+    /// Clears MLX's buffer cache (and any prompt cache).
+    pub fn reset(&mut self) {
+        memory::release(false);
+    }
+
+    fn find(&self, model: Option<&str>) -> Result<&Resident, EngineError> {
+        match model {
+            None => self.models.last().ok_or_else(|| {
+                EngineError::NotResident("no model is loaded: call `load` first".into())
+            }),
+            Some(id) => self
+                .models
+                .iter()
+                .find(|r| r.info.model_id == id)
+                .ok_or_else(|| {
+                    EngineError::NotResident(format!(
+                        "model `{id}` is not resident; resident: [{}]",
+                        self.models
+                            .iter()
+                            .map(|r| r.info.model_id.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                }),
+        }
+    }
+}
+
+/// Token ids of a prompt with this model's tokenizer and chat template.
+pub fn prompt_ids(tokenizer: &ModelTokenizer, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+    match prompt {
+        Prompt::Tokens(ids) => Ok(ids.clone()),
+        Prompt::Text(text) => tokenizer
+            .encode(text, true)
+            .map_err(|e| EngineError::Template(e.to_string())),
+        Prompt::Chat { messages, options } => tokenizer
+            .render_and_encode(messages, options)
+            .map(|r| r.ids)
+            .map_err(|e| EngineError::Template(e.to_string())),
+    }
+}
+
+/// A local model directory. (Hub ids come with the hub support.)
+fn resolve(model: &str) -> Result<PathBuf, EngineError> {
+    let path = Path::new(model);
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.exists() {
+        return Err(EngineError::load(
+            LoadErrorKind::NotFound,
+            format!("`{model}` is a file; give a model directory (config.json, *.safetensors, tokenizer.json)"),
+        ));
+    }
+    Err(EngineError::load(
+        LoadErrorKind::NotFound,
+        format!("no model directory at `{model}`"),
+    ))
+}
+
+fn read_config(dir: &Path) -> Result<Value, EngineError> {
+    let file = dir.join("config.json");
+    let text = std::fs::read_to_string(&file).map_err(|e| {
+        EngineError::load(LoadErrorKind::NotFound, format!("{}: {e}", file.display()))
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("{}: {e}", file.display()),
+        )
+    })
+}
+
+fn quantization_of(config: &Value) -> Option<Quantization> {
+    let q = config.get("quantization")?;
+    Some(Quantization {
+        bits: q.get("bits")?.as_i64()? as i32,
+        group_size: q.get("group_size")?.as_i64()? as i32,
+    })
+}
+
+fn to_mlx(d: WeightDtype) -> Dtype {
+    match d {
+        WeightDtype::Float32 => Dtype::Float32,
+        WeightDtype::Float16 => Dtype::Float16,
+        WeightDtype::Bfloat16 => Dtype::Bfloat16,
+    }
+}
+
+fn from_mlx(d: Dtype) -> WeightDtype {
+    match d {
+        Dtype::Float16 => WeightDtype::Float16,
+        Dtype::Bfloat16 => WeightDtype::Bfloat16,
+        _ => WeightDtype::Float32,
+    }
+}

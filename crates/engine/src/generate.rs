@@ -1,0 +1,292 @@
+//! The generation loop: chunked, cancellable prefill, then decoding pipelined the way mlx-lm's
+//! `generate_step` is (step n+1 is queued with `async_eval` before step n's token is read), with
+//! streaming detokenization and stop-sequence holdback on the host.
+
+use std::time::Instant;
+
+use mlx_rs::{ops, transforms, Array};
+use text::{StopMatcher, StreamingDetokenizer};
+
+use crate::{
+    kv_cache::KvCache,
+    models::LanguageModel,
+    request::{Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage},
+    sampler::{log_softmax, Sampler},
+    CancelToken, EngineError,
+};
+
+/// Prompt tokens evaluated per forward pass during prefill (cancellation is checked between
+/// chunks). mlx-lm uses 2048; smaller chunks keep cancel latency low on slow devices.
+const PREFILL_CHUNK: usize = 512;
+/// Decode steps between `clear_cache` calls, as mlx-lm does.
+const CLEAR_CACHE_EVERY: usize = 256;
+
+/// A model and what generating with it needs.
+pub(crate) struct GenerationContext<'a> {
+    pub model: &'a dyn LanguageModel,
+    pub tokenizer: &'a text::ModelTokenizer,
+    pub eos: &'a std::collections::BTreeSet<u32>,
+    pub vocab_size: usize,
+}
+
+type Result<T> = std::result::Result<T, EngineError>;
+
+/// One step's outputs, still lazy: the sampled token `(1,)` and the log-probabilities `(1, V)`.
+struct Step {
+    token: Array,
+    logprobs: Array,
+}
+
+struct Decoder<'a> {
+    ctx: &'a GenerationContext<'a>,
+    caches: Vec<KvCache>,
+    sampler: Sampler,
+    /// The last tokens (prompt included), for the penalties; `None` when none are active.
+    recent: Option<Array>,
+}
+
+impl Decoder<'_> {
+    /// Runs `tokens` `(L,)` through the model and samples from the last position.
+    fn step(&mut self, tokens: &Array) -> Result<Step> {
+        let logits = self
+            .ctx
+            .model
+            .forward(&tokens.reshape(&[1, -1])?, &mut self.caches)?;
+        let last = logits.dim(1) - 1;
+        let logits = logits.take_axis(Array::from_int(last), 1)?;
+        if let Some(recent) = &self.recent {
+            let window = self.sampler.history_window() as i32;
+            let joined = ops::concatenate(&[recent, tokens], 0)?;
+            let n = joined.dim(0);
+            self.recent = Some(if n > window {
+                joined.take_axis(ops::arange::<_, i32>(n - window, n, 1)?, 0)?
+            } else {
+                joined
+            });
+        }
+        let logits = self.sampler.process(logits, self.recent.as_ref())?;
+        let logprobs = log_softmax(&logits)?;
+        let token = self.sampler.sample(&logprobs)?;
+        Ok(Step { token, logprobs })
+    }
+}
+
+/// Generates a completion for `prompt_ids`, calling `on_delta` with each piece of new text.
+pub(crate) fn generate(
+    ctx: &GenerationContext<'_>,
+    req: &GenerateRequest,
+    prompt_ids: &[u32],
+    on_delta: &mut dyn FnMut(Delta),
+    cancel: &CancelToken,
+    started: Instant,
+) -> Result<Completion> {
+    if prompt_ids.is_empty() {
+        return Err(EngineError::InvalidParams {
+            field: "messages".into(),
+            reason: "the prompt is empty".into(),
+        });
+    }
+    let sampler = Sampler::new(req.sampler.clone(), ctx.vocab_size)?;
+    // The penalties see the prompt too; `step` appends the tokens it is given.
+    let recent = sampler.needs_history().then(|| {
+        let before_last = &prompt_ids[..prompt_ids.len() - 1];
+        let tail = &before_last[before_last.len().saturating_sub(sampler.history_window())..];
+        Array::from_slice(tail, &[tail.len() as i32])
+    });
+    let mut dec = Decoder {
+        ctx,
+        caches: (0..ctx.model.num_layers())
+            .map(|_| KvCache::default())
+            .collect(),
+        sampler,
+        recent,
+    };
+    let mut out = Output::new(
+        ctx.tokenizer.detokenizer(),
+        &req.stop,
+        req.logprobs,
+        ctx.tokenizer,
+    );
+    let usage = |completion: usize| Usage {
+        prompt_tokens: prompt_ids.len(),
+        completion_tokens: completion,
+        cached_tokens: 0,
+    };
+
+    // Prefill: all but the last prompt token, in chunks, checking for cancellation between them.
+    let prefill_start = Instant::now();
+    let mut rest = prompt_ids;
+    while rest.len() > 1 {
+        if cancel.is_cancelled() {
+            return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
+        }
+        let n = PREFILL_CHUNK.min(rest.len() - 1);
+        let chunk = Array::from_slice(&rest[..n], &[n as i32]);
+        ctx.model
+            .forward(&chunk.reshape(&[1, -1])?, &mut dec.caches)?;
+        transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
+        rest = &rest[n..];
+        mlx_rs::memory::clear_cache()?;
+    }
+
+    let mut timings = Timings {
+        prompt_n: prompt_ids.len(),
+        ..Timings::default()
+    };
+    let mut step = dec.step(&Array::from_slice(rest, &[rest.len() as i32]))?;
+    transforms::async_eval([&step.token, &step.logprobs])?;
+    let mut decode_start = Instant::now();
+    let mut n = 0usize;
+    let finish = loop {
+        let next = if n < req.max_new_tokens && !cancel.is_cancelled() {
+            let next = dec.step(&step.token)?;
+            transforms::async_eval([&next.token, &next.logprobs])?;
+            Some(next)
+        } else {
+            None
+        };
+        if n == 0 {
+            step.token.eval()?;
+            timings.prompt_ms = ms(prefill_start);
+            timings.ttft_ms = ms(started);
+            decode_start = Instant::now();
+        }
+        if cancel.is_cancelled() {
+            break FinishReason::Cancelled;
+        }
+        if n == req.max_new_tokens {
+            break FinishReason::Length;
+        }
+        let id = step.token.item_exact::<u32>();
+        if ctx.eos.contains(&id) {
+            break FinishReason::Stop;
+        }
+        if out.push(id, &step.logprobs, on_delta)? {
+            break FinishReason::StopSequence;
+        }
+        n += 1;
+        if n % CLEAR_CACHE_EVERY == 0 {
+            mlx_rs::memory::clear_cache()?;
+        }
+        step = next.expect("queued while n < max_new_tokens");
+    };
+    timings.predicted_n = out.ids.len();
+    timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
+    let completion = out.ids.len();
+    Ok(out.finish_with(finish, usage(completion), timings, on_delta))
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Generated tokens turned into deltas: detokenized, stop sequences held back.
+struct Output<'t> {
+    detok: StreamingDetokenizer,
+    stops: StopMatcher,
+    logprobs: usize,
+    tokenizer: &'t text::ModelTokenizer,
+    ids: Vec<u32>,
+    text: String,
+    index: usize,
+    pending_logprobs: Vec<TokenLogprob>,
+}
+
+impl<'t> Output<'t> {
+    fn new(
+        detok: StreamingDetokenizer,
+        stop: &[String],
+        logprobs: usize,
+        tokenizer: &'t text::ModelTokenizer,
+    ) -> Self {
+        Self {
+            detok,
+            stops: StopMatcher::new(stop),
+            logprobs,
+            tokenizer,
+            ids: Vec::new(),
+            text: String::new(),
+            index: 0,
+            pending_logprobs: Vec::new(),
+        }
+    }
+
+    /// Adds a token; returns true when a stop sequence ended the generation.
+    fn push(&mut self, id: u32, logprobs: &Array, on_delta: &mut dyn FnMut(Delta)) -> Result<bool> {
+        self.ids.push(id);
+        if self.logprobs > 0 {
+            self.pending_logprobs
+                .push(self.token_logprob(id, logprobs)?);
+        }
+        let piece = self
+            .detok
+            .push(id)
+            .map_err(|e| EngineError::Generation(e.to_string()))?;
+        let outcome = self.stops.push(&piece);
+        self.emit(outcome.text, on_delta);
+        Ok(outcome.stopped.is_some())
+    }
+
+    fn emit(&mut self, text: String, on_delta: &mut dyn FnMut(Delta)) {
+        if text.is_empty() && self.pending_logprobs.is_empty() {
+            return;
+        }
+        self.text.push_str(&text);
+        on_delta(Delta {
+            index: self.index,
+            text,
+            tokens: std::mem::take(&mut self.pending_logprobs),
+        });
+        self.index += 1;
+    }
+
+    fn token_logprob(&self, id: u32, logprobs: &Array) -> Result<TokenLogprob> {
+        let lp = logprobs.as_dtype(mlx_rs::Dtype::Float32)?;
+        let values = lp.as_slice::<f32>();
+        let mut order: Vec<u32> = (0..values.len() as u32).collect();
+        let k = self.logprobs.min(values.len());
+        order.select_nth_unstable_by(k - 1, |a, b| {
+            values[*b as usize].total_cmp(&values[*a as usize])
+        });
+        order.truncate(k);
+        order.sort_by(|a, b| values[*b as usize].total_cmp(&values[*a as usize]));
+        Ok(TokenLogprob {
+            id,
+            text: self.tokenizer.decode(&[id], false).unwrap_or_default(),
+            logprob: values[id as usize],
+            top: order.into_iter().map(|t| (t, values[t as usize])).collect(),
+        })
+    }
+
+    /// Flushes held-back text (unless a stop sequence cut it) and builds the completion.
+    fn finish_with(
+        mut self,
+        mut reason: FinishReason,
+        usage: Usage,
+        timings: Timings,
+        on_delta: &mut dyn FnMut(Delta),
+    ) -> Completion {
+        if reason != FinishReason::StopSequence {
+            let tail = self.detok.finish().unwrap_or_default();
+            let outcome = self.stops.push(&tail);
+            let mut text = outcome.text;
+            if outcome.stopped.is_some() {
+                reason = FinishReason::StopSequence;
+            } else {
+                text.push_str(&self.stops.finish());
+            }
+            self.emit(text, on_delta);
+        }
+        self.finish(reason, usage, timings)
+    }
+
+    fn finish(self, reason: FinishReason, usage: Usage, timings: Timings) -> Completion {
+        Completion {
+            text: self.text,
+            token_ids: self.ids,
+            finish_reason: reason,
+            usage,
+            timings,
+        }
+    }
+}

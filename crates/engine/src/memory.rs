@@ -1,0 +1,44 @@
+//! MLX memory: limits set on load (as the seed does), release on unload, and readings.
+
+use crate::request::{DeviceInfo, MemoryStats};
+
+/// Active, peak, limit and cache bytes as MLX reports them.
+pub fn stats() -> MemoryStats {
+    use mlx_rs::memory as m;
+    MemoryStats {
+        active_bytes: m::active_memory().unwrap_or(0) as u64,
+        peak_bytes: m::peak_memory().unwrap_or(0) as u64,
+        limit_bytes: m::memory_limit().unwrap_or(0) as u64,
+        cache_bytes: m::cache_memory().unwrap_or(0) as u64,
+    }
+}
+
+/// Caps MLX memory before weights are read: 85% of the recommended working set on Metal (and
+/// wires that much), 85% of the device's memory elsewhere, as the seed backend did.
+pub fn apply_limits(device: &DeviceInfo) {
+    let base = device
+        .recommended_working_set_bytes
+        .unwrap_or(device.memory_bytes);
+    if base == 0 {
+        return;
+    }
+    let limit = (base as f64 * 0.85) as usize;
+    if let Err(e) = mlx_rs::memory::set_memory_limit(limit) {
+        tracing::warn!("set_memory_limit({limit}): {e}");
+    }
+    if device.backend == "metal" {
+        if let Err(e) = mlx_rs::memory::set_wired_limit(limit) {
+            tracing::warn!("set_wired_limit({limit}): {e}");
+        }
+    }
+}
+
+/// Frees MLX's buffer cache; releases the wired limit too once nothing is resident.
+pub fn release(nothing_resident: bool) {
+    if let Err(e) = mlx_rs::memory::clear_cache() {
+        tracing::warn!("clear_cache: {e}");
+    }
+    if nothing_resident {
+        let _ = mlx_rs::memory::set_wired_limit(0);
+    }
+}

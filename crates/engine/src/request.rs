@@ -1,0 +1,232 @@
+//! What the engine takes and gives back. Plain data, independent of the wire format.
+
+use std::path::PathBuf;
+
+/// Compute dtype for unquantized weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightDtype {
+    Float32,
+    Float16,
+    Bfloat16,
+}
+
+impl WeightDtype {
+    /// The name used in configs and in the protocol ("float32", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Float32 => "float32",
+            Self::Float16 => "float16",
+            Self::Bfloat16 => "bfloat16",
+        }
+    }
+}
+
+/// A request to make a model resident.
+#[derive(Debug, Clone, Default)]
+pub struct LoadRequest {
+    /// A local model directory (Hugging Face layout) or a `.gguf` file.
+    pub model: String,
+    /// Context limit; 0 means the model's own.
+    pub max_seq_length: usize,
+    /// Quantize unquantized weights on load (affine, 4 bits, group 64).
+    pub load_in_4bit: bool,
+    /// Overrides the config's dtype for unquantized weights.
+    pub dtype: Option<WeightDtype>,
+    /// A Jinja chat template used instead of the model's.
+    pub chat_template_override: Option<String>,
+    /// Reload even if resident.
+    pub force: bool,
+}
+
+/// Progress of a load, reported as it happens.
+#[derive(Debug, Clone)]
+pub struct LoadProgress {
+    /// "resolve" | "download" | "weights" | "tokenizer" | "ready".
+    pub stage: &'static str,
+    pub done: u64,
+    pub total: u64,
+    pub message: String,
+}
+
+/// Quantization of a checkpoint's linear layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quantization {
+    pub bits: i32,
+    pub group_size: i32,
+}
+
+/// What is known about a resident model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub model_id: String,
+    pub path: PathBuf,
+    /// Our architecture name, e.g. "llama".
+    pub architecture: String,
+    /// `model_type` from config.json.
+    pub model_type: String,
+    pub is_vision: bool,
+    pub is_lora: bool,
+    pub is_gguf: bool,
+    pub dtype: WeightDtype,
+    pub quantization: Option<Quantization>,
+    pub context_length: usize,
+    pub num_parameters: u64,
+    pub vocab_size: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub chat_template_present: bool,
+    pub chat_template_source: text::ChatTemplateSource,
+}
+
+/// MLX memory, in bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryStats {
+    pub active_bytes: u64,
+    pub peak_bytes: u64,
+    pub limit_bytes: u64,
+    pub cache_bytes: u64,
+}
+
+/// The device MLX computes on.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub mlx_version: String,
+    /// "metal" | "cuda" | "cpu".
+    pub backend: &'static str,
+    pub name: String,
+    pub memory_bytes: u64,
+    pub recommended_working_set_bytes: Option<u64>,
+    /// The BLAS behind float32 CPU matmuls.
+    pub cpu_blas: String,
+}
+
+/// Sampling settings; defaults are the protocol's (and the seed's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// 1.0 disables.
+    pub top_p: f32,
+    /// 0 or negative disables.
+    pub top_k: i32,
+    /// 0 disables.
+    pub min_p: f32,
+    /// 1.0 disables.
+    pub repetition_penalty: f32,
+    pub repetition_context_size: usize,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Token id -> additive bias on its logit.
+    pub logit_bias: Vec<(u32, f32)>,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: 40,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_context_size: 20,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+/// The prompt: chat messages rendered through the template, plain text, or token ids.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Messages rendered with the model's chat template (system prompt already prepended).
+    Chat {
+        messages: Vec<text::Message>,
+        options: text::RenderOptions,
+    },
+    /// Text encoded as is, with the tokenizer's special tokens (e.g. BOS) added.
+    Text(String),
+    /// Pre-tokenized ids (parity and benchmarks use these).
+    Tokens(Vec<u32>),
+}
+
+/// A request to generate a completion.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// A resident model id; `None` means the active (last loaded) model.
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    pub max_new_tokens: usize,
+    pub sampler: SamplerParams,
+    pub stop: Vec<String>,
+    /// When > 0, each delta carries the chosen token's logprob and this many alternatives.
+    pub logprobs: usize,
+}
+
+/// One token's log-probabilities, when asked for.
+#[derive(Debug, Clone)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub text: String,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// New text since the last delta.
+#[derive(Debug, Clone)]
+pub struct Delta {
+    pub index: usize,
+    pub text: String,
+    pub tokens: Vec<TokenLogprob>,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    StopSequence,
+    Cancelled,
+}
+
+impl FinishReason {
+    /// The protocol's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::StopSequence => "stop_sequence",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// llama-server style timings, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    /// From the start of the request to the first token.
+    pub ttft_ms: f64,
+}
+
+/// A finished (or cancelled) generation.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+}

@@ -1,0 +1,83 @@
+//! RoPE variants chosen by config.json's `rope_scaling`, as mlx-lm's `initialize_rope` does.
+
+use mlx_rs::Array;
+use serde_json::Value;
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    nn::Rope,
+};
+
+/// Builds the rotary embedding a config asks for: default, `linear` or `llama3`.
+pub fn rope_from_config(
+    dims: i32,
+    base: f32,
+    traditional: bool,
+    scaling: Option<&Value>,
+    _max_position_embeddings: Option<usize>,
+) -> Result<Rope, EngineError> {
+    let rope_type = scaling
+        .and_then(|s| s.get("type").or_else(|| s.get("rope_type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let factor = || {
+        scaling
+            .and_then(|s| s.get("factor"))
+            .and_then(Value::as_f64)
+            .unwrap_or(1.0)
+    };
+    let plain = |scale: f32| Rope {
+        dims,
+        traditional,
+        base,
+        scale,
+        freqs: None,
+    };
+    match rope_type {
+        "default" => Ok(plain(1.0)),
+        "linear" => Ok(plain(1.0 / factor() as f32)),
+        "llama3" => {
+            let s = scaling.expect("llama3 scaling has a config");
+            let get = |k: &str, d: f64| s.get(k).and_then(Value::as_f64).unwrap_or(d);
+            let freqs = llama3_freqs(
+                dims,
+                base as f64,
+                factor(),
+                get("low_freq_factor", 1.0),
+                get("high_freq_factor", 4.0),
+                get("original_max_position_embeddings", 8192.0),
+            );
+            Ok(Rope {
+                freqs: Some(Array::from_slice(&freqs, &[freqs.len() as i32])),
+                ..plain(1.0)
+            })
+        }
+        other => Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            format!("rope_scaling type `{other}` is not supported (default, linear, llama3 are)"),
+        )),
+    }
+}
+
+/// Llama 3's frequency-dependent scaling of the rotary wavelengths.
+fn llama3_freqs(dims: i32, base: f64, factor: f64, low: f64, high: f64, old_ctx: f64) -> Vec<f32> {
+    let (low_wavelen, high_wavelen) = (old_ctx / low, old_ctx / high);
+    (0..dims)
+        .step_by(2)
+        .map(|i| {
+            let freq = base.powf(i as f64 / dims as f64);
+            let wavelen = 2.0 * std::f64::consts::PI * freq;
+            let scaled = if wavelen > low_wavelen {
+                freq * factor
+            } else {
+                freq
+            };
+            if wavelen > high_wavelen && wavelen < low_wavelen {
+                let smooth = (old_ctx / wavelen - low) / (high - low);
+                (scaled / ((1.0 - smooth) / factor + smooth)) as f32
+            } else {
+                scaled as f32
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,167 @@
+//! A checkpoint's tensors by name, with the layer builders every model file uses.
+//!
+//! A layer is quantized when `<name>.scales` exists (MLX's checkpoint convention); its bits and
+//! group size come from config.json's `quantization`, with per-layer overrides.
+
+use std::{collections::HashMap, path::Path};
+
+use mlx_rs::{Array, Dtype};
+use serde_json::Value;
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    nn::{Embedding, Linear, Quantized, RmsNorm},
+};
+
+/// Tensors of a checkpoint, taken out one by one by the model being built.
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+    quantization: Option<Value>,
+}
+
+type LoadResult<T> = Result<T, EngineError>;
+
+fn invalid(detail: impl Into<String>) -> EngineError {
+    EngineError::load(LoadErrorKind::InvalidWeights, detail)
+}
+
+impl Weights {
+    /// Reads every `*.safetensors` file of a model directory (single or sharded).
+    pub fn load_dir(dir: &Path, config: &Value) -> LoadResult<Self> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .map_err(|e| {
+                EngineError::load(LoadErrorKind::NotFound, format!("{}: {e}", dir.display()))
+            })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(EngineError::load(
+                LoadErrorKind::NotFound,
+                format!(
+                    "no *.safetensors in {}: is this a model directory?",
+                    dir.display()
+                ),
+            ));
+        }
+        let mut tensors = HashMap::new();
+        for file in &files {
+            let part = Array::load_safetensors(file)
+                .map_err(|e| invalid(format!("{}: {e}", file.display())))?;
+            tensors.extend(part);
+        }
+        Ok(Self {
+            tensors,
+            quantization: config.get("quantization").cloned(),
+        })
+    }
+
+    /// Names left, for checks and `sanitize` steps.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.tensors.keys()
+    }
+
+    /// Drops a tensor the model does not use (e.g. rotary `inv_freq`).
+    pub fn remove(&mut self, name: &str) -> Option<Array> {
+        self.tensors.remove(name)
+    }
+
+    /// Takes a tensor that must exist.
+    pub fn take(&mut self, name: &str) -> LoadResult<Array> {
+        self.tensors
+            .remove(name)
+            .ok_or_else(|| invalid(format!("the checkpoint has no tensor `{name}`")))
+    }
+
+    /// The quantization settings for a layer: per-layer override, else the global one.
+    fn quant_params(&self, prefix: &str) -> LoadResult<(i32, i32)> {
+        let q = self.quantization.as_ref().ok_or_else(|| {
+            invalid(format!(
+                "`{prefix}.scales` exists but config.json has no `quantization`"
+            ))
+        })?;
+        let layer = q.get(prefix).filter(|v| v.is_object()).unwrap_or(q);
+        let get =
+            |k: &str, default: i64| layer.get(k).and_then(Value::as_i64).unwrap_or(default) as i32;
+        Ok((get("group_size", 64), get("bits", 4)))
+    }
+
+    /// A linear layer at `prefix` (`prefix.weight`, optional `.bias`, `.scales`/`.biases`).
+    pub fn linear(&mut self, prefix: &str) -> LoadResult<Linear> {
+        let weight = self.take(&format!("{prefix}.weight"))?;
+        let bias = self.tensors.remove(&format!("{prefix}.bias"));
+        let quantized = match self.tensors.remove(&format!("{prefix}.scales")) {
+            Some(scales) => {
+                let (group_size, bits) = self.quant_params(prefix)?;
+                let biases = self.take(&format!("{prefix}.biases"))?;
+                Some(Quantized {
+                    scales,
+                    biases,
+                    group_size,
+                    bits,
+                })
+            }
+            None => None,
+        };
+        Ok(Linear {
+            weight,
+            bias,
+            quantized,
+        })
+    }
+
+    pub fn embedding(&mut self, prefix: &str) -> LoadResult<Embedding> {
+        Ok(Embedding {
+            table: self.linear(prefix)?,
+        })
+    }
+
+    pub fn rms_norm(&mut self, prefix: &str, eps: f32) -> LoadResult<RmsNorm> {
+        Ok(RmsNorm {
+            weight: self.take(&format!("{prefix}.weight"))?,
+            eps,
+        })
+    }
+
+    /// Casts every floating tensor, except quantization scales and biases, to `dtype`.
+    pub fn cast_floats(&mut self, dtype: Dtype) -> LoadResult<()> {
+        for (name, t) in self.tensors.iter_mut() {
+            let is_float = matches!(t.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16);
+            let is_quant_param = name.ends_with(".scales") || name.ends_with(".biases");
+            if is_float && !is_quant_param && t.dtype() != dtype {
+                *t = t
+                    .as_dtype(dtype)
+                    .map_err(|e| invalid(format!("{name}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The dtype of the first floating tensor (the checkpoint's compute dtype).
+    pub fn float_dtype(&self) -> Option<Dtype> {
+        self.tensors
+            .values()
+            .map(Array::dtype)
+            .find(|d| matches!(d, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16))
+    }
+
+    /// Parameters of the model as trained: packed quantized weights count as unpacked, and
+    /// quantization scales and biases do not count.
+    pub fn num_parameters(&self) -> u64 {
+        self.tensors
+            .iter()
+            .filter(|(n, _)| !n.ends_with(".scales") && !n.ends_with(".biases"))
+            .map(|(name, t)| {
+                let prefix = name.strip_suffix(".weight").unwrap_or(name);
+                match self.tensors.contains_key(&format!("{prefix}.scales")) {
+                    true => {
+                        let bits = self.quant_params(prefix).map_or(4, |q| q.1) as u64;
+                        t.size() as u64 * 32 / bits
+                    }
+                    false => t.size() as u64,
+                }
+            })
+            .sum()
+    }
+}
