@@ -43,12 +43,6 @@ impl Sampler {
         if !(0.0..=1.0).contains(&p.min_p) {
             return bad("min_p", "must be in [0, 1]".into());
         }
-        if p.top_k >= vocab as i32 {
-            return bad(
-                "top_k",
-                format!("must be below the vocabulary size {vocab} (0 disables)"),
-            );
-        }
         if !(p.repetition_penalty > 0.0 && p.repetition_penalty.is_finite()) {
             return bad("repetition_penalty", "must be > 0 (1.0 disables)".into());
         }
@@ -143,7 +137,8 @@ impl Sampler {
         if p.min_p != 0.0 {
             lp = min_p(&lp, p.min_p)?;
         }
-        if p.top_k > 0 {
+        // A top_k at or above the vocabulary keeps every token (mlx-lm would raise instead).
+        if p.top_k > 0 && p.top_k < self.vocab {
             lp = top_k(&lp, p.top_k)?;
         }
         let (key, next) = random::split(&self.key, 2)?;
@@ -186,4 +181,254 @@ fn top_k(logprobs: &Array, k: i32) -> Result<Array> {
     let drop = order.take_axis(ops::arange::<_, i32>(k, vocab, 1)?, -1)?;
     let inf = ops::broadcast_to(neg_inf_like(logprobs)?, drop.shape())?;
     logprobs.put_along_axis(&drop, &inf, -1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits(values: &[f32]) -> Array {
+        Array::from_slice(values, &[1, values.len() as i32])
+    }
+
+    fn logprobs_of(probs: &[f32]) -> Array {
+        let ln: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        log_softmax(&logits(&ln)).unwrap()
+    }
+
+    fn sampler(params: SamplerParams, vocab: usize) -> Sampler {
+        Sampler::new(params, vocab).unwrap()
+    }
+
+    fn greedy() -> SamplerParams {
+        SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+
+    fn only_temp(seed: u64) -> SamplerParams {
+        SamplerParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: Some(seed),
+            ..Default::default()
+        }
+    }
+
+    /// Frequencies of each token over `n` draws.
+    fn histogram(s: &mut Sampler, lp: &Array, n: usize) -> Vec<usize> {
+        let mut counts = vec![0; lp.dim(-1) as usize];
+        for _ in 0..n {
+            counts[s.sample(lp).unwrap().item_exact::<u32>() as usize] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn temperature_zero_is_argmax() {
+        let mut s = sampler(greedy(), 4);
+        let lp = logprobs_of(&[0.1, 0.2, 0.6, 0.1]);
+        assert_eq!(s.sample(&lp).unwrap().item_exact::<u32>(), 2);
+    }
+
+    #[test]
+    fn temperature_one_follows_the_distribution() {
+        let mut s = sampler(only_temp(11), 3);
+        let counts = histogram(&mut s, &logprobs_of(&[0.7, 0.2, 0.1]), 3000);
+        let freq: Vec<f64> = counts.iter().map(|&c| c as f64 / 3000.0).collect();
+        for (f, p) in freq.iter().zip([0.7, 0.2, 0.1]) {
+            assert!((f - p).abs() < 0.04, "frequencies {freq:?}");
+        }
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_other_tokens() {
+        let lp = logprobs_of(&[0.25, 0.25, 0.25, 0.25]);
+        let draw = |seed| histogram_seq(&mut sampler(only_temp(seed), 4), &lp, 64);
+        assert_eq!(draw(5), draw(5));
+        assert_ne!(draw(5), draw(6));
+    }
+
+    fn histogram_seq(s: &mut Sampler, lp: &Array, n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| s.sample(lp).unwrap().item_exact::<u32>())
+            .collect()
+    }
+
+    #[test]
+    fn top_k_at_or_above_the_vocabulary_keeps_everything() {
+        let params = SamplerParams {
+            top_k: 40,
+            ..only_temp(9)
+        };
+        let counts = histogram(&mut sampler(params, 3), &logprobs_of(&[0.4, 0.3, 0.3]), 300);
+        assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
+    }
+
+    #[test]
+    fn top_k_keeps_the_k_most_likely() {
+        let params = SamplerParams {
+            top_k: 2,
+            ..only_temp(1)
+        };
+        let counts = histogram(
+            &mut sampler(params, 5),
+            &logprobs_of(&[0.1, 0.3, 0.05, 0.35, 0.2]),
+            400,
+        );
+        assert_eq!(counts[0] + counts[2] + counts[4], 0, "{counts:?}");
+        assert!(counts[1] > 0 && counts[3] > 0, "{counts:?}");
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_the_mass() {
+        let lp = logprobs_of(&[0.6, 0.3, 0.1]);
+        let counts = histogram(
+            &mut sampler(
+                SamplerParams {
+                    top_p: 0.5,
+                    ..only_temp(2)
+                },
+                3,
+            ),
+            &lp,
+            200,
+        );
+        assert_eq!(counts, vec![200, 0, 0]);
+        let counts = histogram(
+            &mut sampler(
+                SamplerParams {
+                    top_p: 0.8,
+                    ..only_temp(3)
+                },
+                3,
+            ),
+            &lp,
+            400,
+        );
+        assert!(
+            counts[0] > 0 && counts[1] > 0 && counts[2] == 0,
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_a_fraction_of_the_top() {
+        let lp = logprobs_of(&[0.5, 0.3, 0.2]);
+        let counts = histogram(
+            &mut sampler(
+                SamplerParams {
+                    min_p: 0.5,
+                    ..only_temp(4)
+                },
+                3,
+            ),
+            &lp,
+            400,
+        );
+        assert!(
+            counts[0] > 0 && counts[1] > 0 && counts[2] == 0,
+            "{counts:?}"
+        );
+        // min_p = 1 keeps only the top token (at least one token always survives).
+        let counts = histogram(
+            &mut sampler(
+                SamplerParams {
+                    min_p: 1.0,
+                    ..only_temp(4)
+                },
+                3,
+            ),
+            &lp,
+            50,
+        );
+        assert_eq!(counts, vec![50, 0, 0]);
+    }
+
+    #[test]
+    fn penalties_and_bias_follow_mlx_lm_semantics() {
+        let history = Array::from_slice(&[1u32, 2, 2], &[3]);
+        let base = logits(&[1.0, 2.0, -2.0, 4.0]);
+        let run = |p: SamplerParams| -> Vec<f32> {
+            let s = sampler(
+                SamplerParams {
+                    temperature: 0.0,
+                    ..p
+                },
+                4,
+            );
+            s.process(base.clone(), Some(&history))
+                .unwrap()
+                .as_slice::<f32>()
+                .to_vec()
+        };
+        // Repetition: positive logits divided, negative multiplied, each seen token once.
+        assert_eq!(
+            run(SamplerParams {
+                repetition_penalty: 2.0,
+                ..greedy()
+            }),
+            vec![1.0, 1.0, -4.0, 4.0]
+        );
+        // Presence: subtract once per seen token; frequency: once per occurrence.
+        assert_eq!(
+            run(SamplerParams {
+                presence_penalty: 0.5,
+                ..greedy()
+            }),
+            vec![1.0, 1.5, -2.5, 4.0]
+        );
+        assert_eq!(
+            run(SamplerParams {
+                frequency_penalty: 0.5,
+                ..greedy()
+            }),
+            vec![1.0, 1.5, -3.0, 4.0]
+        );
+        assert_eq!(
+            run(SamplerParams {
+                logit_bias: vec![(0, 10.0)],
+                ..greedy()
+            }),
+            vec![11.0, 2.0, -2.0, 4.0]
+        );
+    }
+
+    #[test]
+    fn out_of_range_settings_are_refused_with_the_field() {
+        let field = |p: SamplerParams| match Sampler::new(p, 10) {
+            Err(EngineError::InvalidParams { field, .. }) => field,
+            other => panic!("expected InvalidParams, got {:?}", other.err()),
+        };
+        assert_eq!(
+            field(SamplerParams {
+                top_p: 1.5,
+                ..greedy()
+            }),
+            "top_p"
+        );
+        assert_eq!(
+            field(SamplerParams {
+                temperature: -1.0,
+                ..greedy()
+            }),
+            "temperature"
+        );
+        assert_eq!(
+            field(SamplerParams {
+                min_p: 2.0,
+                ..greedy()
+            }),
+            "min_p"
+        );
+        assert_eq!(
+            field(SamplerParams {
+                logit_bias: vec![(99, 1.0)],
+                ..greedy()
+            }),
+            "logit_bias"
+        );
+    }
 }
