@@ -1,9 +1,16 @@
-// Shared by the end-to-end tests: start the real binary through the protocol crate's client.
+// Shared by the end-to-end tests: start the real binary through the protocol crate's client,
+// and write tiny random models (mlx_engine::fixtures) for it to load.
 
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::Path;
 use std::time::Duration;
 
-use protocol::{Client, ClientOptions};
+use mlx_engine::fixtures::{write_tiny_llama, TinyLlama};
+use protocol::methods::{ChatMessage, GenerateParams, Load, LoadParams};
+use protocol::{Client, ClientError, ClientOptions, ErrorCode, ResponseError};
 
+/// Starts `mlx-worker` with `args`; set ECHO_WORKER_STDERR=1 to see its log.
 pub fn worker(args: &[&str]) -> Client {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
     command.args(args).env("MLX_WORKER_LOG", "debug");
@@ -14,8 +21,59 @@ pub fn worker(args: &[&str]) -> Client {
     Client::spawn_command(command, options).expect("start mlx-worker")
 }
 
+/// Awaits `f`, failing the test after 10 s.
 pub async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(10), f)
+    within_for(Duration::from_secs(10), f).await
+}
+
+/// Awaits `f`, failing the test after `limit`.
+pub async fn within_for<T>(limit: Duration, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, f)
         .await
-        .expect("timed out")
+        .unwrap_or_else(|_| panic!("timed out after {limit:?}"))
+}
+
+/// A directory holding a tiny random Llama written by `spec`.
+pub fn tiny_model(spec: &TinyLlama) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    write_tiny_llama(dir.path(), spec).expect("write a tiny model");
+    dir
+}
+
+/// The path as the `model` param.
+pub fn model_id(dir: &Path) -> String {
+    dir.display().to_string()
+}
+
+/// A worker with a tiny model (seed 0) loaded, and the model's directory.
+pub async fn worker_with_tiny_model(args: &[&str]) -> (Client, tempfile::TempDir) {
+    let dir = tiny_model(&TinyLlama::default());
+    let w = worker(args);
+    let loaded = within(w.call::<Load>(&LoadParams::new(model_id(dir.path()))))
+        .await
+        .expect("load the tiny model");
+    assert_eq!(loaded.model_id, model_id(dir.path()));
+    (w, dir)
+}
+
+/// A greedy request for one user message.
+pub fn greedy(content: &str, max_new_tokens: u32) -> GenerateParams {
+    let mut p = GenerateParams::new(vec![ChatMessage::new("user", content)]);
+    p.max_new_tokens = max_new_tokens;
+    p.temperature = 0.0;
+    p
+}
+
+/// The JSON-RPC error of a failed call, checked to carry `code`.
+pub fn rpc_error<T: std::fmt::Debug>(
+    result: Result<T, ClientError>,
+    code: ErrorCode,
+) -> ResponseError {
+    match result {
+        Err(ClientError::Rpc(e)) => {
+            assert_eq!(e.error_code(), Some(code), "{e:?}");
+            e
+        }
+        other => panic!("expected error {code}, got {other:?}"),
+    }
 }

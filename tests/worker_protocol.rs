@@ -1,5 +1,5 @@
-//! End-to-end: the real `mlx-worker` binary against bad input and its lifecycle. These need no
-//! engine and run on every build.
+//! End-to-end: the real `mlx-worker` binary against bad input and its lifecycle, with no model
+//! loaded.
 
 #[path = "common_worker.rs"]
 mod common;

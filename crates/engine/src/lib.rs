@@ -10,6 +10,7 @@ mod cancel;
 mod device;
 mod engine;
 mod error;
+pub mod fixtures;
 mod generate;
 mod kv_cache;
 mod memory;

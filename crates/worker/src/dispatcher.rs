@@ -4,8 +4,9 @@
 //! while the MLX thread generates. `load`, `generate`, `unload` and `reset` have their params
 //! checked here, then wait in the bounded queue and run one at a time on the MLX thread.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use mlx_engine::CancelToken;
 
 use protocol::methods::{
     Cancel, CancelRequestNotification, CancelRequestParams, CancelResult, CancelledNotification,
@@ -18,9 +19,10 @@ use protocol::{ErrorCode, Message, Notification, Request, RequestId, Response, R
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use crate::backend::{BackendInfo, CancelSignal, Residents, TokenizeService};
+use crate::engine_adapter::EngineInfo;
 use crate::executor::{Executor, ExecutorEvent, Job, Work};
 use crate::queue::JobQueue;
+use crate::residents::{self, SharedResidents};
 use crate::transport::{Inbound, Outbox};
 
 /// How long a stop waits for the running job to notice its cancellation.
@@ -28,10 +30,10 @@ const CANCEL_GRACE: Duration = Duration::from_millis(600);
 /// How long a stop then waits for the MLX thread to free memory.
 const FREE_GRACE: Duration = Duration::from_millis(200);
 
-struct Running<C> {
+struct Running {
     id: RequestId,
     state: WorkerState,
-    cancel: C,
+    cancel: CancelToken,
 }
 
 /// Why the worker stops.
@@ -44,28 +46,27 @@ enum StopReason {
 }
 
 /// The dispatcher's state.
-pub struct Dispatcher<C> {
+pub struct Dispatcher {
     outbox: Outbox,
-    executor: Executor<C>,
-    queue: JobQueue<C>,
-    running: Option<Running<C>>,
+    executor: Executor,
+    queue: JobQueue,
+    running: Option<Running>,
     max_queue: usize,
-    info: Option<BackendInfo>,
+    info: Option<EngineInfo>,
     engine_failed: Option<String>,
-    tokenizer: Option<Arc<dyn TokenizeService>>,
     waiting_initialize: Vec<RequestId>,
-    residents: Arc<Mutex<Residents>>,
+    residents: SharedResidents,
     started: Instant,
     served: u64,
     stopping: Option<StopReason>,
 }
 
-impl<C: CancelSignal> Dispatcher<C> {
+impl Dispatcher {
     /// A dispatcher in front of `executor`.
     pub fn new(
         outbox: Outbox,
-        executor: Executor<C>,
-        residents: Arc<Mutex<Residents>>,
+        executor: Executor,
+        residents: SharedResidents,
         max_queue: usize,
     ) -> Self {
         Dispatcher {
@@ -76,7 +77,6 @@ impl<C: CancelSignal> Dispatcher<C> {
             max_queue,
             info: None,
             engine_failed: None,
-            tokenizer: None,
             waiting_initialize: Vec::new(),
             residents,
             started: Instant::now(),
@@ -239,7 +239,7 @@ impl<C: CancelSignal> Dispatcher<C> {
         let job = Job {
             id,
             work,
-            cancel: C::new(),
+            cancel: CancelToken::new(),
         };
         if self.running.is_none() && self.queue.is_empty() {
             return self.start(job);
@@ -250,7 +250,7 @@ impl<C: CancelSignal> Dispatcher<C> {
         }
     }
 
-    fn start(&mut self, job: Job<C>) {
+    fn start(&mut self, job: Job) {
         self.running = Some(Running {
             id: job.id.clone(),
             state: job.work.state(),
@@ -261,9 +261,8 @@ impl<C: CancelSignal> Dispatcher<C> {
 
     fn on_event(&mut self, event: ExecutorEvent) {
         match event {
-            ExecutorEvent::Ready { info, tokenizer } => {
+            ExecutorEvent::Ready(info) => {
                 self.info = Some(info);
-                self.tokenizer = Some(tokenizer);
                 self.answer_initialize();
             }
             ExecutorEvent::Failed(reason) => {
@@ -301,7 +300,7 @@ impl<C: CancelSignal> Dispatcher<C> {
     }
 
     /// The answer of a job cancelled before it ran.
-    fn answer_cancelled(&mut self, job: Job<C>) {
+    fn answer_cancelled(&mut self, job: Job) {
         let response = match job.work {
             Work::Generate(_) => Response::ok(
                 job.id,
@@ -366,40 +365,45 @@ impl<C: CancelSignal> Dispatcher<C> {
     }
 
     fn status(&self) -> StatusResult {
-        let residents = self.residents.lock().expect("residents lock").clone();
+        let residents = self.residents.lock().expect("residents lock");
         StatusResult {
             state: self.running.as_ref().map_or(WorkerState::Idle, |r| r.state),
-            active_model: residents.active_model,
-            models: residents.models,
+            active_model: residents.active_model.clone(),
+            models: residents.models.clone(),
             queue: QueueInfo {
                 running: u32::from(self.running.is_some()),
                 waiting: self.queue.len() as u32,
             },
-            memory: residents.memory,
+            memory: residents.memory.clone(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             requests_served: self.served,
         }
     }
 
-    /// Tokenizes off the dispatcher (templating can take a while) and off the MLX thread.
+    /// Tokenizes with the resident model's tokenizer, off the dispatcher (templating can take a
+    /// while) and off the MLX thread (which may be generating).
     fn tokenize(&mut self, id: RequestId, params: &serde_json::Value) {
         let params = match Tokenize::parse_params(params) {
             Ok(p) => p,
             Err(e) => return self.answer(Response::err(Some(id), e)),
         };
-        let Some(tokenizer) = self.tokenizer.clone() else {
-            let error = match &self.engine_failed {
-                Some(reason) => {
-                    ResponseError::internal(format!("the engine could not start: {reason}"))
-                }
-                None => ResponseError::no_model(params.model.as_deref()),
-            };
+        if let Some(reason) = &self.engine_failed {
+            let error = ResponseError::internal(format!("the engine could not start: {reason}"));
             return self.answer(Response::err(Some(id), error));
+        }
+        let tokenizer = self
+            .residents
+            .lock()
+            .expect("residents lock")
+            .tokenizer(params.model.as_deref());
+        let tokenizer = match tokenizer {
+            Ok(t) => t,
+            Err(e) => return self.answer(Response::err(Some(id), e)),
         };
         self.served += 1;
         let outbox = self.outbox.clone();
         tokio::task::spawn_blocking(move || {
-            let response = match tokenizer.tokenize(&params) {
+            let response = match residents::tokenize(&tokenizer, &params) {
                 Ok(result) => Response::ok(id, result),
                 Err(e) => Response::err(Some(id), e),
             };

@@ -3,8 +3,9 @@
 //! response), then tells the dispatcher it is free.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::sync::mpsc as std_mpsc;
 
+use mlx_engine::CancelToken;
 use protocol::methods::{
     GenerateDelta, GenerateDeltaNotification, GenerateParams, LoadParams, LoadProgress,
     LoadProgressNotification, NotificationMethod, UnloadParams, WorkerState,
@@ -12,7 +13,8 @@ use protocol::methods::{
 use protocol::{Notification, RequestId, Response, ResponseError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::backend::{Backend, BackendInfo, Residents, TokenizeService};
+use crate::engine_adapter::{EngineAdapter, EngineInfo};
+use crate::residents::SharedResidents;
 use crate::transport::Outbox;
 
 /// Work that must run on the MLX thread, in arrival order.
@@ -39,60 +41,50 @@ impl Work {
     }
 }
 
-/// A request to run, with the flag that cancels it.
-pub struct Job<C> {
+/// A request to run, with the token that cancels it.
+pub struct Job {
     /// The request's id.
     pub id: RequestId,
     /// What to do.
     pub work: Work,
-    /// Set by `cancel`; polled by the engine.
-    pub cancel: C,
+    /// Set by `cancel`; polled by the engine between prefill chunks and decode steps.
+    pub cancel: CancelToken,
 }
 
 /// What the MLX thread tells the dispatcher.
 pub enum ExecutorEvent {
     /// The engine is up.
-    Ready {
-        /// For `initialize`.
-        info: BackendInfo,
-        /// For `tokenize`.
-        tokenizer: Arc<dyn TokenizeService>,
-    },
+    Ready(EngineInfo),
     /// The engine could not start; engine requests will fail with this.
     Failed(String),
     /// The job with this id has answered; the thread is free.
     Done(RequestId),
 }
 
-enum Command<C> {
-    Run(Job<C>),
+enum Command {
+    Run(Job),
     Quit,
 }
 
 /// The dispatcher's handle on the MLX thread.
-pub struct Executor<C> {
-    commands: std_mpsc::Sender<Command<C>>,
+pub struct Executor {
+    commands: std_mpsc::Sender<Command>,
     stopped: Option<oneshot::Receiver<()>>,
 }
 
-impl<C: Send + 'static> Executor<C> {
-    /// Starts the MLX thread; `make_backend` runs on it (engines need not be `Send`).
-    pub fn spawn<B, F>(
-        make_backend: F,
+impl Executor {
+    /// Starts the MLX thread; the engine is created on it (MLX state is not `Send`).
+    pub fn spawn(
         outbox: Outbox,
         events: mpsc::UnboundedSender<ExecutorEvent>,
-        residents: Arc<Mutex<Residents>>,
-    ) -> Executor<C>
-    where
-        B: Backend<Cancel = C>,
-        F: FnOnce() -> Result<B, String> + Send + 'static,
-    {
+        residents: SharedResidents,
+    ) -> Executor {
         let (commands, command_rx) = std_mpsc::channel();
         let (stopped_tx, stopped) = oneshot::channel();
         std::thread::Builder::new()
             .name("mlx".into())
             .spawn(move || {
-                run(make_backend, command_rx, outbox, events, residents);
+                run(command_rx, outbox, events, residents);
                 let _ = stopped_tx.send(());
             })
             .expect("spawn the MLX thread");
@@ -103,7 +95,7 @@ impl<C: Send + 'static> Executor<C> {
     }
 
     /// Hands a job to the MLX thread; call only when it is free.
-    pub fn run(&self, job: Job<C>) {
+    pub fn run(&self, job: Job) {
         let _ = self.commands.send(Command::Run(job));
     }
 
@@ -118,58 +110,56 @@ impl<C: Send + 'static> Executor<C> {
     }
 }
 
-fn run<B: Backend, F: FnOnce() -> Result<B, String>>(
-    make_backend: F,
-    commands: std_mpsc::Receiver<Command<B::Cancel>>,
+fn run(
+    commands: std_mpsc::Receiver<Command>,
     outbox: Outbox,
     events: mpsc::UnboundedSender<ExecutorEvent>,
-    residents: Arc<Mutex<Residents>>,
+    residents: SharedResidents,
 ) {
-    let mut backend = match catch_unwind(AssertUnwindSafe(make_backend)) {
-        Ok(Ok(backend)) => backend,
-        Ok(Err(e)) => return fail_all(e, commands, outbox, events),
-        Err(_) => {
-            return fail_all(
-                "the engine panicked while starting".into(),
-                commands,
-                outbox,
-                events,
-            )
+    let mut engine = match catch_unwind(EngineAdapter::new) {
+        Ok(engine) => engine,
+        Err(panic) => {
+            let reason = format!("MLX panicked while starting: {}", panic_message(&*panic));
+            return fail_all(reason, commands, outbox, events);
         }
     };
-    let _ = events.send(ExecutorEvent::Ready {
-        info: backend.info(),
-        tokenizer: backend.tokenizer(),
-    });
-    *residents.lock().expect("residents lock") = backend.residents();
+    let _ = events.send(ExecutorEvent::Ready(engine.info()));
+    *residents.lock().expect("residents lock") = engine.residents();
 
     while let Ok(Command::Run(job)) = commands.recv() {
         let id = job.id.clone();
-        let response = catch_unwind(AssertUnwindSafe(|| execute(&mut backend, job, &outbox)))
+        let response = catch_unwind(AssertUnwindSafe(|| execute(&mut engine, job, &outbox)))
             .unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let what = panic_message(&*panic);
                 tracing::error!("the engine panicked: {what}");
                 Response::err(
                     Some(id.clone()),
                     ResponseError::internal(format!("the engine panicked: {what}")),
                 )
             });
+        // Before the response goes out, so that a host that reads it and asks `status` or
+        // `tokenize` at once finds the models as the response left them.
+        *residents.lock().expect("residents lock") = engine.residents();
         outbox.send(response);
-        *residents.lock().expect("residents lock") = backend.residents();
         let _ = events.send(ExecutorEvent::Done(id));
     }
     tracing::debug!("freeing the engine");
-    backend.free();
+    engine.free();
+}
+
+/// The text a panic was raised with, when it has one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
 }
 
 /// Without an engine every job fails with the reason it could not start.
-fn fail_all<C>(
+fn fail_all(
     reason: String,
-    commands: std_mpsc::Receiver<Command<C>>,
+    commands: std_mpsc::Receiver<Command>,
     outbox: Outbox,
     events: mpsc::UnboundedSender<ExecutorEvent>,
 ) {
@@ -184,7 +174,7 @@ fn fail_all<C>(
     }
 }
 
-fn execute<B: Backend>(backend: &mut B, job: Job<B::Cancel>, outbox: &Outbox) -> Response {
+fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox) -> Response {
     let id = job.id;
     let result = match job.work {
         Work::Load(params) => {
@@ -200,7 +190,7 @@ fn execute<B: Backend>(backend: &mut B, job: Job<B::Cancel>, outbox: &Outbox) ->
                     },
                 ));
             };
-            backend
+            engine
                 .load(&params, &job.cancel, &mut progress)
                 .map(to_value)
         }
@@ -218,12 +208,12 @@ fn execute<B: Backend>(backend: &mut B, job: Job<B::Cancel>, outbox: &Outbox) ->
                 ));
                 index += 1;
             };
-            backend
+            engine
                 .generate(&params, &job.cancel, &mut on_delta)
                 .map(to_value)
         }
-        Work::Unload(params) => backend.unload(&params).map(to_value),
-        Work::Reset => backend.reset().map(to_value),
+        Work::Unload(params) => engine.unload(&params).map(to_value),
+        Work::Reset => Ok(to_value(engine.reset())),
     };
     match result {
         Ok(value) => Response::ok(id, value),

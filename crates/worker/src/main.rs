@@ -2,30 +2,29 @@
 //! (see protocol.md); logs on stderr.
 //!
 //! The path of a request: `transport` (stdin lines -> messages) -> `dispatcher` (answered at
-//! once, or queued) -> `executor` (the one MLX thread, driving a `backend`) -> `transport`
-//! (stdout, one line per message).
+//! once, or queued) -> `executor` (the one MLX thread, where `engine_adapter` turns protocol
+//! params into engine calls, with `convert` and `errors`) -> `transport` (stdout, one line per
+//! message). `residents` is what the dispatcher knows of the engine's models between jobs.
 
-mod backend;
 mod cli;
+mod convert;
 mod dispatcher;
+mod engine_adapter;
+mod errors;
 mod executor;
-#[cfg(feature = "fake-engine")]
-mod fake_backend;
 mod queue;
+mod residents;
 mod transport;
-#[cfg(not(feature = "fake-engine"))]
-mod unavailable;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
 use tokio::sync::mpsc;
 use tracing_subscriber::EnvFilter;
 
-use crate::backend::Residents;
 use crate::dispatcher::Dispatcher;
 use crate::executor::Executor;
+use crate::residents::SharedResidents;
 
 fn main() {
     let cli = cli::Cli::parse();
@@ -52,25 +51,12 @@ fn main() {
 async fn serve(cli: cli::Cli) {
     let outbox = transport::spawn_writer();
     let (events_tx, events) = mpsc::unbounded_channel();
-    let residents = Arc::new(Mutex::new(Residents::default()));
-    let executor = Executor::spawn(make_backend, outbox.clone(), events_tx, residents.clone());
+    let residents = SharedResidents::default();
+    let executor = Executor::spawn(outbox.clone(), events_tx, residents.clone());
     let inbound = transport::spawn_reader(cli.max_line_bytes, outbox.clone());
     Dispatcher::new(outbox, executor, residents, cli.max_queue)
         .run(inbound, events)
         .await;
-}
-
-#[cfg(feature = "fake-engine")]
-fn make_backend() -> Result<fake_backend::FakeBackend, String> {
-    tracing::warn!("built with the fake engine: for tests only, no model runs");
-    Ok(fake_backend::FakeBackend::default())
-}
-
-// TODO(engine): with feature `mlx`, build `engine_backend::EngineBackend` here.
-#[cfg(not(feature = "fake-engine"))]
-fn make_backend() -> Result<unavailable::Unavailable, String> {
-    tracing::warn!("built without an inference engine: engine requests will fail");
-    Ok(unavailable::Unavailable)
 }
 
 /// Logs to stderr only; the level comes from MLX_WORKER_LOG, then RUST_LOG, default `info`.

@@ -7,12 +7,12 @@ use protocol::RequestId;
 use crate::executor::Job;
 
 /// Jobs waiting to run, oldest first; at most `capacity` of them.
-pub struct JobQueue<C> {
-    waiting: VecDeque<Job<C>>,
+pub struct JobQueue {
+    waiting: VecDeque<Job>,
     capacity: usize,
 }
 
-impl<C> JobQueue<C> {
+impl JobQueue {
     /// An empty queue holding at most `capacity` jobs.
     pub fn new(capacity: usize) -> Self {
         JobQueue {
@@ -22,7 +22,7 @@ impl<C> JobQueue<C> {
     }
 
     /// Appends a job, or gives it back when the queue is full.
-    pub fn push(&mut self, job: Job<C>) -> Result<(), Job<C>> {
+    pub fn push(&mut self, job: Job) -> Result<(), Job> {
         if self.waiting.len() >= self.capacity {
             return Err(job);
         }
@@ -31,18 +31,18 @@ impl<C> JobQueue<C> {
     }
 
     /// The oldest job.
-    pub fn pop(&mut self) -> Option<Job<C>> {
+    pub fn pop(&mut self) -> Option<Job> {
         self.waiting.pop_front()
     }
 
     /// Takes out the job with this id (the first one, should a host reuse ids).
-    pub fn remove(&mut self, id: &RequestId) -> Option<Job<C>> {
+    pub fn remove(&mut self, id: &RequestId) -> Option<Job> {
         let at = self.waiting.iter().position(|job| &job.id == id)?;
         self.waiting.remove(at)
     }
 
     /// Takes out every job, oldest first.
-    pub fn drain(&mut self) -> Vec<Job<C>> {
+    pub fn drain(&mut self) -> Vec<Job> {
         self.waiting.drain(..).collect()
     }
 
@@ -62,11 +62,11 @@ mod tests {
     use super::*;
     use crate::executor::Work;
 
-    fn job(id: i64) -> Job<()> {
+    fn job(id: i64) -> Job {
         Job {
             id: id.into(),
             work: Work::Reset,
-            cancel: (),
+            cancel: mlx_engine::CancelToken::new(),
         }
     }
 

@@ -45,6 +45,9 @@ pub enum ChatTemplateSource {
     /// A `chat_template.jinja` file.
     #[serde(rename = "chat_template.jinja")]
     ChatTemplateJinja,
+    /// A `chat_template.json` file (the older place for a separate template).
+    #[serde(rename = "chat_template.json")]
+    ChatTemplateJson,
     /// The GGUF file's `tokenizer.chat_template`.
     #[serde(rename = "gguf")]
     Gguf,

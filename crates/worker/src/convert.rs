@@ -1,0 +1,357 @@
+//! Protocol params to engine requests, and engine results to protocol results. Plain data
+//! mapping; engine errors are mapped in `errors.rs`.
+
+use mlx_engine::{text, GenerateRequest, LoadRequest, Prompt, SamplerParams, WeightDtype};
+use protocol::methods::{
+    Backend, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo, Dtype,
+    FinishReason, GenerateParams, GenerateResult, LoadParams, LoadStage, MemoryInfo,
+    MessageContent, MlxInfo, ModelInfo, Quantization, ResidentModel, Timings, TokenLogprob,
+    TopLogprob, Usage,
+};
+use protocol::ResponseError;
+use serde_json::{json, Map, Value};
+
+/// Why an image is refused: no model the engine runs takes images yet.
+const NO_VISION: &str = "this worker cannot read images yet (capabilities.vision is false); \
+                         send text only";
+
+/// The engine's load request for `load` params.
+pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
+    if p.adapter.is_some() {
+        return Err(ResponseError::invalid_params(
+            "adapter",
+            "LoRA adapters are not supported yet (capabilities.lora is false); \
+             load a model with the adapter merged into it",
+        ));
+    }
+    if let Some(bits) = p.kv_bits {
+        tracing::warn!(
+            bits,
+            "kv_bits is not supported yet; the KV cache stays unquantized"
+        );
+    }
+    Ok(LoadRequest {
+        model: p.model.clone(),
+        max_seq_length: usize::try_from(p.max_seq_length).unwrap_or(usize::MAX),
+        load_in_4bit: p.load_in_4bit,
+        dtype: p.dtype.map(|d| match d {
+            Dtype::Float32 => WeightDtype::Float32,
+            Dtype::Float16 => WeightDtype::Float16,
+            Dtype::Bfloat16 => WeightDtype::Bfloat16,
+        }),
+        chat_template_override: p.chat_template_override.clone(),
+        force: p.force,
+    })
+}
+
+/// The engine's generate request for `generate` params: the system prompt prepended, the
+/// template switches as render options, the sampler settings. `use_adapter` has no effect
+/// while no adapter can be loaded.
+pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseError> {
+    if p.image.is_some() {
+        return Err(ResponseError::invalid_params("image", NO_VISION));
+    }
+    let messages = text::prepend_system_prompt(&p.system_prompt, &messages(&p.messages)?);
+    let options = text::RenderOptions {
+        add_generation_prompt: p.add_generation_prompt,
+        continue_final_message: p.continue_final_message,
+        enable_thinking: p.enable_thinking,
+        tools: tools(p.tools.as_ref())?,
+        extra: Map::new(),
+    };
+    Ok(GenerateRequest {
+        model: p.model.clone(),
+        prompt: Prompt::Chat { messages, options },
+        max_new_tokens: p.max_new_tokens as usize,
+        sampler: SamplerParams {
+            temperature: p.temperature as f32,
+            top_p: p.top_p as f32,
+            top_k: p.top_k,
+            min_p: p.min_p as f32,
+            repetition_penalty: p.repetition_penalty as f32,
+            repetition_context_size: p.repetition_context_size as usize,
+            presence_penalty: p.presence_penalty as f32,
+            frequency_penalty: p.frequency_penalty as f32,
+            logit_bias: Vec::new(),
+            seed: p.seed,
+        },
+        stop: p.stop.clone(),
+        logprobs: usize::from(p.logprobs),
+    })
+}
+
+/// Chat messages as the chat template sees them. Image parts are refused (no vision yet).
+pub fn messages(messages: &[ChatMessage]) -> Result<Vec<text::Message>, ResponseError> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match &m.content {
+                MessageContent::Text(s) => text::MessageContent::Text(s.clone()),
+                MessageContent::Parts(parts) => text::MessageContent::Parts(
+                    parts
+                        .iter()
+                        .enumerate()
+                        .map(|(j, part)| match part {
+                            ContentPart::Text { text } => Ok(json!({"type": "text", "text": text})),
+                            ContentPart::Image { .. } => Err(ResponseError::invalid_params(
+                                format!("messages[{i}].content[{j}]"),
+                                NO_VISION,
+                            )),
+                        })
+                        .collect::<Result<_, _>>()?,
+                ),
+            };
+            Ok(text::Message {
+                role: m.role.clone(),
+                content: Some(content),
+                extra: m.extra.clone(),
+            })
+        })
+        .collect()
+}
+
+fn tools(tools: Option<&Value>) -> Result<Option<Vec<Value>>, ResponseError> {
+    match tools {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(tools)) => Ok(Some(tools.clone())),
+        Some(_) => Err(ResponseError::invalid_params(
+            "tools",
+            "must be an array of tool definitions",
+        )),
+    }
+}
+
+/// The `generate` result of a finished (or cancelled) completion.
+pub fn generate_result(c: mlx_engine::Completion) -> GenerateResult {
+    let u = c.usage;
+    let t = c.timings;
+    GenerateResult {
+        text: c.text,
+        finish_reason: match c.finish_reason {
+            mlx_engine::FinishReason::Stop => FinishReason::Stop,
+            mlx_engine::FinishReason::Length => FinishReason::Length,
+            mlx_engine::FinishReason::StopSequence => FinishReason::StopSequence,
+            mlx_engine::FinishReason::Cancelled => FinishReason::Cancelled,
+        },
+        usage: Usage {
+            prompt_tokens: u.prompt_tokens as u64,
+            completion_tokens: u.completion_tokens as u64,
+            total_tokens: (u.prompt_tokens + u.completion_tokens) as u64,
+            cached_tokens: u.cached_tokens as u64,
+        },
+        timings: Timings {
+            prompt_n: t.prompt_n as u64,
+            prompt_ms: t.prompt_ms,
+            prompt_per_second: per_second(t.prompt_n, t.prompt_ms),
+            predicted_n: t.predicted_n as u64,
+            predicted_ms: t.predicted_ms,
+            predicted_per_second: per_second(t.predicted_n, t.predicted_ms),
+            ttft_ms: t.ttft_ms,
+        },
+    }
+}
+
+fn per_second(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+/// A delta's `tokens`: present only when log-probabilities were asked for.
+pub fn delta_tokens(tokens: Vec<mlx_engine::TokenLogprob>) -> Option<Vec<TokenLogprob>> {
+    (!tokens.is_empty()).then(|| {
+        tokens
+            .into_iter()
+            .map(|t| TokenLogprob {
+                id: t.id,
+                text: t.text,
+                logprob: t.logprob,
+                top: t
+                    .top
+                    .into_iter()
+                    .map(|(id, logprob)| TopLogprob { id, logprob })
+                    .collect(),
+            })
+            .collect()
+    })
+}
+
+/// The protocol's stage for an engine stage name; `None` for a name the protocol lacks.
+pub fn load_stage(name: &str) -> Option<LoadStage> {
+    Some(match name {
+        "resolve" => LoadStage::Resolve,
+        "download" => LoadStage::Download,
+        "weights" => LoadStage::Weights,
+        "tokenizer" => LoadStage::Tokenizer,
+        "ready" => LoadStage::Ready,
+        _ => return None,
+    })
+}
+
+/// A resident model's info.
+pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
+    ModelInfo {
+        architecture: info.architecture.clone(),
+        model_type: info.model_type.clone(),
+        is_vision: info.is_vision,
+        is_lora: info.is_lora,
+        is_gguf: info.is_gguf,
+        dtype: match info.dtype {
+            WeightDtype::Float32 => Dtype::Float32,
+            WeightDtype::Float16 => Dtype::Float16,
+            WeightDtype::Bfloat16 => Dtype::Bfloat16,
+        },
+        quantization: info.quantization.map(|q| Quantization {
+            bits: q.bits as u32,
+            group_size: q.group_size as u32,
+        }),
+        context_length: info.context_length as u64,
+        num_parameters: info.num_parameters,
+        vocab_size: info.vocab_size as u64,
+        eos_token_ids: info.eos_token_ids.clone(),
+        chat_template: ChatTemplateInfo {
+            present: info.chat_template_present,
+            source: match info.chat_template_source {
+                text::ChatTemplateSource::TokenizerConfig => ChatTemplateSource::TokenizerConfig,
+                text::ChatTemplateSource::ChatTemplateJinja => {
+                    ChatTemplateSource::ChatTemplateJinja
+                }
+                text::ChatTemplateSource::ChatTemplateJson => ChatTemplateSource::ChatTemplateJson,
+                text::ChatTemplateSource::Gguf => ChatTemplateSource::Gguf,
+                text::ChatTemplateSource::Override => ChatTemplateSource::Override,
+                text::ChatTemplateSource::None => ChatTemplateSource::None,
+            },
+        },
+    }
+}
+
+/// A `status.models[]` entry.
+pub fn resident_model(info: &mlx_engine::ModelInfo) -> ResidentModel {
+    ResidentModel {
+        model_id: info.model_id.clone(),
+        info: model_info(info),
+    }
+}
+
+/// MLX memory figures.
+pub fn memory(m: mlx_engine::MemoryStats) -> MemoryInfo {
+    MemoryInfo {
+        active_bytes: m.active_bytes,
+        peak_bytes: m.peak_bytes,
+        limit_bytes: m.limit_bytes,
+    }
+}
+
+/// `initialize`'s `mlx` member.
+pub fn mlx_info(d: &mlx_engine::DeviceInfo) -> MlxInfo {
+    MlxInfo {
+        version: d.mlx_version.clone(),
+        backend: match d.backend {
+            "metal" => Backend::Metal,
+            "cuda" => Backend::Cuda,
+            _ => Backend::Cpu,
+        },
+        device: DeviceInfo {
+            name: d.name.clone(),
+            memory_bytes: d.memory_bytes,
+            recommended_working_set_bytes: d.recommended_working_set_bytes,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::error::InvalidParamsData;
+
+    fn field(e: ResponseError) -> String {
+        e.data_as::<InvalidParamsData>().unwrap().field
+    }
+
+    #[test]
+    fn generate_params_become_an_engine_request() {
+        let mut p = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
+        p.system_prompt = "Be brief.".into();
+        p.tools = Some(json!([{"type": "function"}]));
+        p.enable_thinking = Some(false);
+        p.top_k = -1;
+        p.seed = Some(7);
+        p.logprobs = 3;
+        let r = generate_request(&p).unwrap();
+        let Prompt::Chat { messages, options } = r.prompt else {
+            panic!("{:?}", r.prompt)
+        };
+        assert_eq!(
+            messages,
+            [
+                text::Message::text("system", "Be brief."),
+                text::Message::text("user", "hi")
+            ]
+        );
+        assert_eq!(options.tools, Some(vec![json!({"type": "function"})]));
+        assert_eq!(options.enable_thinking, Some(false));
+        assert!(options.add_generation_prompt);
+        assert_eq!((r.sampler.top_k, r.sampler.seed), (-1, Some(7)));
+        assert_eq!((r.max_new_tokens, r.logprobs), (256, 3));
+    }
+
+    #[test]
+    fn images_and_bad_tools_are_invalid_params() {
+        let mut p = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
+        p.image = Some("cat.png".into());
+        assert_eq!(field(generate_request(&p).unwrap_err()), "image");
+
+        let mut p = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
+        p.messages.push(ChatMessage {
+            role: "user".into(),
+            content: MessageContent::Parts(vec![
+                ContentPart::Text {
+                    text: "what".into(),
+                },
+                ContentPart::Image {
+                    image: "cat.png".into(),
+                },
+            ]),
+            extra: Map::new(),
+        });
+        assert_eq!(
+            field(generate_request(&p).unwrap_err()),
+            "messages[1].content[1]"
+        );
+
+        let mut p = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
+        p.tools = Some(json!({"name": "f"}));
+        assert_eq!(field(generate_request(&p).unwrap_err()), "tools");
+
+        let mut p = LoadParams::new("m");
+        p.adapter = Some("lora".into());
+        assert_eq!(field(load_request(&p).unwrap_err()), "adapter");
+    }
+
+    #[test]
+    fn usage_totals_and_speeds_are_derived() {
+        let r = generate_result(mlx_engine::Completion {
+            text: "ab".into(),
+            token_ids: vec![1, 2],
+            finish_reason: mlx_engine::FinishReason::Length,
+            usage: mlx_engine::Usage {
+                prompt_tokens: 10,
+                completion_tokens: 2,
+                cached_tokens: 0,
+            },
+            timings: mlx_engine::Timings {
+                prompt_n: 10,
+                prompt_ms: 5.0,
+                predicted_n: 2,
+                predicted_ms: 0.0,
+                ttft_ms: 6.0,
+            },
+        });
+        assert_eq!(r.usage.total_tokens, 12);
+        assert_eq!(r.timings.prompt_per_second, 2000.0);
+        assert_eq!(r.timings.predicted_per_second, 0.0);
+    }
+}

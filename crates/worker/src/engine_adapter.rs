@@ -1,0 +1,158 @@
+//! The engine in protocol terms: protocol params in, protocol results and errors out. Lives on
+//! the MLX thread (see `executor.rs`), like the [`Engine`] it owns.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mlx_engine::text::ModelTokenizer;
+use mlx_engine::{CancelToken, Engine};
+use protocol::methods::{
+    GenerateParams, GenerateResult, LoadParams, LoadResult, LoadStage, MlxInfo, ResetResult,
+    TokenLogprob, UnloadParams, UnloadResult,
+};
+use protocol::ResponseError;
+
+use crate::convert;
+use crate::errors::engine_error;
+use crate::residents::Residents;
+
+/// What `initialize` reports about the engine; fixed for the process's life.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    /// MLX version, backend and device.
+    pub mlx: MlxInfo,
+    /// `model_type`s the engine can load.
+    pub architectures: Vec<String>,
+    /// Image inputs supported.
+    pub vision: bool,
+    /// LoRA adapters supported.
+    pub lora: bool,
+    /// GGUF files supported.
+    pub gguf: bool,
+}
+
+/// The engine and the tokenizers of its resident models.
+pub struct EngineAdapter {
+    engine: Engine,
+    tokenizers: HashMap<String, Arc<ModelTokenizer>>,
+}
+
+impl EngineAdapter {
+    /// Starts MLX.
+    pub fn new() -> Self {
+        Self {
+            engine: Engine::new(),
+            tokenizers: HashMap::new(),
+        }
+    }
+
+    /// What `initialize` reports.
+    pub fn info(&self) -> EngineInfo {
+        EngineInfo {
+            mlx: convert::mlx_info(self.engine.device_info()),
+            architectures: Engine::architectures()
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+            vision: false,
+            lora: false,
+            gguf: false,
+        }
+    }
+
+    /// `load`; `progress(stage, done, total, message)` reports as it goes.
+    pub fn load(
+        &mut self,
+        params: &LoadParams,
+        cancel: &CancelToken,
+        progress: &mut dyn FnMut(LoadStage, u64, u64, String),
+    ) -> Result<LoadResult, ResponseError> {
+        let started = Instant::now();
+        let request = convert::load_request(params)?;
+        let mut report = |p: mlx_engine::LoadProgress| match convert::load_stage(p.stage) {
+            Some(stage) => progress(stage, p.done, p.total, p.message),
+            None => tracing::debug!(stage = p.stage, "a load stage the protocol does not name"),
+        };
+        let loaded = self
+            .engine
+            .load(&request, &mut report, cancel)
+            .map_err(engine_error)?;
+        tracing::info!(
+            model = %loaded.info.model_id,
+            reused = loaded.reused,
+            ms = started.elapsed().as_millis() as u64,
+            "loaded"
+        );
+        self.tokenizers
+            .insert(loaded.info.model_id.clone(), loaded.tokenizer);
+        Ok(LoadResult {
+            model_id: loaded.info.model_id.clone(),
+            info: convert::model_info(&loaded.info),
+            load_ms: started.elapsed().as_millis() as u64,
+            memory: convert::memory(self.engine.memory()),
+        })
+    }
+
+    /// `generate`; `on_delta(text, tokens)` gets only the text new since the last call. A
+    /// cancelled generation answers with `finish_reason: cancelled` and the text so far.
+    pub fn generate(
+        &mut self,
+        params: &GenerateParams,
+        cancel: &CancelToken,
+        on_delta: &mut dyn FnMut(String, Option<Vec<TokenLogprob>>),
+    ) -> Result<GenerateResult, ResponseError> {
+        let request = convert::generate_request(params)?;
+        let mut forward = |d: mlx_engine::Delta| on_delta(d.text, convert::delta_tokens(d.tokens));
+        self.engine
+            .generate(&request, &mut forward, cancel)
+            .map(convert::generate_result)
+            .map_err(engine_error)
+    }
+
+    /// `unload`: one model, or all.
+    pub fn unload(&mut self, params: &UnloadParams) -> Result<UnloadResult, ResponseError> {
+        let unloaded = self
+            .engine
+            .unload(params.model.as_deref())
+            .map_err(engine_error)?;
+        for id in &unloaded {
+            self.tokenizers.remove(id);
+        }
+        Ok(UnloadResult {
+            unloaded,
+            memory: convert::memory(self.engine.memory()),
+        })
+    }
+
+    /// `reset`: clears MLX's buffer cache.
+    pub fn reset(&mut self) -> ResetResult {
+        self.engine.reset();
+        ResetResult {
+            memory: convert::memory(self.engine.memory()),
+        }
+    }
+
+    /// Resident models, their tokenizers and memory now.
+    pub fn residents(&self) -> Residents {
+        Residents {
+            active_model: self.engine.active_model().map(str::to_owned),
+            models: self
+                .engine
+                .models()
+                .iter()
+                .map(convert::resident_model)
+                .collect(),
+            memory: convert::memory(self.engine.memory()),
+            tokenizers: self.tokenizers.clone(),
+        }
+    }
+
+    /// Frees every model and MLX's cache before the process exits.
+    pub fn free(&mut self) {
+        if let Err(e) = self.engine.unload(None) {
+            tracing::warn!("freeing the models failed: {e}");
+        }
+        self.tokenizers.clear();
+    }
+}

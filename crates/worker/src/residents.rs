@@ -1,0 +1,72 @@
+//! What the dispatcher reads while the MLX thread works: the resident models, their tokenizers
+//! and MLX memory. The MLX thread replaces the snapshot after every job; `status` and
+//! `tokenize` read it without waiting for the engine.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use mlx_engine::text::{ModelTokenizer, RenderOptions};
+use protocol::methods::{MemoryInfo, ResidentModel, TokenizeParams, TokenizeResult};
+use protocol::ResponseError;
+
+use crate::convert;
+use crate::errors::engine_error;
+
+/// Resident models, their tokenizers and memory, as of the last finished job.
+#[derive(Debug, Clone, Default)]
+pub struct Residents {
+    /// The model `generate` and `tokenize` use by default.
+    pub active_model: Option<String>,
+    /// Every resident model, in load order.
+    pub models: Vec<ResidentModel>,
+    /// MLX memory.
+    pub memory: MemoryInfo,
+    /// Each resident model's tokenizer, by model id.
+    pub tokenizers: HashMap<String, Arc<ModelTokenizer>>,
+}
+
+/// The snapshot, shared by the dispatcher and the MLX thread.
+pub type SharedResidents = Arc<Mutex<Residents>>;
+
+impl Residents {
+    /// The tokenizer of `model`, or of the active model; `-32001` when it is not resident.
+    pub fn tokenizer(&self, model: Option<&str>) -> Result<Arc<ModelTokenizer>, ResponseError> {
+        let id = model.or(self.active_model.as_deref());
+        id.and_then(|id| self.tokenizers.get(id))
+            .cloned()
+            .ok_or_else(|| ResponseError::no_model(model))
+    }
+}
+
+/// `tokenize` with a resident model's tokenizer: `text` as is (with the tokenizer's special
+/// tokens, as `generate` does for text), or `messages` through the chat template.
+pub fn tokenize(
+    tokenizer: &ModelTokenizer,
+    params: &TokenizeParams,
+) -> Result<TokenizeResult, ResponseError> {
+    let template_error = |e: mlx_engine::text::TokenizerError| {
+        engine_error(mlx_engine::EngineError::Template(e.to_string()))
+    };
+    // `Tokenize::validate` let through exactly one of `text` and `messages`.
+    let (tokens, prompt) = match &params.messages {
+        Some(messages) => {
+            let options = RenderOptions {
+                add_generation_prompt: params.add_generation_prompt,
+                ..RenderOptions::default()
+            };
+            let rendered = tokenizer
+                .render_and_encode(&convert::messages(messages)?, &options)
+                .map_err(template_error)?;
+            (rendered.ids, Some(rendered.text))
+        }
+        None => {
+            let text = params.text.as_deref().unwrap_or_default();
+            (tokenizer.encode(text, true).map_err(template_error)?, None)
+        }
+    };
+    Ok(TokenizeResult {
+        count: tokens.len(),
+        tokens,
+        prompt,
+    })
+}

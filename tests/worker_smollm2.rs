@@ -1,0 +1,40 @@
+//! End-to-end with the real SmolLM2-135M-Instruct (imported by `cargo xtask setup`) through
+//! the binary. Skipped when the model is missing, unless MLX_WORKER_REQUIRE_MODELS=1, which
+//! makes a missing model a failure (see `mlx_engine::fixtures::smollm2_dir`).
+
+#[path = "common_worker.rs"]
+mod common;
+
+use std::time::Duration;
+
+use common::{greedy, model_id, within_for, worker};
+use mlx_engine::fixtures::smollm2_dir;
+use protocol::methods::{FinishReason, Load, LoadParams};
+
+/// A 135M model on a slow CPU.
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn smollm2_names_the_capital_of_france() {
+    let Some(dir) = smollm2_dir() else { return };
+    let w = worker(&[]);
+    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
+        .await
+        .unwrap();
+    assert_eq!(loaded.info.vocab_size, 49152);
+    let question = greedy("What is the capital of France?", 20);
+    let (deltas, result) = within_for(LIMIT, w.generate(&question).unwrap().collect())
+        .await
+        .unwrap();
+    eprintln!("{:?} {:?}", result.text, result.timings);
+    assert!(result.text.contains("Paris"), "{:?}", result.text);
+    assert_eq!(
+        deltas.iter().map(|d| d.text.as_str()).collect::<String>(),
+        result.text
+    );
+    assert!(matches!(
+        result.finish_reason,
+        FinishReason::Stop | FinishReason::Length
+    ));
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
