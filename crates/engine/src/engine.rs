@@ -14,7 +14,7 @@ use crate::{
     device,
     error::{EngineError, LoadErrorKind},
     generate::{generate, GenerationContext},
-    memory,
+    gguf_import, memory,
     models::{self, LanguageModel},
     request::*,
     weights::Weights,
@@ -96,7 +96,6 @@ impl Engine {
         progress: &mut dyn FnMut(LoadProgress),
         cancel: &CancelToken,
     ) -> Result<Loaded, EngineError> {
-        let path = resolve(&req.model)?;
         let model_id = req.model.clone();
         if let Some(i) = self.models.iter().position(|r| r.info.model_id == model_id) {
             if !req.force {
@@ -110,6 +109,18 @@ impl Engine {
                 return Ok(loaded);
             }
         }
+        let is_gguf = req.model.ends_with(".gguf") && Path::new(&req.model).is_file();
+        let path = if is_gguf {
+            progress(LoadProgress {
+                stage: "weights",
+                done: 0,
+                total: 1,
+                message: "importing GGUF".into(),
+            });
+            gguf_import::imported_dir(Path::new(&req.model))?
+        } else {
+            resolve(&req.model)?
+        };
         progress(LoadProgress {
             stage: "resolve",
             done: 1,
@@ -202,7 +213,7 @@ impl Engine {
             model_type: config["model_type"].as_str().unwrap_or_default().to_owned(),
             is_vision: false,
             is_lora: false,
-            is_gguf: false,
+            is_gguf,
             dtype,
             quantization,
             context_length,
@@ -210,7 +221,13 @@ impl Engine {
             vocab_size: tokenizer.vocab_size(),
             eos_token_ids: tokenizer.eos_token_ids().iter().copied().collect(),
             chat_template_present: tokenizer.chat_template().is_some(),
-            chat_template_source: tokenizer.chat_template_source(),
+            chat_template_source: match tokenizer.chat_template_source() {
+                // The importer carried the GGUF's own template into tokenizer_config.json.
+                text::ChatTemplateSource::TokenizerConfig if is_gguf => {
+                    text::ChatTemplateSource::Gguf
+                }
+                source => source,
+            },
         };
         let tokenizer = Arc::new(tokenizer);
         self.models.retain(|r| r.info.model_id != model_id);
@@ -335,7 +352,10 @@ fn resolve(model: &str) -> Result<PathBuf, EngineError> {
     if path.exists() {
         return Err(EngineError::load(
             LoadErrorKind::NotFound,
-            format!("`{model}` is a file; give a model directory (config.json, *.safetensors, tokenizer.json)"),
+            format!(
+                "`{model}` is a file; give a model directory (config.json, *.safetensors, \
+                 tokenizer.json) or a .gguf file"
+            ),
         ));
     }
     Err(EngineError::load(

@@ -12,6 +12,7 @@ mod engine;
 mod error;
 pub mod fixtures;
 mod generate;
+mod gguf_import;
 mod kv_cache;
 mod memory;
 mod models;

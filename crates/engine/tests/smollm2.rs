@@ -1,32 +1,34 @@
 //! The real SmolLM2-135M-Instruct (imported by `cargo xtask setup`), greedy.
 
-use std::path::PathBuf;
+use mlx_engine::{
+    fixtures, text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams,
+};
 
-use mlx_engine::{text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams};
-
-fn model_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("MLX_WORKER_SMOLLM2_DIR")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-            Some(cache.join("mlx-worker/models/SmolLM2-135M-Instruct"))
-        })?;
-    if dir.join("model.safetensors").is_file() {
-        return Some(dir);
+fn capital_question() -> GenerateRequest {
+    GenerateRequest {
+        model: None,
+        prompt: Prompt::Chat {
+            messages: vec![text::Message::text(
+                "user",
+                "What is the capital of France?",
+            )],
+            options: text::RenderOptions::default(),
+        },
+        max_new_tokens: 20,
+        sampler: SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        stop: vec![],
+        logprobs: 0,
     }
-    assert!(
-        std::env::var_os("MLX_WORKER_REQUIRE_MODELS").is_none(),
-        "SmolLM2 is missing at {}: run `cargo xtask setup`",
-        dir.display()
-    );
-    None
 }
 
 #[test]
 fn greedy_answer_names_paris() {
-    let Some(dir) = model_dir() else { return };
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
     let mut engine = Engine::new();
     let load = LoadRequest {
         model: dir.display().to_string(),
@@ -61,4 +63,43 @@ fn greedy_answer_names_paris() {
     eprintln!("{:?} {:?}", out.text, out.timings);
     assert!(out.text.contains("Paris"), "{:?}", out.text);
     assert_eq!(deltas, out.text);
+}
+
+#[test]
+fn a_gguf_file_loads_directly() {
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
+    // `cargo xtask setup` keeps the source GGUF in the cache beside the imported models.
+    let gguf = dir
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("gguf/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !gguf.is_file() {
+        assert!(
+            std::env::var_os("MLX_WORKER_REQUIRE_MODELS").is_none(),
+            "{} is missing",
+            gguf.display()
+        );
+        return;
+    }
+    let mut engine = Engine::new();
+    let load = LoadRequest {
+        model: gguf.display().to_string(),
+        ..Default::default()
+    };
+    let loaded = engine
+        .load(&load, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    assert!(loaded.info.is_gguf);
+    assert_eq!(
+        loaded.info.chat_template_source,
+        text::ChatTemplateSource::Gguf
+    );
+    let out = engine
+        .generate(&capital_question(), &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    assert!(out.text.contains("Paris"), "{:?}", out.text);
 }
