@@ -1,9 +1,12 @@
 //! `cargo xtask <command>`: project automation (see `cargo xtask help`).
 
+mod bench;
 mod check_import;
+mod parity;
 mod pypi;
 mod setup;
 mod venv;
+mod worker_bin;
 
 use std::path::PathBuf;
 
@@ -15,6 +18,12 @@ commands:
                  cache as a Hugging Face-layout directory; prints its path
   check-import   setup, then load the imported model with the reference mlx-lm
                  (venv at <workspace>/.venv) and check it answers \"Paris\"
+  parity         greedy tokens and prompt ids, case for case, against mlx-lm 0.32.2 on
+                 the same MLX build: SmolLM2 plus tiny random Llama fixtures
+                 (xtask/parity/cases.json); exits non-zero on any mismatch
+  bench          the release mlx-worker (over the protocol) beside mlx-lm, stock and with
+                 OpenBLAS preloaded, on SmolLM2: prefill/decode tok/s, ttft, peak memory;
+                 medians and ratios (--runs N, default 5; --help for more)
   help           this text
 ";
 
@@ -27,6 +36,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some("check-import") => check_import::run(),
+        Some("parity") => parity::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
         None | Some("help" | "-h" | "--help") => {
             print!("{HELP}");
             Ok(())

@@ -1,0 +1,71 @@
+"""The mlx-lm side of `cargo xtask bench`: a long-lived process that measures one generation per
+request, as the worker does (the model is loaded once, at start).
+
+Usage: python mlx_lm_bench.py MODEL_DIR   (then one JSON request per line on stdin)
+
+Request: {"messages": [...], "max_new_tokens": int}
+Answer (one JSON line on stdout): prompt and decode speed as `stream_generate` reports them
+(`prompt_tps`, `generation_tps`), the time to the first token (chat template and tokenization
+included, as the worker's `ttft_ms` includes them), MLX's peak memory since start (as
+`stream_generate`'s `peak_memory`, and the worker's `status`, count it), and which BLAS the process
+has mapped (to show whether an OpenBLAS preload took effect).
+"""
+
+import json
+import sys
+import time
+
+from mlx_lm import load, stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+
+def blas_libraries():
+    """Shared BLAS libraries mapped into this process."""
+    names = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if "blas" in path.lower():
+                names.add(path.rsplit("/", 1)[-1])
+    return sorted(names)
+
+
+def run(model, tokenizer, request):
+    start = time.perf_counter()
+    ids = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # transformers 5 may give a BatchEncoding
+        ids = ids["input_ids"]
+    ttft = None
+    last = None
+    for response in stream_generate(
+        model,
+        tokenizer,
+        list(ids),
+        max_tokens=request["max_new_tokens"],
+        sampler=make_sampler(temp=0.0),
+    ):
+        if ttft is None:
+            ttft = time.perf_counter() - start
+        last = response
+    return {
+        "prompt_tokens": last.prompt_tokens,
+        "prompt_tps": last.prompt_tps,
+        "generation_tokens": last.generation_tokens,
+        "generation_tps": last.generation_tps,
+        "ttft_ms": ttft * 1000.0,
+        "peak_memory_bytes": int(last.peak_memory * 1e9),
+        "finish_reason": last.finish_reason,
+        "blas": blas_libraries(),
+    }
+
+
+def main():
+    model, tokenizer = load(sys.argv[1])
+    print(json.dumps({"ready": True, "blas": blas_libraries()}), flush=True)
+    for line in sys.stdin:
+        if line.strip():
+            print(json.dumps(run(model, tokenizer, json.loads(line))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Tiny random-weight Llama checkpoints for `cargo xtask parity`, built by mlx-lm's own classes.
+
+Usage: python make_fixtures.py CASES_JSON TOKENIZER_DIR OUT_DIR
+
+For every model in CASES_JSON with a "fixture" spec, writes OUT_DIR/<name>/ in Hugging Face
+layout: config.json, model.safetensors (the flattened parameters of
+`mlx_lm.models.llama.Model`), and the tokenizer files copied from TOKENIZER_DIR.
+A directory whose spec.json already equals the current spec is left alone.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+from mlx_lm.models import llama
+
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+
+
+def config_for(spec):
+    """config.json for a fixture: the spec's "config" over a tiny Llama base."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 2048,
+        "vocab_size": 49152,  # the SmolLM2 tokenizer's
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    config.update(spec.get("config", {}))
+    return config
+
+
+def build(spec, out):
+    config = config_for(spec)
+    mx.random.seed(spec.get("seed", 0))
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+
+    # With mlx's default init the blocks add little to the residual stream, and greedy decoding
+    # repeats one token forever. Scaling the blocks' matrices (not their norms) makes the
+    # attention and MLP matter, so the generated tokens vary and test them.
+    scale = spec.get("block_scale", 4.0)
+    model.update(
+        tree_map_with_path(
+            lambda path, p: p * scale if path.startswith("model.layers.") and "norm" not in path else p,
+            model.parameters(),
+        )
+    )
+
+    dtype = spec.get("dtype", "float32")
+    if dtype != "float32":
+        model.set_dtype(getattr(mx, dtype))
+    config["torch_dtype"] = dtype
+
+    if q := spec.get("quantize"):
+        # As `mlx_lm.convert -q` does: affine quantization of every layer that supports it,
+        # recorded in config.json for `mlx_lm.load`.
+        nn.quantize(model, group_size=q["group_size"], bits=q["bits"])
+        config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
+        config["quantization_config"] = config["quantization"]
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOKENIZER_DIR / name, tmp / name)
+    (tmp / "spec.json").write_text(json.dumps(spec, sort_keys=True))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+if __name__ == "__main__":
+    cases_path, TOKENIZER_DIR, out_root = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    cases = json.loads(Path(cases_path).read_text())
+    for model in cases["models"]:
+        spec = model.get("fixture")
+        if spec is None:
+            continue
+        out = out_root / model["name"]
+        spec_file = out / "spec.json"
+        if spec_file.is_file() and spec_file.read_text() == json.dumps(spec, sort_keys=True):
+            continue
+        print(f"making fixture {model['name']} in {out}", file=sys.stderr)
+        build(spec, out)

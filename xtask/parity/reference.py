@@ -1,0 +1,53 @@
+"""Greedy reference tokens from mlx-lm, for `cargo xtask parity`.
+
+Usage: python reference.py < REQUEST_JSON > RESULT_JSON
+
+Request: {"model_dir": str, "max_new_tokens": int, "cases": [{"name": str, "messages": [...]}]}
+Result:  {"cases": [{"name": str, "prompt_ids": [int], "tokens": [int]}]}
+
+Prompt ids come from the Hugging Face tokenizer's chat template (as mlx-lm's server and
+`mlx_lm.generate` build them); tokens are greedy (`make_sampler(temp=0.0)`) from
+`generate_step`, stopping before the first EOS token as `stream_generate` does.
+"""
+
+import json
+import sys
+
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_sampler
+
+
+def prompt_ids(tokenizer, messages):
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    # transformers 5 may answer with a BatchEncoding instead of a plain list.
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def greedy(model, tokenizer, ids, max_new_tokens):
+    sampler = make_sampler(temp=0.0)
+    tokens = []
+    for token, _ in generate_step(mx.array(ids), model, max_tokens=max_new_tokens, sampler=sampler):
+        token = int(token)
+        if token in tokenizer.eos_token_ids:
+            break
+        tokens.append(token)
+    return tokens
+
+
+def main():
+    request = json.load(sys.stdin)
+    model, tokenizer = load(request["model_dir"])
+    results = []
+    for case in request["cases"]:
+        ids = prompt_ids(tokenizer, case["messages"])
+        tokens = greedy(model, tokenizer, ids, request["max_new_tokens"])
+        results.append({"name": case["name"], "prompt_ids": ids, "tokens": tokens})
+    json.dump({"cases": results}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,417 @@
+//! `cargo xtask bench`: the release `mlx-worker` beside mlx-lm 0.32.2, in the same run.
+//!
+//! The worker is driven through the protocol client over real pipes (load once, then one
+//! `generate` per run); mlx-lm runs in two long-lived Python processes
+//! (`xtask/bench/mlx_lm_bench.py`, model loaded once): stock, and with Debian's OpenBLAS preloaded
+//! (the worker links OpenBLAS itself). Each round runs every prompt on the worker, then on stock
+//! mlx-lm, then on mlx-lm + OpenBLAS; medians over the rounds are compared as ratios.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use anyhow::{bail, Context};
+use protocol::methods::{ChatMessage, GenerateParams, LoadParams, StatusParams};
+use protocol::Client;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::{setup, venv, worker_bin, workspace_root};
+
+const USAGE: &str = "\
+usage: cargo xtask bench [--runs N] [--max-new-tokens N] [--skip-worker] [--no-openblas]
+
+  --runs N            measured rounds (default 5); each side reports the median
+  --max-new-tokens N  tokens generated per run (default: xtask/bench/prompts.json's)
+  --skip-worker       only mlx-lm (to test this harness without the worker)
+  --no-openblas       leave out the mlx-lm + OpenBLAS column
+";
+
+/// Debian's OpenBLAS (package libopenblas0-pthread), preloaded into the second mlx-lm process.
+const OPENBLAS: &str = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0";
+
+#[derive(Debug, Deserialize)]
+struct PromptsFile {
+    max_new_tokens: u32,
+    prompts: Vec<BenchPrompt>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct BenchPrompt {
+    name: String,
+    messages: Vec<ChatMessage>,
+}
+
+struct Options {
+    runs: usize,
+    max_new_tokens: Option<u32>,
+    skip_worker: bool,
+    openblas: bool,
+}
+
+fn parse_args(args: &[String]) -> anyhow::Result<Options> {
+    let mut opts = Options {
+        runs: 5,
+        max_new_tokens: None,
+        skip_worker: false,
+        openblas: true,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut number = |name: &str| -> anyhow::Result<usize> {
+            let v = it
+                .next()
+                .with_context(|| format!("{name} needs a value\n\n{USAGE}"))?;
+            let n: usize = v
+                .parse()
+                .with_context(|| format!("{name} {v:?} is not a number"))?;
+            if n == 0 {
+                bail!("{name} must be at least 1");
+            }
+            Ok(n)
+        };
+        match arg.as_str() {
+            "--runs" => opts.runs = number("--runs")?,
+            "--max-new-tokens" => opts.max_new_tokens = Some(number("--max-new-tokens")? as u32),
+            "--skip-worker" => opts.skip_worker = true,
+            "--no-openblas" => opts.openblas = false,
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+        }
+    }
+    Ok(opts)
+}
+
+/// One measured generation, from either side.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    prompt_tokens: u64,
+    generated: u64,
+    prompt_tps: f64,
+    decode_tps: f64,
+    ttft_ms: f64,
+    peak_bytes: u64,
+}
+
+/// Which sides run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Worker,
+    MlxLm,
+    MlxLmOpenBlas,
+}
+
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let opts = parse_args(args)?;
+    let prompts_path = workspace_root().join("xtask/bench/prompts.json");
+    let file: PromptsFile = serde_json::from_str(
+        &std::fs::read_to_string(&prompts_path)
+            .with_context(|| format!("reading {}", prompts_path.display()))?,
+    )
+    .with_context(|| format!("{} is not a valid prompts file", prompts_path.display()))?;
+    let max_new_tokens = opts.max_new_tokens.unwrap_or(file.max_new_tokens);
+
+    let model = setup::default_model_dir()
+        .context("the benchmark model is missing: run `cargo xtask setup`")?;
+    let python = venv::reference_python()?;
+    if opts.openblas && !Path::new(OPENBLAS).is_file() {
+        bail!(
+            "{OPENBLAS} is missing: install Debian's libopenblas0-pthread, or pass --no-openblas"
+        );
+    }
+
+    let runtime = tokio::runtime::Runtime::new()?;
+    let worker = if opts.skip_worker {
+        None
+    } else {
+        let bin = worker_bin::build_release()?;
+        Some(runtime.block_on(Worker::start(&bin, &model))?)
+    };
+    let mut stock = MlxLm::start(&python, &model, None)?;
+    let mut openblas = if opts.openblas {
+        let p = MlxLm::start(&python, &model, Some(OPENBLAS))?;
+        if !p.blas.iter().any(|l| l.starts_with("libopenblas")) {
+            bail!(
+                "the OpenBLAS preload did not take effect (mapped BLAS: {:?})",
+                p.blas
+            );
+        }
+        Some(p)
+    } else {
+        None
+    };
+
+    let mut sides: Vec<Side> = Vec::new();
+    if worker.is_some() {
+        sides.push(Side::Worker);
+    }
+    sides.push(Side::MlxLm);
+    if openblas.is_some() {
+        sides.push(Side::MlxLmOpenBlas);
+    }
+
+    let mut measure = |side: Side, prompt: &BenchPrompt, max: u32| -> anyhow::Result<Sample> {
+        match side {
+            Side::Worker => {
+                runtime.block_on(worker.as_ref().expect("worker side").generate(prompt, max))
+            }
+            Side::MlxLm => stock.generate(prompt, max),
+            Side::MlxLmOpenBlas => openblas
+                .as_mut()
+                .expect("openblas side")
+                .generate(prompt, max),
+        }
+    };
+
+    // Warm-up: the first generation of a process pays for one-off setup on every side.
+    eprintln!("bench: warm-up");
+    for &side in &sides {
+        measure(side, &file.prompts[0], 8)?;
+    }
+
+    // samples[prompt][side] = one sample per round.
+    let mut samples = vec![vec![Vec::new(); sides.len()]; file.prompts.len()];
+    for round in 1..=opts.runs {
+        eprintln!("bench: round {round}/{}", opts.runs);
+        for (p, prompt) in file.prompts.iter().enumerate() {
+            for (s, &side) in sides.iter().enumerate() {
+                samples[p][s].push(measure(side, prompt, max_new_tokens)?);
+            }
+        }
+    }
+
+    if let Some(w) = worker {
+        runtime.block_on(w.client.shutdown()).ok();
+    }
+    drop(stock);
+    drop(openblas);
+
+    println!();
+    println!(
+        "SmolLM2-135M-Instruct (float32), greedy, {max_new_tokens} new tokens, median of {} runs; \
+         ratio = worker advantage (worker/mlx-lm for tok/s, mlx-lm/worker for ms and bytes)",
+        opts.runs
+    );
+    for (p, prompt) in file.prompts.iter().enumerate() {
+        print_table(prompt, &sides, &samples[p], max_new_tokens);
+    }
+    Ok(())
+}
+
+fn print_table(prompt: &BenchPrompt, sides: &[Side], samples: &[Vec<Sample>], max: u32) {
+    let col = |side: Side| sides.iter().position(|&s| s == side).map(|i| &samples[i]);
+    let (w, m, o) = (
+        col(Side::Worker),
+        col(Side::MlxLm),
+        col(Side::MlxLmOpenBlas),
+    );
+    let first = &samples[0][0];
+    println!();
+    println!(
+        "prompt `{}`: {} prompt tokens",
+        prompt.name, first.prompt_tokens
+    );
+    println!("| metric | worker | mlx-lm | ratio | mlx-lm+OpenBLAS | ratio |");
+    println!("|---|---|---|---|---|---|");
+    type Get = fn(&Sample) -> f64;
+    let rows: [(&str, Get, bool, usize); 4] = [
+        ("prefill tok/s", |s| s.prompt_tps, true, 1),
+        ("decode tok/s", |s| s.decode_tps, true, 2),
+        ("ttft ms", |s| s.ttft_ms, false, 0),
+        ("peak memory MB", |s| s.peak_bytes as f64 / 1e6, false, 0),
+    ];
+    for (name, get, higher_is_better, digits) in rows {
+        let med = |v: Option<&Vec<Sample>>| v.map(|v| median(v.iter().map(get).collect()));
+        let (wv, mv, ov) = (med(w), med(m), med(o));
+        let ratio = |other: Option<f64>| match (wv, other) {
+            (Some(a), Some(b)) if a > 0.0 && b > 0.0 => {
+                format!("{:.2}x", if higher_is_better { a / b } else { b / a })
+            }
+            _ => "-".into(),
+        };
+        let fmt = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"));
+        println!(
+            "| {name} | {} | {} | {} | {} | {} |",
+            fmt(wv),
+            fmt(mv),
+            ratio(mv),
+            fmt(ov),
+            ratio(ov)
+        );
+    }
+    // The decode rate only means something if every run generated the full budget.
+    let generated: Vec<String> = sides
+        .iter()
+        .zip(samples)
+        .map(|(side, v)| {
+            let name = match side {
+                Side::Worker => "worker",
+                Side::MlxLm => "mlx-lm",
+                Side::MlxLmOpenBlas => "mlx-lm+OpenBLAS",
+            };
+            let min = v.iter().map(|s| s.generated).min().unwrap_or(0);
+            let max_seen = v.iter().map(|s| s.generated).max().unwrap_or(0);
+            format!("{name} {min}..{max_seen}")
+        })
+        .collect();
+    let short = samples
+        .iter()
+        .flatten()
+        .any(|s| s.generated < u64::from(max));
+    println!(
+        "generated tokens per run: {}{}",
+        generated.join(", "),
+        if short {
+            " (WARNING: some runs stopped before max_new_tokens)"
+        } else {
+            ""
+        }
+    );
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The release worker over the protocol, with the model loaded.
+struct Worker {
+    client: Client,
+}
+
+impl Worker {
+    async fn start(bin: &Path, model: &Path) -> anyhow::Result<Self> {
+        let client = Client::spawn(bin, Vec::<String>::new(), [("MLX_WORKER_LOG", "warn")])
+            .with_context(|| format!("starting {}", bin.display()))?;
+        client
+            .request_value(
+                "initialize",
+                json!({"client": {"name": "xtask-bench", "version": env!("CARGO_PKG_VERSION")}}),
+            )
+            .await
+            .context("worker: initialize")?;
+        let load = LoadParams::new(model.display().to_string());
+        client
+            .request::<_, Value>("load", &load)
+            .await
+            .with_context(|| {
+                format!(
+                    "worker: loading {} (stderr: {})",
+                    model.display(),
+                    client.stderr_tail()
+                )
+            })?;
+        Ok(Self { client })
+    }
+
+    async fn generate(&self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {
+        let mut params = GenerateParams::new(prompt.messages.clone());
+        params.max_new_tokens = max;
+        params.temperature = 0.0;
+        let result = self
+            .client
+            .generate(&params)?
+            .finish()
+            .await
+            .context("worker: generate")?;
+        let status = self
+            .client
+            .call::<protocol::methods::Status>(&StatusParams::default())
+            .await
+            .context("worker: status")?;
+        let t = &result.timings;
+        Ok(Sample {
+            prompt_tokens: t.prompt_n,
+            generated: t.predicted_n,
+            prompt_tps: t.prompt_per_second,
+            decode_tps: t.predicted_per_second,
+            ttft_ms: t.ttft_ms,
+            peak_bytes: status.memory.peak_bytes,
+        })
+    }
+}
+
+/// A long-lived mlx-lm process (`mlx_lm_bench.py`) with the model loaded.
+struct MlxLm {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// BLAS libraries the process has mapped.
+    blas: Vec<String>,
+}
+
+impl MlxLm {
+    fn start(python: &Path, model: &Path, preload: Option<&str>) -> anyhow::Result<Self> {
+        let script: PathBuf = workspace_root().join("xtask/bench/mlx_lm_bench.py");
+        let mut cmd = Command::new(python);
+        cmd.arg(&script)
+            .arg(model)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_OFFLINE", "1")
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if let Some(lib) = preload {
+            cmd.env("LD_PRELOAD", lib);
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} {}", python.display(), script.display()))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut me = Self {
+            child,
+            stdin,
+            stdout,
+            blas: Vec::new(),
+        };
+        let ready = me.read_answer()?;
+        me.blas = serde_json::from_value(ready["blas"].clone()).unwrap_or_default();
+        Ok(me)
+    }
+
+    fn read_answer(&mut self) -> anyhow::Result<Value> {
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .context("reading from mlx_lm_bench.py")?;
+        if line.is_empty() {
+            bail!("mlx_lm_bench.py exited early; see its output above");
+        }
+        serde_json::from_str(&line).with_context(|| format!("mlx_lm_bench.py printed {line:?}"))
+    }
+
+    fn generate(&mut self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {
+        let request = json!({"messages": prompt.messages, "max_new_tokens": max});
+        writeln!(self.stdin, "{request}").context("writing to mlx_lm_bench.py")?;
+        let a = self.read_answer()?;
+        let num = |k: &str| {
+            a[k].as_f64()
+                .with_context(|| format!("mlx_lm_bench.py: no {k} in {a}"))
+        };
+        Ok(Sample {
+            prompt_tokens: num("prompt_tokens")? as u64,
+            generated: num("generation_tokens")? as u64,
+            prompt_tps: num("prompt_tps")?,
+            decode_tps: num("generation_tps")?,
+            ttft_ms: num("ttft_ms")?,
+            peak_bytes: num("peak_memory_bytes")? as u64,
+        })
+    }
+}
+
+impl Drop for MlxLm {
+    fn drop(&mut self) {
+        // Closing stdin ends its read loop.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
