@@ -8,8 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{greedy, model_id, within_for, worker};
-use mlx_engine::fixtures::smollm2_dir;
-use protocol::methods::{FinishReason, Load, LoadParams};
+use mlx_engine::fixtures::{smollm2_dir, smollm2_gguf};
+use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};
 
 /// A 135M model on a slow CPU.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -36,5 +36,22 @@ async fn smollm2_names_the_capital_of_france() {
         result.finish_reason,
         FinishReason::Stop | FinishReason::Length
     ));
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
+async fn smollm2_gguf_loads_directly() {
+    let Some(gguf) = smollm2_gguf() else { return };
+    let w = worker(&[]);
+    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&gguf))))
+        .await
+        .unwrap();
+    assert!(loaded.info.is_gguf);
+    assert_eq!(loaded.info.chat_template.source, ChatTemplateSource::Gguf);
+    let question = greedy("What is the capital of France?", 20);
+    let result = within_for(LIMIT, w.generate(&question).unwrap().finish())
+        .await
+        .unwrap();
+    assert!(result.text.contains("Paris"), "{:?}", result.text);
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }

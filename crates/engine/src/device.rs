@@ -47,7 +47,8 @@ pub fn device_info() -> DeviceInfo {
         };
         let memory_bytes = size("memory_size")
             .or_else(|| size("total_memory"))
-            .unwrap_or(0);
+            .filter(|&m| m > 0)
+            .unwrap_or_else(system_memory);
         let recommended = size("max_recommended_working_set_size");
         let name = string("device_name")
             .or_else(|| string("architecture"))
@@ -64,4 +65,16 @@ pub fn device_info() -> DeviceInfo {
             cpu_blas: sys::cpu_blas(),
         }
     }
+}
+
+/// Physical memory from /proc/meminfo, for the CPU backend (MLX reports none there).
+fn system_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
 }

@@ -126,6 +126,34 @@ pub fn smollm2_dir() -> Option<PathBuf> {
     None
 }
 
+/// Serialises tests that run MLX inside one test process. MLX computations from several
+/// threads at once (each test thread gets its own CPU stream) can wedge OpenBLAS 0.3.21's
+/// thread pool: seen here as a test process hanging at exit in `blas_thread_shutdown_`. The
+/// worker itself runs MLX on one thread only.
+pub fn mlx_test_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The GGUF that `cargo xtask setup` imported SmolLM2 from (kept in the cache beside the
+/// models), with the same skip-or-fail rule as [`smollm2_dir`].
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    let models = smollm2_dir()?;
+    let gguf = models
+        .parent()?
+        .parent()?
+        .join("gguf/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if gguf.is_file() {
+        return Some(gguf);
+    }
+    assert!(
+        std::env::var_os("MLX_WORKER_REQUIRE_MODELS").is_none_or(|v| v != "1"),
+        "{} is missing and MLX_WORKER_REQUIRE_MODELS=1: run `cargo xtask setup`",
+        gguf.display()
+    );
+    None
+}
+
 fn config(spec: &TinyLlama) -> Value {
     json!({
         "architectures": ["LlamaForCausalLM"],

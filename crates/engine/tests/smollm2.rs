@@ -26,6 +26,7 @@ fn capital_question() -> GenerateRequest {
 
 #[test]
 fn greedy_answer_names_paris() {
+    let _mlx = fixtures::mlx_test_lock();
     let Some(dir) = fixtures::smollm2_dir() else {
         return;
     };
@@ -67,24 +68,10 @@ fn greedy_answer_names_paris() {
 
 #[test]
 fn a_gguf_file_loads_directly() {
-    let Some(dir) = fixtures::smollm2_dir() else {
+    let _mlx = fixtures::mlx_test_lock();
+    let Some(gguf) = fixtures::smollm2_gguf() else {
         return;
     };
-    // `cargo xtask setup` keeps the source GGUF in the cache beside the imported models.
-    let gguf = dir
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("gguf/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !gguf.is_file() {
-        assert!(
-            std::env::var_os("MLX_WORKER_REQUIRE_MODELS").is_none(),
-            "{} is missing",
-            gguf.display()
-        );
-        return;
-    }
     let mut engine = Engine::new();
     let load = LoadRequest {
         model: gguf.display().to_string(),

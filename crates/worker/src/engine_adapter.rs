@@ -57,7 +57,7 @@ impl EngineAdapter {
                 .collect(),
             vision: false,
             lora: false,
-            gguf: false,
+            gguf: true,
         }
     }
 
