@@ -171,3 +171,21 @@ fn help_and_version() {
     assert!(!out.status.success());
     let _ = BusyData { max_queue: 0 };
 }
+
+#[tokio::test]
+async fn runs_from_another_directory_with_an_empty_environment() {
+    // libmlx is found through the binary's own rpath: no LD_LIBRARY_PATH, no HOME, no PATH.
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
+    command.env_clear().current_dir(std::env::temp_dir());
+    let w = protocol::Client::spawn_command(command, Default::default()).unwrap();
+    let init = within(w.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    assert!(
+        init.mlx.version.starts_with("0.32."),
+        "{}",
+        init.mlx.version
+    );
+    assert_eq!(init.mlx.backend, protocol::methods::Backend::Cpu);
+    within(w.shutdown()).await.unwrap();
+}

@@ -27,7 +27,10 @@ async fn chat(worker: &std::path::Path, model: &str, question: &str) -> anyhow::
     let client = Client::spawn(worker, Vec::<String>::new(), [("MLX_WORKER_LOG", "warn")])
         .with_context(|| format!("starting {}", worker.display()))?;
     let init = client
-        .request_value("initialize", json!({"client": {"name": "xtask-demo"}}))
+        .request_value(
+            "initialize",
+            json!({"client": {"name": "xtask-demo", "version": env!("CARGO_PKG_VERSION")}}),
+        )
         .await?;
     eprintln!(
         "mlx-worker {} on MLX {} ({}, {})",
