@@ -296,3 +296,48 @@ async fn bad_requests_fail_with_their_codes_and_the_resident_model_stays_usable(
     within(w.shutdown()).await.unwrap();
     assert!(w.stray_stdout_lines().is_empty());
 }
+
+#[tokio::test]
+async fn load_options_quantize_cast_and_unload_frees_memory() {
+    let dir = tiny_model(&TinyLlama::default());
+    let w = worker(&[]);
+    let question = greedy("hi", 8);
+
+    // Quantize on load: affine 4-bit, group 64; the model still generates.
+    let mut params = LoadParams::new(model_id(dir.path()));
+    params.load_in_4bit = true;
+    let loaded = within(w.call::<Load>(&params)).await.unwrap();
+    let q = loaded.info.quantization.expect("quantized on load");
+    assert_eq!((q.bits, q.group_size), (4, 64));
+    let quantized_bytes = loaded.memory.active_bytes;
+    let text = within(w.generate(&question).unwrap().finish())
+        .await
+        .unwrap();
+    assert_eq!(text.usage.completion_tokens, 8);
+
+    // dtype: bfloat16 weights, reloaded with `force`.
+    let mut params = LoadParams::new(model_id(dir.path()));
+    params.dtype = Some(Dtype::Bfloat16);
+    params.force = true;
+    let loaded = within(w.call::<Load>(&params)).await.unwrap();
+    assert_eq!(loaded.info.dtype, Dtype::Bfloat16);
+    assert!(loaded.info.quantization.is_none());
+    within(w.generate(&question).unwrap().finish())
+        .await
+        .unwrap();
+
+    // Unload frees the weights: active memory falls below what the 4-bit model held.
+    let unloaded = within(w.call::<Unload>(&UnloadParams::default()))
+        .await
+        .unwrap();
+    assert_eq!(unloaded.unloaded, vec![model_id(dir.path())]);
+    assert!(
+        unloaded.memory.active_bytes < quantized_bytes,
+        "{} >= {quantized_bytes}",
+        unloaded.memory.active_bytes
+    );
+    rpc_error(
+        within(w.generate(&question).unwrap().finish()).await,
+        ErrorCode::NoModel,
+    );
+}
