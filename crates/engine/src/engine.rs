@@ -14,7 +14,7 @@ use crate::{
     device,
     error::{EngineError, LoadErrorKind},
     generate::{generate, GenerationContext},
-    gguf_import, memory,
+    gguf_import, hub, memory,
     models::{self, LanguageModel},
     request::*,
     weights::Weights,
@@ -119,7 +119,7 @@ impl Engine {
             });
             gguf_import::imported_dir(Path::new(&req.model))?
         } else {
-            resolve(&req.model)?
+            resolve(req, progress, cancel)?
         };
         progress(LoadProgress {
             stage: "resolve",
@@ -343,8 +343,13 @@ pub fn prompt_ids(tokenizer: &ModelTokenizer, prompt: &Prompt) -> Result<Vec<u32
     }
 }
 
-/// A local model directory. (Hub ids come with the hub support.)
-fn resolve(model: &str) -> Result<PathBuf, EngineError> {
+/// A local model directory, or a hub repo id's snapshot (cached or downloaded: `hub.rs`).
+fn resolve(
+    req: &LoadRequest,
+    progress: &mut dyn FnMut(LoadProgress),
+    cancel: &CancelToken,
+) -> Result<PathBuf, EngineError> {
+    let model = req.model.as_str();
     let path = Path::new(model);
     if path.is_dir() {
         return Ok(path.to_path_buf());
@@ -358,9 +363,12 @@ fn resolve(model: &str) -> Result<PathBuf, EngineError> {
             ),
         ));
     }
+    if hub::is_repo_id(model) {
+        return hub::resolve(req, progress, cancel);
+    }
     Err(EngineError::load(
         LoadErrorKind::NotFound,
-        format!("no model directory at `{model}`"),
+        format!("no model directory at `{model}`, and it is not a Hugging Face repo id (org/name)"),
     ))
 }
 

@@ -13,6 +13,7 @@ mod error;
 pub mod fixtures;
 mod generate;
 mod gguf_import;
+mod hub;
 mod kv_cache;
 mod memory;
 mod models;

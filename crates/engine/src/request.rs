@@ -21,11 +21,39 @@ impl WeightDtype {
     }
 }
 
+/// A Hugging Face token. `Debug` prints `<redacted>`; only the hub client reads it, through
+/// [`HfToken::expose`]. Never logged, echoed or put into the environment.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HfToken(String);
+
+impl HfToken {
+    /// Wraps a token.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token itself, for the `Authorization` header.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for HfToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HfToken(<redacted>)")
+    }
+}
+
 /// A request to make a model resident.
 #[derive(Debug, Clone, Default)]
 pub struct LoadRequest {
-    /// A local model directory (Hugging Face layout) or a `.gguf` file.
+    /// A local model directory (Hugging Face layout), a `.gguf` file, or a Hugging Face repo id
+    /// (`org/name`: resolved in the hub cache, downloaded when missing).
     pub model: String,
+    /// Hub revision (branch, tag or commit); `None` means "main".
+    pub revision: Option<String>,
+    /// Hub token for gated or private repos (else `HF_TOKEN`, else the token file).
+    pub hf_token: Option<HfToken>,
     /// Context limit; 0 means the model's own.
     pub max_seq_length: usize,
     /// Quantize unquantized weights on load (affine, 4 bits, group 64).

@@ -1,7 +1,7 @@
 //! Protocol params to engine requests, and engine results to protocol results. Plain data
 //! mapping; engine errors are mapped in `errors.rs`.
 
-use mlx_engine::{text, GenerateRequest, LoadRequest, Prompt, SamplerParams, WeightDtype};
+use mlx_engine::{text, GenerateRequest, HfToken, LoadRequest, Prompt, SamplerParams, WeightDtype};
 use protocol::methods::{
     Backend, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo, Dtype,
     FinishReason, GenerateParams, GenerateResult, LoadParams, LoadStage, MemoryInfo,
@@ -32,6 +32,9 @@ pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
     }
     Ok(LoadRequest {
         model: p.model.clone(),
+        revision: Some(p.revision.clone()),
+        // The token goes to the engine's hub client and nowhere else (never the environment).
+        hf_token: p.hf_token.as_ref().map(|t| HfToken::new(t.expose())),
         max_seq_length: usize::try_from(p.max_seq_length).unwrap_or(usize::MAX),
         load_in_4bit: p.load_in_4bit,
         dtype: p.dtype.map(|d| match d {

@@ -1,0 +1,547 @@
+// `load` by Hugging Face repo id, end to end: the real binary downloads from a loopback hub
+// (a small HTTP/1.1 server in this file that answers like huggingface.co: the model info API,
+// `resolve` with ETag / X-Repo-Commit / Range, gated repos, X-Error-Code) into a temporary
+// HF_HOME, in the standard cache layout, then loads offline from that cache.
+
+mod common_worker;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use common_worker::{greedy, rpc_error, within};
+use mlx_engine::fixtures::{write_tiny_llama, TinyLlama};
+use protocol::error::LoadFailedData;
+use protocol::methods::{Load, LoadParams, LoadProgress, LoadStage};
+use protocol::{Client, ClientOptions, ErrorCode, LoadErrorKind};
+
+const SHA: &str = "5d1f6a1c0e2b3a4f5d6e7f8091a2b3c4d5e6f708";
+const TOKEN: &str = "hf_loopbackGatedSecret42";
+
+/// One file of a fake repo.
+struct HubFile {
+    bytes: Vec<u8>,
+    etag: String,
+}
+
+/// A fake repo: its files by name, and the token it wants (gated) if any.
+struct HubRepo {
+    files: BTreeMap<String, HubFile>,
+    token: Option<&'static str>,
+}
+
+/// One request the fake hub answered.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    range: Option<String>,
+    authorization: Option<String>,
+}
+
+/// A loopback hub; it lives until the test process ends.
+struct FakeHub {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl FakeHub {
+    fn start(repos: Vec<(&str, HubRepo)>) -> FakeHub {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let repos: Arc<BTreeMap<String, HubRepo>> = Arc::new(
+            repos
+                .into_iter()
+                .map(|(id, r)| (id.to_owned(), r))
+                .collect(),
+        );
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (repos, log) = (repos.clone(), log.clone());
+                std::thread::spawn(move || {
+                    let _ = serve(stream, &repos, &log);
+                });
+            }
+        });
+        FakeHub { addr, seen }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Answers one request on `stream` (Connection: close).
+fn serve(
+    stream: TcpStream,
+    repos: &BTreeMap<String, HubRepo>,
+    log: &Mutex<Vec<Seen>>,
+) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_owned();
+    let path = parts.next().unwrap_or_default().to_owned();
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+        }
+    }
+    let seen = Seen {
+        method: method.clone(),
+        path: path.clone(),
+        range: headers.get("range").cloned(),
+        authorization: headers.get("authorization").cloned(),
+    };
+    log.lock().unwrap().push(seen.clone());
+    let mut out = stream;
+    let reply = answer(&seen, repos);
+    let (status, extra, body) = reply;
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        extra
+            .iter()
+            .find(|(k, _)| k == "Content-Length")
+            .map_or(body.len().to_string(), |(_, v)| v.clone())
+    );
+    for (k, v) in extra.iter().filter(|(k, _)| k != "Content-Length") {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    out.write_all(head.as_bytes())?;
+    if method != "HEAD" {
+        // In pieces, as a real server streams a large file.
+        for chunk in body.chunks(16 << 10) {
+            out.write_all(chunk)?;
+            out.flush()?;
+        }
+    }
+    Ok(())
+}
+
+type Reply = (&'static str, Vec<(String, String)>, Vec<u8>);
+
+fn error(status: &'static str, code: &str) -> Reply {
+    let body = format!("{{\"error\":\"{code}\"}}").into_bytes();
+    (
+        status,
+        vec![
+            ("X-Error-Code".into(), code.into()),
+            ("Content-Type".into(), "application/json".into()),
+        ],
+        body,
+    )
+}
+
+/// What huggingface.co answers (the parts hf-hub and huggingface_hub read).
+fn answer(req: &Seen, repos: &BTreeMap<String, HubRepo>) -> Reply {
+    let (repo_id, rest, api) = if let Some(p) = req.path.strip_prefix("/api/models/") {
+        match p.split_once("/revision/") {
+            Some((id, rev)) => (id.to_owned(), rev.to_owned(), true),
+            None => return error("404 Not Found", "RepositoryNotFound"),
+        }
+    } else {
+        let p: Vec<&str> = req.path.trim_start_matches('/').splitn(5, '/').collect();
+        if p.len() != 5 || p[2] != "resolve" {
+            return error("404 Not Found", "EntryNotFound");
+        }
+        (
+            format!("{}/{}", p[0], p[1]),
+            format!("{}/{}", p[3], p[4]),
+            false,
+        )
+    };
+    // Like the real hub: an unknown repo is a 401 for anonymous callers.
+    let Some(repo) = repos.get(&repo_id) else {
+        return error("401 Unauthorized", "RepositoryNotFound");
+    };
+    if let Some(token) = repo.token {
+        if req.authorization.as_deref() != Some(&format!("Bearer {token}")) {
+            return error("401 Unauthorized", "GatedRepo");
+        }
+    }
+    let (revision, file) = rest.split_once('/').unwrap_or((&rest, ""));
+    if revision != "main" && revision != SHA {
+        return error("404 Not Found", "RevisionNotFound");
+    }
+    if api {
+        let siblings: Vec<_> = repo
+            .files
+            .keys()
+            .map(|f| serde_json::json!({"rfilename": f}))
+            .collect();
+        let body = serde_json::json!({"id": repo_id, "sha": SHA, "siblings": siblings});
+        return (
+            "200 OK",
+            vec![("Content-Type".into(), "application/json".into())],
+            body.to_string().into_bytes(),
+        );
+    }
+    let Some(f) = repo.files.get(file) else {
+        return error("404 Not Found", "EntryNotFound");
+    };
+    let size = f.bytes.len();
+    let mut headers = vec![
+        ("ETag".to_owned(), format!("\"{}\"", f.etag)),
+        ("X-Repo-Commit".to_owned(), SHA.to_owned()),
+        ("Accept-Ranges".to_owned(), "bytes".to_owned()),
+    ];
+    let range = req.range.as_deref().and_then(|r| {
+        let (a, b) = r.strip_prefix("bytes=")?.split_once('-')?;
+        let start: usize = a.parse().ok()?;
+        let end: usize = if b.is_empty() {
+            size.saturating_sub(1)
+        } else {
+            b.parse::<usize>().ok()?.min(size.saturating_sub(1))
+        };
+        Some((start, end))
+    });
+    match range {
+        Some((start, end)) if start < size => {
+            headers.push((
+                "Content-Range".into(),
+                format!("bytes {start}-{end}/{size}"),
+            ));
+            (
+                "206 Partial Content",
+                headers,
+                f.bytes[start..=end].to_vec(),
+            )
+        }
+        Some(_) => {
+            headers.push(("Content-Range".into(), format!("bytes */{size}")));
+            ("416 Range Not Satisfiable", headers, Vec::new())
+        }
+        None if req.method == "HEAD" => {
+            headers.push(("Content-Length".into(), size.to_string()));
+            ("200 OK", headers, Vec::new())
+        }
+        None => ("200 OK", headers, f.bytes.clone()),
+    }
+}
+
+/// A repo holding a tiny Llama (seed `seed`) and files a model load must not fetch.
+fn tiny_repo(seed: u64, token: Option<&'static str>) -> HubRepo {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(
+        dir.path(),
+        &TinyLlama {
+            seed,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        files.insert(name, std::fs::read(&path).unwrap());
+    }
+    files.insert("README.md".into(), b"# tiny\n".to_vec());
+    files.insert("pytorch_model.bin".into(), vec![7; 1000]);
+    files.insert("original/model.safetensors".into(), vec![7; 1000]);
+    HubRepo {
+        files: files
+            .into_iter()
+            .map(|(name, bytes)| {
+                let etag = etag(&bytes);
+                (name, HubFile { bytes, etag })
+            })
+            .collect(),
+        token,
+    }
+}
+
+/// A content hash as the blob name (the hub uses sha256 for LFS files, git's sha1 for others).
+fn etag(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}{:016x}", bytes.len())
+}
+
+/// The worker with a hub endpoint and HF_HOME, the HF variables of this process cleared.
+fn hub_worker(endpoint: &str, hf_home: &Path, env: &[(&str, &str)]) -> Client {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
+    command
+        .env("MLX_WORKER_LOG", "debug")
+        .env("HF_ENDPOINT", endpoint)
+        .env("HF_HOME", hf_home);
+    for var in [
+        "HF_HUB_CACHE",
+        "HF_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_OFFLINE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        command.env_remove(var);
+    }
+    command.envs(env.iter().copied());
+    let options = ClientOptions {
+        echo_stderr: std::env::var_os("ECHO_WORKER_STDERR").is_some(),
+        stderr_tail_bytes: 16 << 20,
+        ..Default::default()
+    };
+    Client::spawn_command(command, options).expect("start mlx-worker")
+}
+
+/// `load/progress` notifications up to "ready" (or the first other notification).
+async fn progress_until_ready(w: &Client) -> Vec<LoadProgress> {
+    let mut all = Vec::new();
+    loop {
+        let n = within(w.next_notification()).await.unwrap();
+        assert_eq!(n.method, "load/progress");
+        let p: LoadProgress = n.parse_params().unwrap();
+        let ready = p.stage == LoadStage::Ready;
+        all.push(p);
+        if ready {
+            return all;
+        }
+    }
+}
+
+fn load_failure(
+    result: Result<protocol::methods::LoadResult, protocol::ClientError>,
+) -> LoadFailedData {
+    rpc_error(result, ErrorCode::LoadFailed)
+        .data_as::<LoadFailedData>()
+        .expect("-32002 carries {kind, detail}")
+}
+
+fn repo_cache(hf_home: &Path, repo: &str) -> PathBuf {
+    hf_home
+        .join("hub")
+        .join(format!("models--{}", repo.replace('/', "--")))
+}
+
+/// A port nothing listens on.
+fn dead_endpoint() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", listener.local_addr().unwrap())
+}
+
+#[tokio::test]
+async fn downloads_into_the_hub_cache_with_progress_then_loads_offline() {
+    let repo = tiny_repo(0, None);
+    let weights = repo.files["model.safetensors"].bytes.clone();
+    let hub = FakeHub::start(vec![("org/tiny", repo)]);
+    let home = tempfile::tempdir().unwrap();
+
+    let w = hub_worker(&hub.url(), home.path(), &[]);
+    let loaded = within(w.call::<Load>(&LoadParams::new("org/tiny")))
+        .await
+        .unwrap();
+    assert_eq!(loaded.model_id, "org/tiny");
+    let progress = progress_until_ready(&w).await;
+    let downloads: Vec<&LoadProgress> = progress
+        .iter()
+        .filter(|p| p.stage == LoadStage::Download)
+        .collect();
+    // Per file: byte counts grow to the file's size; the weights report several steps.
+    let mut files = BTreeMap::<String, Vec<(u64, u64)>>::new();
+    for p in &downloads {
+        let name = p.message.split(' ').next().unwrap().to_owned();
+        files.entry(name).or_default().push((p.done, p.total));
+    }
+    assert_eq!(
+        files.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json"
+        ]
+    );
+    for (name, steps) in &files {
+        assert!(
+            steps.windows(2).all(|s| s[0].0 <= s[1].0),
+            "{name}: {steps:?}"
+        );
+        let (done, total) = *steps.last().unwrap();
+        assert!(done == total && total > 0, "{name}: {steps:?}");
+    }
+    let weight_steps = &files["model.safetensors"];
+    assert!(weight_steps.len() >= 4, "{weight_steps:?}");
+    assert_eq!(weight_steps.last().unwrap().1, weights.len() as u64);
+
+    let (_, first) = within(w.generate(&greedy("hi", 12)).unwrap().collect())
+        .await
+        .unwrap();
+    assert_eq!(first.usage.completion_tokens, 12);
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+
+    // The standard layout: refs/main -> commit; snapshot files are relative links to blobs/.
+    let cache = repo_cache(home.path(), "org/tiny");
+    assert_eq!(
+        std::fs::read_to_string(cache.join("refs/main")).unwrap(),
+        SHA
+    );
+    let snapshot = cache.join("snapshots").join(SHA);
+    let link = std::fs::read_link(snapshot.join("model.safetensors")).unwrap();
+    assert_eq!(
+        link,
+        Path::new("../../blobs").join(etag(&weights)),
+        "{link:?}"
+    );
+    assert_eq!(
+        std::fs::read(snapshot.join("model.safetensors")).unwrap(),
+        weights
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&snapshot)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, files.keys().cloned().collect::<Vec<_>>());
+    let fetched = hub.seen().len();
+
+    // Offline: from the cache alone (the endpoint is dead and the hub sees nothing).
+    let w = hub_worker(&dead_endpoint(), home.path(), &[("HF_HUB_OFFLINE", "1")]);
+    within(w.call::<Load>(&LoadParams::new("org/tiny")))
+        .await
+        .unwrap();
+    let (_, again) = within(w.generate(&greedy("hi", 12)).unwrap().collect())
+        .await
+        .unwrap();
+    assert_eq!(again.text, first.text);
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+    assert_eq!(hub.seen().len(), fetched);
+
+    // Online again with everything cached: one API call, no file is fetched again.
+    let w = hub_worker(&hub.url(), home.path(), &[]);
+    within(w.call::<Load>(&LoadParams::new("org/tiny")))
+        .await
+        .unwrap();
+    let later: Vec<String> = hub.seen()[fetched..]
+        .iter()
+        .map(|s| s.path.clone())
+        .collect();
+    assert_eq!(later, ["/api/models/org/tiny/revision/main"]);
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_partial_download_resumes_with_a_range_request() {
+    let repo = tiny_repo(1, None);
+    let weights = repo.files["model.safetensors"].bytes.clone();
+    let blob = etag(&weights);
+    let hub = FakeHub::start(vec![("org/tiny", repo)]);
+    let home = tempfile::tempdir().unwrap();
+    let blobs = repo_cache(home.path(), "org/tiny").join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let half = weights.len() / 2;
+    std::fs::write(blobs.join(format!("{blob}.part")), &weights[..half]).unwrap();
+
+    let w = hub_worker(&hub.url(), home.path(), &[]);
+    within(w.call::<Load>(&LoadParams::new("org/tiny")))
+        .await
+        .unwrap();
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+    let ranges: Vec<String> = hub
+        .seen()
+        .iter()
+        .filter(|s| s.method == "GET" && s.path.ends_with("/model.safetensors"))
+        .filter_map(|s| s.range.clone())
+        .collect();
+    // The metadata probe (bytes=0-0), then the rest from where the partial file ends.
+    assert_eq!(ranges, ["bytes=0-0".to_owned(), format!("bytes={half}-")]);
+    assert_eq!(std::fs::read(blobs.join(&blob)).unwrap(), weights);
+    assert!(!blobs.join(format!("{blob}.part")).exists());
+}
+
+#[tokio::test]
+async fn a_gated_repo_needs_the_token_which_is_never_shown() {
+    let hub = FakeHub::start(vec![("org/gated", tiny_repo(2, Some(TOKEN)))]);
+    let home = tempfile::tempdir().unwrap();
+    let w = hub_worker(&hub.url(), home.path(), &[]);
+
+    let failure = load_failure(within(w.call::<Load>(&LoadParams::new("org/gated"))).await);
+    assert_eq!(failure.kind, LoadErrorKind::AuthRequired, "{failure:?}");
+    assert!(failure.detail.contains("pass hf_token"), "{failure:?}");
+
+    let mut wrong = LoadParams::new("org/gated");
+    wrong.hf_token = Some("hf_wrong".into());
+    let failure = load_failure(within(w.call::<Load>(&wrong)).await);
+    assert_eq!(failure.kind, LoadErrorKind::AuthRequired, "{failure:?}");
+
+    let mut params = LoadParams::new("org/gated");
+    params.hf_token = Some(TOKEN.into());
+    let loaded = within(w.call::<Load>(&params)).await.unwrap();
+    let (_, result) = within(w.generate(&greedy("hi", 4)).unwrap().collect())
+        .await
+        .unwrap();
+    assert_eq!(result.usage.completion_tokens, 4);
+    let mut seen_by_host = serde_json::to_string(&loaded).unwrap();
+    seen_by_host.push_str(&serde_json::to_string(&result).unwrap());
+    while let Ok(Some(n)) =
+        tokio::time::timeout(std::time::Duration::from_millis(50), w.next_notification()).await
+    {
+        seen_by_host.push_str(&n.params.to_string());
+    }
+    assert!(!seen_by_host.contains(TOKEN));
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+
+    // The token reached the hub, and only as the Authorization header.
+    let seen = hub.seen();
+    let bearer = format!("Bearer {TOKEN}");
+    assert!(seen
+        .iter()
+        .any(|s| s.authorization.as_deref() == Some(&bearer)));
+    assert!(seen.iter().all(|s| !s.path.contains(TOKEN)));
+    // The debug log talked about the hub and its requests, never with the token.
+    let log = w.stderr_tail();
+    assert!(log.contains("org/gated") && log.contains("DEBUG"), "{log}");
+    assert!(!log.contains(TOKEN), "the token is in the log");
+}
+
+#[tokio::test]
+async fn unreachable_hub_unknown_repo_and_offline_misses_say_what_to_do() {
+    let home = tempfile::tempdir().unwrap();
+
+    let w = hub_worker(&dead_endpoint(), home.path(), &[]);
+    let failure = load_failure(within(w.call::<Load>(&LoadParams::new("org/tiny"))).await);
+    assert_eq!(failure.kind, LoadErrorKind::Network, "{failure:?}");
+    assert!(failure.detail.contains("HF_HUB_OFFLINE"), "{failure:?}");
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+
+    let hub = FakeHub::start(vec![("org/tiny", tiny_repo(3, None))]);
+    let w = hub_worker(&hub.url(), home.path(), &[]);
+    let failure = load_failure(within(w.call::<Load>(&LoadParams::new("org/nope"))).await);
+    assert_eq!(failure.kind, LoadErrorKind::NotFound, "{failure:?}");
+    let mut params = LoadParams::new("org/tiny");
+    params.revision = "no-such-branch".into();
+    let failure = load_failure(within(w.call::<Load>(&params)).await);
+    assert_eq!(failure.kind, LoadErrorKind::NotFound, "{failure:?}");
+    assert!(failure.detail.contains("revision"), "{failure:?}");
+    // Neither a directory nor a repo id.
+    let failure = load_failure(within(w.call::<Load>(&LoadParams::new("no/such/dir"))).await);
+    assert_eq!(failure.kind, LoadErrorKind::NotFound, "{failure:?}");
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+
+    let w = hub_worker(&hub.url(), home.path(), &[("HF_HUB_OFFLINE", "1")]);
+    let failure = load_failure(within(w.call::<Load>(&LoadParams::new("org/tiny"))).await);
+    assert_eq!(failure.kind, LoadErrorKind::NotFound, "{failure:?}");
+    assert!(failure.detail.contains("not cached"), "{failure:?}");
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+}
