@@ -78,3 +78,13 @@ fn system_memory() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// Waits until everything queued on this thread's default stream has run. Arrays queued with
+/// `async_eval` and then dropped are otherwise released later by MLX's stream thread, which
+/// races with process exit (seen here: heap corruption in `exit` after a generation).
+pub fn synchronize() {
+    // SAFETY: no arguments; waits on MLX's own stream.
+    unsafe {
+        mlx_sys::mlx_synchronize_default();
+    }
+}

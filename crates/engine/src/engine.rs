@@ -44,6 +44,14 @@ pub struct Loaded {
     pub reused: bool,
 }
 
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.models.clear();
+        device::synchronize();
+        memory::release(true);
+    }
+}
+
 impl Default for Engine {
     fn default() -> Self {
         Self::new()
@@ -277,7 +285,8 @@ impl Engine {
         };
         let result = generate(&ctx, &req, &prompt_ids, on_delta, cancel, started);
         if result.is_err() {
-            // An MLX error mid-graph can leave buffers behind; the next request starts clean.
+            // An MLX error mid-graph can leave work and buffers behind; start the next clean.
+            device::synchronize();
             let _ = mlx_rs::memory::clear_cache();
         }
         result

@@ -170,6 +170,8 @@ pub(crate) fn generate(
         }
         step = next.expect("queued while n < max_new_tokens");
     };
+    // A step queued ahead (before EOS or a stop string was seen) may still be running.
+    crate::device::synchronize();
     timings.predicted_n = out.ids.len();
     timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
     let completion = out.ids.len();
