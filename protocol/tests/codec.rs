@@ -288,5 +288,5 @@ async fn writer_writes_one_flushed_line_per_message() {
     let out = String::from_utf8(writer.into_inner()).unwrap();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
-    assert_eq!(lines[1], r#"{"id":1,"jsonrpc":"2.0","result":{}}"#);
+    assert_eq!(lines[1], r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
 }

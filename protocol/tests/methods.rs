@@ -230,12 +230,12 @@ fn results_use_the_contracts_names() {
     assert_eq!(
         timing_keys,
         [
-            "predicted_ms",
-            "predicted_n",
-            "predicted_per_second",
-            "prompt_ms",
             "prompt_n",
+            "prompt_ms",
             "prompt_per_second",
+            "predicted_n",
+            "predicted_ms",
+            "predicted_per_second",
             "ttft_ms"
         ]
     );
