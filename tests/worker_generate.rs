@@ -341,3 +341,23 @@ async fn load_options_quantize_cast_and_unload_frees_memory() {
         ErrorCode::NoModel,
     );
 }
+
+#[tokio::test]
+async fn logit_bias_steers_greedy_decoding() {
+    let (w, _dir) = worker_with_tiny_model(&[]).await;
+    let mut params = greedy("hi", 6);
+    params
+        .logit_bias
+        .insert((FIRST_BYTE_ID + u32::from(b'Z')).to_string(), 100.0);
+    let result = within(w.generate(&params).unwrap().finish()).await.unwrap();
+    assert_eq!(result.text, "ZZZZZZ");
+    params.logit_bias = [("not-an-id".to_owned(), 1.0)].into();
+    let e = rpc_error(
+        within(w.generate(&params).unwrap().finish()).await,
+        ErrorCode::InvalidParams,
+    );
+    assert_eq!(
+        e.data_as::<InvalidParamsData>().unwrap().field,
+        "logit_bias"
+    );
+}

@@ -75,7 +75,12 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
             repetition_context_size: p.repetition_context_size as usize,
             presence_penalty: p.presence_penalty as f32,
             frequency_penalty: p.frequency_penalty as f32,
-            logit_bias: Vec::new(),
+            // Keys were checked to be token ids when the request arrived.
+            logit_bias: p
+                .logit_bias
+                .iter()
+                .filter_map(|(id, bias)| Some((id.parse().ok()?, *bias as f32)))
+                .collect(),
             seed: p.seed,
         },
         stop: p.stop.clone(),

@@ -1,5 +1,7 @@
 //! `generate`: one chat completion, streamed as `generate/delta` notifications.
 
+use std::collections::BTreeMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -48,6 +50,17 @@ impl Method for Generate {
         }
         if !p.frequency_penalty.is_finite() {
             return bad("frequency_penalty", "must be a finite number".into());
+        }
+        for (id, bias) in &p.logit_bias {
+            if id.parse::<u32>().is_err() {
+                return bad("logit_bias", format!("keys are token ids, not {id:?}"));
+            }
+            if !(-100.0..=100.0).contains(bias) {
+                return bad(
+                    "logit_bias",
+                    format!("biases are in -100..=100, not {bias}"),
+                );
+            }
         }
         if p.logprobs > MAX_LOGPROBS {
             return bad(
@@ -128,6 +141,9 @@ pub struct GenerateParams {
     /// Same seed, params and model: same tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// OpenAI's `logit_bias`: token id (as a string) -> bias added to its logit (-100..=100).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub logit_bias: BTreeMap<String, f64>,
     /// Stop sequences; never emitted, even in part.
     #[serde(default)]
     pub stop: Vec<String>,
@@ -169,6 +185,7 @@ impl GenerateParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: BTreeMap::new(),
             stop: Vec::new(),
             use_adapter: None,
             logprobs: 0,
