@@ -1,46 +1,23 @@
-//! The real SmolLM2-135M-Instruct (imported by `cargo xtask setup`), greedy.
+//! The real SmolLM2-135M-Instruct (imported by `cargo xtask setup`), greedy, in-process.
+
+use std::path::Path;
 
 use mlx_engine::{
-    fixtures, text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams,
+    fixtures, text, CancelToken, Completion, Engine, GenerateRequest, LoadRequest, Loaded, Prompt,
+    SamplerParams,
 };
 
-fn capital_question() -> GenerateRequest {
-    GenerateRequest {
-        model: None,
-        prompt: Prompt::Chat {
-            messages: vec![text::Message::text(
-                "user",
-                "What is the capital of France?",
-            )],
-            options: text::RenderOptions::default(),
-        },
-        max_new_tokens: 20,
-        sampler: SamplerParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop: vec![],
-        logprobs: 0,
-    }
-}
-
-#[test]
-fn greedy_answer_names_paris() {
-    let _mlx = fixtures::mlx_test_lock();
-    let Some(dir) = fixtures::smollm2_dir() else {
-        return;
-    };
+/// Loads `model` (a directory or a .gguf) and asks the capital of France, greedily.
+fn ask_capital(model: &Path) -> (Loaded, Completion, String) {
     let mut engine = Engine::new();
     let load = LoadRequest {
-        model: dir.display().to_string(),
+        model: model.display().to_string(),
         ..Default::default()
     };
     let loaded = engine
         .load(&load, &mut |_| {}, &CancelToken::new())
         .unwrap();
-    assert_eq!(loaded.info.architecture, "llama");
-    assert_eq!(loaded.info.vocab_size, 49152);
-    let req = GenerateRequest {
+    let question = GenerateRequest {
         model: None,
         prompt: Prompt::Chat {
             messages: vec![text::Message::text(
@@ -59,9 +36,24 @@ fn greedy_answer_names_paris() {
     };
     let mut deltas = String::new();
     let out = engine
-        .generate(&req, &mut |d| deltas.push_str(&d.text), &CancelToken::new())
+        .generate(
+            &question,
+            &mut |d| deltas.push_str(&d.text),
+            &CancelToken::new(),
+        )
         .unwrap();
-    eprintln!("{:?} {:?}", out.text, out.timings);
+    (loaded, out, deltas)
+}
+
+#[test]
+fn greedy_answer_names_paris() {
+    let _mlx = fixtures::mlx_test_lock();
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
+    let (loaded, out, deltas) = ask_capital(&dir);
+    assert_eq!(loaded.info.architecture, "llama");
+    assert_eq!(loaded.info.vocab_size, 49152);
     assert!(out.text.contains("Paris"), "{:?}", out.text);
     assert_eq!(deltas, out.text);
 }
@@ -72,21 +64,11 @@ fn a_gguf_file_loads_directly() {
     let Some(gguf) = fixtures::smollm2_gguf() else {
         return;
     };
-    let mut engine = Engine::new();
-    let load = LoadRequest {
-        model: gguf.display().to_string(),
-        ..Default::default()
-    };
-    let loaded = engine
-        .load(&load, &mut |_| {}, &CancelToken::new())
-        .unwrap();
+    let (loaded, out, _) = ask_capital(&gguf);
     assert!(loaded.info.is_gguf);
     assert_eq!(
         loaded.info.chat_template_source,
         text::ChatTemplateSource::Gguf
     );
-    let out = engine
-        .generate(&capital_question(), &mut |_| {}, &CancelToken::new())
-        .unwrap();
     assert!(out.text.contains("Paris"), "{:?}", out.text);
 }
