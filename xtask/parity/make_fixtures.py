@@ -1,10 +1,12 @@
-"""Tiny random-weight Llama checkpoints for `cargo xtask parity`, built by mlx-lm's own classes.
+"""Tiny random-weight checkpoints for `cargo xtask parity`, built by mlx-lm's own classes.
 
 Usage: python make_fixtures.py CASES_JSON TOKENIZER_DIR OUT_DIR
 
 For every model in CASES_JSON with a "fixture" spec, writes OUT_DIR/<name>/ in Hugging Face
-layout: config.json, model.safetensors (the flattened parameters of
-`mlx_lm.models.llama.Model`), and the tokenizer files copied from TOKENIZER_DIR.
+layout: config.json, model.safetensors (the flattened parameters of the `Model` class mlx-lm
+itself picks for the config's model_type: `mlx_lm.models.<type>.Model`, or the module
+mlx-lm maps the type to, e.g. mistral -> llama), and the tokenizer files copied from
+TOKENIZER_DIR.
 A directory whose spec.json already equals the current spec is left alone.
 """
 
@@ -16,13 +18,38 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
-from mlx_lm.models import llama
+from mlx_lm.utils import _get_classes
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 
 
+# What a family's tiny config adds to or changes in the Llama base (before the spec's own
+# "config"). Every family keeps hidden 64 and the SmolLM2 vocabulary.
+FAMILY_BASE = {
+    "llama": {},
+    "mistral": {"architectures": ["MistralForCausalLM"], "tie_word_embeddings": False},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0},
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0, "head_dim": 32},
+    "phi3": {"architectures": ["Phi3ForCausalLM"], "tie_word_embeddings": False},
+    # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
+    # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
+    "gemma3_text": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "head_dim": 32,
+        "query_pre_attn_scalar": 24,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": 256,
+        "sliding_window_pattern": 2,
+        "max_position_embeddings": 32768,
+    },
+}
+
+
 def config_for(spec):
-    """config.json for a fixture: the spec's "config" over a tiny Llama base."""
+    """config.json for a fixture: the spec's "config" over a tiny base of its model_type."""
+    model_type = spec.get("model_type", "llama")
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -39,6 +66,8 @@ def config_for(spec):
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
+    config["model_type"] = model_type
+    config.update(FAMILY_BASE[model_type])
     config.update(spec.get("config", {}))
     return config
 
@@ -46,7 +75,8 @@ def config_for(spec):
 def build(spec, out):
     config = config_for(spec)
     mx.random.seed(spec.get("seed", 0))
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
 
     # With mlx's default init the blocks add little to the residual stream, and greedy decoding
     # repeats one token forever. Scaling the blocks' matrices (not their norms) makes the
@@ -71,10 +101,14 @@ def build(spec, out):
         config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
         config["quantization_config"] = config["quantization"]
 
+    weights = dict(tree_flatten(model.parameters()))
+    # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
+    for name in spec.get("drop_tensors", []):
+        del weights[name]
+
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     for name in TOKENIZER_FILES:

@@ -1,5 +1,5 @@
 //! Layers every architecture shares: linear (dense or quantized), embedding, RMS norm, RoPE,
-//! attention. Each computes exactly what mlx-lm's layer of the same name computes, so that
+//! gated MLP, attention. Each computes exactly what mlx-lm's layer of the same name computes, so that
 //! greedy decoding is token-for-token equal.
 
 use mlx_rs::{
@@ -98,7 +98,8 @@ impl Embedding {
     }
 }
 
-/// RMS normalisation with a learned scale.
+/// RMS normalisation with a learned scale. (Gemma's `1 + w` norms store `1 + w` here, computed
+/// once at load in the weight's dtype, which is what mlx-lm computes on every call.)
 #[derive(Debug)]
 pub struct RmsNorm {
     pub weight: Array,
@@ -112,18 +113,29 @@ impl RmsNorm {
 }
 
 /// Rotary position embedding over the first `dims` features of each head.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Rope {
     pub dims: i32,
     pub traditional: bool,
     pub base: f32,
     pub scale: f32,
-    /// Custom frequencies (Llama 3 scaling); replaces `base` when present.
+    /// Custom frequencies (Llama 3, Phi-3 su/longrope); replaces `base` when present.
     pub freqs: Option<Array>,
+    /// Phi-3's su/longrope attention factor: the rotated features are multiplied by it before
+    /// the rotation. `None` when it is 1 (multiplying by 1 changes nothing).
+    pub input_scale: Option<f32>,
 }
 
 impl Rope {
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        let scaled;
+        let x = match self.input_scale {
+            Some(s) => {
+                scaled = scale_leading(x, self.dims, s)?;
+                &scaled
+            }
+            None => x,
+        };
         match &self.freqs {
             Some(f) => fast::rope(x, self.dims, self.traditional, None, self.scale, offset, f),
             None => fast::rope(
@@ -139,24 +151,200 @@ impl Rope {
     }
 }
 
-/// `silu(gate) * up`, the SwiGLU of Llama-family MLPs.
-pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
-    gate.multiply(ops::sigmoid(gate)?)?.multiply(up)
+/// `x[..., :dims] * s`, the rest of the last axis unchanged (mlx-lm: `x.at[..., :dims].multiply(s)`).
+fn scale_leading(x: &Array, dims: i32, s: f32) -> Result<Array> {
+    let s = scalar_like(s, x)?;
+    if dims == x.dim(-1) {
+        return x.multiply(&s);
+    }
+    let parts = x.split_at_indices(&[dims], -1)?;
+    ops::concatenate(&[parts[0].multiply(&s)?, parts[1].clone()], -1)
+}
+
+/// A scalar in `like`'s dtype. Python scalars are weakly typed in MLX (`x * 0.5` keeps a bf16
+/// `x` bf16); an mlx-rs scalar is an f32 array and would promote, so cast it first.
+pub fn scalar_like(v: f32, like: &Array) -> Result<Array> {
+    Array::from_f32(v).as_dtype(like.dtype())
+}
+
+/// The activation of a gated MLP: `act(gate) * up`.
+#[derive(Debug, Clone, Copy)]
+pub enum Activation {
+    /// `silu(gate) * up` (SwiGLU: Llama, Qwen, Mistral, Phi-3).
+    Silu,
+    /// `gelu_approx(gate) * up` (GeGLU with the tanh approximation: Gemma).
+    GeluApprox,
+}
+
+impl Activation {
+    pub fn gated(self, gate: &Array, up: &Array) -> Result<Array> {
+        match self {
+            Self::Silu => gate.multiply(ops::sigmoid(gate)?)?.multiply(up),
+            Self::GeluApprox => gelu_approx(gate)?.multiply(up),
+        }
+    }
+}
+
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, in mlx's operation order, constants in
+/// `x`'s dtype.
+fn gelu_approx(x: &Array) -> Result<Array> {
+    let c = |v: f64| scalar_like(v as f32, x);
+    let cubic = x.add(c(0.044715)?.multiply(x.power(c(3.0)?)?)?)?;
+    let inner = ops::tanh(c((2.0 / std::f64::consts::PI).sqrt())?.multiply(&cubic)?)?;
+    c(0.5)?.multiply(x)?.multiply(c(1.0)?.add(&inner)?)
+}
+
+/// The up projections of a gated MLP: separate matrices, or one fused `[gate; up]` (Phi-3).
+#[derive(Debug)]
+pub enum GateUp {
+    Split { gate_proj: Linear, up_proj: Linear },
+    Fused { gate_up_proj: Linear },
+}
+
+/// `down(act(gate(x)) * up(x))`, the MLP of every architecture here.
+#[derive(Debug)]
+pub struct GatedMlp {
+    pub gate_up: GateUp,
+    pub down_proj: Linear,
+    pub activation: Activation,
+}
+
+impl GatedMlp {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let h = match &self.gate_up {
+            GateUp::Split { gate_proj, up_proj } => self
+                .activation
+                .gated(&gate_proj.forward(x)?, &up_proj.forward(x)?)?,
+            GateUp::Fused { gate_up_proj } => {
+                let parts = gate_up_proj.forward(x)?.split_equal(2, -1)?;
+                self.activation.gated(&parts[0], &parts[1])?
+            }
+        };
+        self.down_proj.forward(&h)
+    }
+
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut out = match &mut self.gate_up {
+            GateUp::Split { gate_proj, up_proj } => vec![gate_proj, up_proj],
+            GateUp::Fused { gate_up_proj } => vec![gate_up_proj],
+        };
+        out.push(&mut self.down_proj);
+        out
+    }
+}
+
+/// The query/key/value projections: separate matrices, or one fused `[q; k; v]` (Phi-3).
+#[derive(Debug)]
+pub enum Qkv {
+    Split {
+        q_proj: Linear,
+        k_proj: Linear,
+        v_proj: Linear,
+    },
+    Fused {
+        qkv_proj: Linear,
+    },
+}
+
+/// Self-attention: projections, optional per-head q/k RMS norms (Qwen3, Gemma 3), RoPE, the
+/// KV cache, scaled dot-product attention, output projection.
+pub struct Attention {
+    pub qkv: Qkv,
+    pub o_proj: Linear,
+    /// Norms over each head's features of the queries and keys, before RoPE.
+    pub qk_norm: Option<(RmsNorm, RmsNorm)>,
+    pub shape: AttentionShape,
+    pub rope: Rope,
+}
+
+impl Attention {
+    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let s = &self.shape;
+        let (q, k, v) = match &self.qkv {
+            Qkv::Split {
+                q_proj,
+                k_proj,
+                v_proj,
+            } => (q_proj.forward(x)?, k_proj.forward(x)?, v_proj.forward(x)?),
+            Qkv::Fused { qkv_proj } => {
+                let qkv = qkv_proj.forward(x)?;
+                // Rows are [q heads; k heads; v heads], all of one head size.
+                let head_dim = qkv.dim(-1) / (s.n_heads + 2 * s.n_kv_heads);
+                let (q_end, k_end) = (s.n_heads * head_dim, (s.n_heads + s.n_kv_heads) * head_dim);
+                let mut parts = qkv.split_at_indices(&[q_end, k_end], -1)?.into_iter();
+                let mut next = || parts.next().expect("split gives three parts");
+                (next(), next(), next())
+            }
+        };
+        let (q_norm, k_norm) = match &self.qk_norm {
+            Some((q, k)) => (Some(q), Some(k)),
+            None => (None, None),
+        };
+        let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
+        let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
+        let v = s.split_heads(&v, s.n_kv_heads)?;
+        self.o_proj.forward(&s.attend(q, k, v, &self.rope, cache)?)
+    }
+
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut out = match &mut self.qkv {
+            Qkv::Split {
+                q_proj,
+                k_proj,
+                v_proj,
+            } => vec![q_proj, k_proj, v_proj],
+            Qkv::Fused { qkv_proj } => vec![qkv_proj],
+        };
+        out.push(&mut self.o_proj);
+        out
+    }
 }
 
 /// Multi-head attention with grouped KV heads, RoPE and a KV cache: the part of every
 /// architecture's attention after the projections.
+#[derive(Debug, Clone)]
 pub struct AttentionShape {
     pub n_heads: i32,
     pub n_kv_heads: i32,
     pub scale: f32,
+    /// Sliding-window layers (Gemma 3) attend to the last `window` positions only. Supported
+    /// while the whole sequence fits in the window, where the window changes nothing; past it
+    /// mlx-lm's rotating cache fixes the numbers we would have to match, so `attend` refuses.
+    pub window: Option<i32>,
 }
 
 impl AttentionShape {
+    /// Scores scaled by `scale_base^-0.5` (the head size, or Gemma's `query_pre_attn_scalar`),
+    /// computed in f64 as Python does, then rounded once.
+    pub fn new(n_heads: i32, n_kv_heads: i32, scale_base: f64) -> Self {
+        Self {
+            n_heads,
+            n_kv_heads,
+            scale: scale_base.powf(-0.5) as f32,
+            window: None,
+        }
+    }
+
     /// `(B, L, H*D)` -> `(B, H, L, D)`.
     pub fn split_heads(&self, x: &Array, heads: i32) -> Result<Array> {
+        self.split_heads_normed(x, heads, None)
+    }
+
+    /// `(B, L, H*D)` -> `(B, H, L, D)`, normalising each head's features on the way when a
+    /// norm is given (per row, so before or after the transpose gives the same numbers).
+    pub fn split_heads_normed(
+        &self,
+        x: &Array,
+        heads: i32,
+        norm: Option<&RmsNorm>,
+    ) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
-        x.reshape(&[b, l, heads, -1])?.transpose_axes(&[0, 2, 1, 3])
+        let x = x.reshape(&[b, l, heads, -1])?;
+        let x = match norm {
+            Some(n) => n.forward(&x)?,
+            None => x,
+        };
+        x.transpose_axes(&[0, 2, 1, 3])
     }
 
     /// Runs RoPE on q and k at the cache's offset, appends k/v to the cache, and attends.
@@ -171,6 +359,14 @@ impl AttentionShape {
     ) -> Result<Array> {
         let (b, l) = (q.dim(0), q.dim(2));
         let offset = cache.offset();
+        if let Some(w) = self.window.filter(|w| offset + l > *w) {
+            return Err(mlx_rs::error::Exception::custom(format!(
+                "the sequence reaches {} tokens, past this model's sliding window of {w}; \
+                 sliding-window attention beyond the window is not supported yet: \
+                 load without max_seq_length (the context is then the window)",
+                offset + l
+            )));
+        }
         let q = rope.forward(&q, offset)?;
         let k = rope.forward(&k, offset)?;
         let (k, v) = cache.update_and_fetch(k, v)?;

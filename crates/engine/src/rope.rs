@@ -1,6 +1,6 @@
 //! RoPE variants chosen by config.json's `rope_scaling`, as mlx-lm's `initialize_rope` does.
 
-use mlx_rs::Array;
+use mlx_rs::{ops, Array};
 use serde_json::Value;
 
 use crate::{
@@ -32,6 +32,7 @@ pub fn rope_from_config(
         base,
         scale,
         freqs: None,
+        input_scale: None,
     };
     match rope_type {
         "default" => Ok(plain(1.0)),
@@ -80,4 +81,52 @@ fn llama3_freqs(dims: i32, base: f64, factor: f64, low: f64, high: f64, old_ctx:
             }
         })
         .collect()
+}
+
+/// Phi-3's su/longrope RoPE as mlx-lm implements it: the long factors always (whatever the
+/// sequence length), and the rotated features scaled by `long_mscale`, else by
+/// `sqrt(1 + ln(f) / ln(original))` where `f = max / original` exceeds 1.
+pub fn su_scaled(
+    dims: i32,
+    base: f32,
+    max_position_embeddings: usize,
+    original_max_position_embeddings: usize,
+    long_factor: &[f32],
+    long_mscale: Option<f64>,
+) -> Result<Rope, EngineError> {
+    if long_factor.len() != (dims / 2) as usize {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!(
+                "config.json: rope_scaling.long_factor has {} values; {} rotated dims need {}",
+                long_factor.len(),
+                dims,
+                dims / 2
+            ),
+        ));
+    }
+    // Computed with MLX's f32 ops, as mlx-lm does, so the frequencies are bit-equal.
+    let freqs = || -> crate::nn::Result<Array> {
+        let exponents = Array::arange::<f32, f32>(0.0, dims as f32, 2.0)?
+            .divide(Array::from_f32(dims as f32))?;
+        let freqs = ops::power(Array::from_f32(base), &exponents)?;
+        Array::from_slice(long_factor, &[long_factor.len() as i32]).multiply(&freqs)
+    };
+    let freqs =
+        freqs().map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string()))?;
+    let original = original_max_position_embeddings as f64;
+    let factor = max_position_embeddings as f64 / original;
+    let mscale = long_mscale.unwrap_or(if factor <= 1.0 {
+        1.0
+    } else {
+        (1.0 + factor.ln() / original.ln()).sqrt()
+    });
+    Ok(Rope {
+        dims,
+        traditional: false,
+        base,
+        scale: 1.0,
+        freqs: Some(freqs),
+        input_scale: (mscale != 1.0).then_some(mscale as f32),
+    })
 }

@@ -57,6 +57,15 @@ impl Weights {
         })
     }
 
+    /// A checkpoint from tensors in memory (tests).
+    #[cfg(test)]
+    pub fn from_tensors(tensors: HashMap<String, Array>, config: &Value) -> Self {
+        Self {
+            tensors,
+            quantization: config.get("quantization").cloned(),
+        }
+    }
+
     /// Names left, for checks and `sanitize` steps.
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.tensors.keys()

@@ -1,8 +1,14 @@
 //! One file per architecture, all the same shape (mlx-lm's habit): `Args` read from
-//! config.json, `Attention`, `Mlp`, `Block`, `Model`, and `sanitize` for checkpoint quirks.
-//! Shared layers live in `crate::nn`.
+//! config.json and a `load` that maps it onto the shared decoder (`transformer.rs`: Block,
+//! Decoder, sanitize). Shared layers (Attention, GatedMlp, RmsNorm, Rope) live in `crate::nn`.
 
+mod gemma3_text;
 mod llama;
+mod mistral;
+mod phi3;
+mod qwen2;
+mod qwen3;
+mod transformer;
 
 use mlx_rs::Array;
 use serde_json::Value;
@@ -27,7 +33,7 @@ pub trait LanguageModel {
 }
 
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
-pub const ARCHITECTURES: &[&str] = &["llama"];
+pub const ARCHITECTURES: &[&str] = &["gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3"];
 
 /// Builds the model named by config.json's `model_type` from its weights.
 pub fn build(
@@ -39,7 +45,12 @@ pub fn build(
         .and_then(Value::as_str)
         .unwrap_or("");
     match model_type {
-        "llama" => Ok(Box::new(llama::Model::load(config, weights)?)),
+        "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
+        "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
+        "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
+        "phi3" => Ok(Box::new(phi3::load(config, weights)?)),
+        "qwen2" => Ok(Box::new(qwen2::load(config, weights)?)),
+        "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(
@@ -56,4 +67,70 @@ pub(crate) fn parse_args<T: serde::de::DeserializeOwned>(
 ) -> std::result::Result<T, EngineError> {
     serde_json::from_value(config.clone())
         .map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, format!("config.json: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// The load error for `config` with no tensors at all: refusals come before any tensor is read.
+    fn refusal(config: Value) -> (LoadErrorKind, String) {
+        let weights = Weights::from_tensors(Default::default(), &config);
+        match build(&config, weights) {
+            Err(EngineError::Load { kind, detail }) => (kind, detail),
+            Err(other) => panic!("expected a load error, got {other:?}"),
+            Ok(_) => panic!("expected a load error, got a model"),
+        }
+    }
+
+    fn tiny(model_type: &str) -> Value {
+        json!({
+            "model_type": model_type,
+            "hidden_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "rms_norm_eps": 1e-5,
+        })
+    }
+
+    #[test]
+    fn unknown_model_type_is_unsupported_and_named() {
+        let (kind, detail) = refusal(tiny("mamba"));
+        assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+        assert!(detail.contains("`mamba`"), "{detail}");
+        assert!(
+            detail.contains("qwen3"),
+            "lists what is supported: {detail}"
+        );
+    }
+
+    #[test]
+    fn phi3_refuses_an_unknown_rope_type_by_name() {
+        let mut config = tiny("phi3");
+        config["rope_scaling"] = json!({"type": "yarn", "factor": 4.0, "long_factor": [1.0]});
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+        assert!(detail.contains("`yarn`"), "{detail}");
+    }
+
+    #[test]
+    fn llama_refuses_sliding_attention_layers() {
+        let mut config = tiny("llama");
+        config["layer_types"] = json!(["sliding_attention"]);
+        config["sliding_window"] = json!(128);
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+        assert!(detail.contains("sliding_attention"), "{detail}");
+    }
+
+    #[test]
+    fn every_listed_architecture_is_built() {
+        for arch in ARCHITECTURES {
+            // Fails on the missing tensors, not on the model_type.
+            let (kind, detail) = refusal(tiny(arch));
+            assert_eq!(kind, LoadErrorKind::InvalidWeights, "{arch}: {detail}");
+        }
+    }
 }

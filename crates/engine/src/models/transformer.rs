@@ -1,0 +1,390 @@
+//! The decoder-only transformer every architecture file here builds: embedding, blocks of
+//! attention + gated MLP with RMS norms, final norm, head. A model file reads its config.json
+//! into a [`LayerSpec`] per layer (what differs between families: fused projections, q/k norms,
+//! norm placement, activation, RoPE) and calls [`Decoder::load`] with its tensor names.
+
+use mlx_rs::{ops, Array, Dtype};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    error::EngineError,
+    kv_cache::KvCache,
+    models::LanguageModel,
+    nn::{
+        Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, Qkv, Result,
+        RmsNorm, Rope,
+    },
+    rope::rope_from_config,
+    weights::Weights,
+};
+
+type LoadResult<T> = std::result::Result<T, EngineError>;
+
+/// The config.json fields every family reads the same way.
+#[derive(Debug, Deserialize)]
+pub struct CommonArgs {
+    pub hidden_size: i32,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: i32,
+    /// Absent: one KV head per query head.
+    pub num_key_value_heads: Option<i32>,
+    pub rms_norm_eps: f32,
+    pub rope_scaling: Option<Value>,
+}
+
+impl CommonArgs {
+    pub fn n_kv_heads(&self) -> i32 {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// `hidden_size / num_attention_heads`, for families without a `head_dim` field.
+    pub fn default_head_dim(&self) -> i32 {
+        self.hidden_size / self.num_attention_heads
+    }
+
+    /// Attention scaled by `head_dim^-0.5`.
+    pub fn attention_shape(&self, head_dim: i32) -> AttentionShape {
+        AttentionShape::new(self.num_attention_heads, self.n_kv_heads(), head_dim as f64)
+    }
+
+    /// RoPE over whole heads as `rope_scaling` asks (mlx-lm's `initialize_rope`).
+    pub fn rope(
+        &self,
+        head_dim: i32,
+        base: f32,
+        traditional: bool,
+        max_position_embeddings: Option<usize>,
+    ) -> LoadResult<Rope> {
+        rope_from_config(
+            head_dim,
+            base,
+            traditional,
+            self.rope_scaling.as_ref(),
+            max_position_embeddings,
+        )
+    }
+
+    /// The Llama layer for these args: families adjust it from here.
+    pub fn llama_layer(&self, head_dim: i32, rope: Rope) -> LayerSpec {
+        LayerSpec::llama(self.rms_norm_eps, self.attention_shape(head_dim), rope)
+    }
+}
+
+/// Where a block's norms sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormLayout {
+    /// `h = x + attn(norm(x)); h + mlp(norm(h))` (Llama, Qwen, Mistral, Phi-3).
+    PreNorm,
+    /// Gemma 3: also a norm on each sublayer's output before the residual add.
+    Sandwich,
+}
+
+/// How one layer of a family is built from its checkpoint.
+#[derive(Debug, Clone)]
+pub struct LayerSpec {
+    /// One `qkv_proj` / `gate_up_proj` matrix instead of separate ones (Phi-3).
+    pub fused: bool,
+    /// `q_norm` / `k_norm` over each head's features before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    pub norms: NormLayout,
+    pub activation: Activation,
+    pub rms_norm_eps: f32,
+    /// Norm weights are stored as `w` and applied as `1 + w` (Gemma).
+    pub norm_plus_one: bool,
+    pub shape: AttentionShape,
+    pub rope: Rope,
+}
+
+impl LayerSpec {
+    /// The Llama layer: separate projections, pre-norm, SwiGLU; families adjust from here.
+    pub fn llama(rms_norm_eps: f32, shape: AttentionShape, rope: Rope) -> Self {
+        Self {
+            fused: false,
+            qk_norm: false,
+            norms: NormLayout::PreNorm,
+            activation: Activation::Silu,
+            rms_norm_eps,
+            norm_plus_one: false,
+            shape,
+            rope,
+        }
+    }
+}
+
+/// The model-level choices.
+pub struct DecoderSpec {
+    pub layers: Vec<LayerSpec>,
+    pub rms_norm_eps: f32,
+    pub norm_plus_one: bool,
+    /// The output head is the embedding table.
+    pub tie_word_embeddings: bool,
+    /// Gemma multiplies embeddings by `sqrt(hidden)` rounded to bfloat16.
+    pub embed_scale: Option<f32>,
+    pub max_position_embeddings: Option<usize>,
+}
+
+impl DecoderSpec {
+    /// `n` copies of one layer, final norm as the layers', no embedding scale.
+    pub fn uniform(
+        layer: LayerSpec,
+        n: usize,
+        tie_word_embeddings: bool,
+        max_position_embeddings: Option<usize>,
+    ) -> Self {
+        Self {
+            rms_norm_eps: layer.rms_norm_eps,
+            norm_plus_one: layer.norm_plus_one,
+            layers: vec![layer; n],
+            tie_word_embeddings,
+            embed_scale: None,
+            max_position_embeddings,
+        }
+    }
+}
+
+/// Drops the checkpoint's unused tensors, then builds `common.num_hidden_layers` copies of
+/// `layer`: the whole load of a family whose layers are all alike.
+pub fn load_uniform(
+    mut weights: Weights,
+    common: &CommonArgs,
+    layer: LayerSpec,
+    tie_word_embeddings: bool,
+    max_position_embeddings: Option<usize>,
+) -> LoadResult<Decoder> {
+    sanitize(&mut weights, tie_word_embeddings);
+    let spec = DecoderSpec::uniform(
+        layer,
+        common.num_hidden_layers,
+        tie_word_embeddings,
+        max_position_embeddings,
+    );
+    Decoder::load(weights, spec)
+}
+
+enum Norms {
+    PreNorm {
+        input_layernorm: RmsNorm,
+        post_attention_layernorm: RmsNorm,
+    },
+    Sandwich {
+        input_layernorm: RmsNorm,
+        post_attention_layernorm: RmsNorm,
+        pre_feedforward_layernorm: RmsNorm,
+        post_feedforward_layernorm: RmsNorm,
+    },
+}
+
+struct Block {
+    self_attn: Attention,
+    mlp: GatedMlp,
+    norms: Norms,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        match &self.norms {
+            Norms::PreNorm {
+                input_layernorm,
+                post_attention_layernorm,
+            } => {
+                let h = x.add(
+                    self.self_attn
+                        .forward(&input_layernorm.forward(x)?, cache)?,
+                )?;
+                h.add(self.mlp.forward(&post_attention_layernorm.forward(&h)?)?)
+            }
+            Norms::Sandwich {
+                input_layernorm,
+                post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
+            } => {
+                let r = self
+                    .self_attn
+                    .forward(&input_layernorm.forward(x)?, cache)?;
+                let h = clip_residual(x, &post_attention_layernorm.forward(&r)?)?;
+                let r = self.mlp.forward(&pre_feedforward_layernorm.forward(&h)?)?;
+                clip_residual(&h, &post_feedforward_layernorm.forward(&r)?)
+            }
+        }
+    }
+}
+
+/// `x + y`; in float16 summed in float32 and clipped to float16's range, as mlx-lm's Gemma 3
+/// does so that large activations do not overflow to inf.
+fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
+    if x.dtype() != Dtype::Float16 {
+        return x.add(y);
+    }
+    let bound = Array::from_f32(65504.0);
+    let sum = x
+        .as_dtype(Dtype::Float32)?
+        .add(y.as_dtype(Dtype::Float32)?)?;
+    ops::clip(&sum, (&bound.negative()?, &bound))?.as_dtype(Dtype::Float16)
+}
+
+pub struct Decoder {
+    embed_tokens: Embedding,
+    embed_scale: Option<f32>,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    max_position_embeddings: Option<usize>,
+}
+
+fn norm(weights: &mut Weights, prefix: &str, eps: f32, plus_one: bool) -> LoadResult<RmsNorm> {
+    let mut n = weights.rms_norm(prefix, eps)?;
+    if plus_one {
+        n.weight = crate::nn::scalar_like(1.0, &n.weight)
+            .and_then(|one| one.add(&n.weight))
+            .map_err(EngineError::from)?;
+    }
+    Ok(n)
+}
+
+fn load_block(weights: &mut Weights, p: &str, spec: LayerSpec) -> LoadResult<Block> {
+    let eps = spec.rms_norm_eps;
+    let plus_one = spec.norm_plus_one;
+    let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, plus_one);
+    let norms = match spec.norms {
+        NormLayout::PreNorm => Norms::PreNorm {
+            input_layernorm: load_norm("input_layernorm")?,
+            post_attention_layernorm: load_norm("post_attention_layernorm")?,
+        },
+        NormLayout::Sandwich => Norms::Sandwich {
+            input_layernorm: load_norm("input_layernorm")?,
+            post_attention_layernorm: load_norm("post_attention_layernorm")?,
+            pre_feedforward_layernorm: load_norm("pre_feedforward_layernorm")?,
+            post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
+        },
+    };
+    let qk_norm = match spec.qk_norm {
+        true => Some((
+            load_norm("self_attn.q_norm")?,
+            load_norm("self_attn.k_norm")?,
+        )),
+        false => None,
+    };
+    let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
+    let qkv = match spec.fused {
+        true => Qkv::Fused {
+            qkv_proj: linear("self_attn.qkv_proj")?,
+        },
+        false => Qkv::Split {
+            q_proj: linear("self_attn.q_proj")?,
+            k_proj: linear("self_attn.k_proj")?,
+            v_proj: linear("self_attn.v_proj")?,
+        },
+    };
+    let gate_up = match spec.fused {
+        true => GateUp::Fused {
+            gate_up_proj: linear("mlp.gate_up_proj")?,
+        },
+        false => GateUp::Split {
+            gate_proj: linear("mlp.gate_proj")?,
+            up_proj: linear("mlp.up_proj")?,
+        },
+    };
+    Ok(Block {
+        self_attn: Attention {
+            qkv,
+            o_proj: linear("self_attn.o_proj")?,
+            qk_norm,
+            shape: spec.shape,
+            rope: spec.rope,
+        },
+        mlp: GatedMlp {
+            gate_up,
+            down_proj: linear("mlp.down_proj")?,
+            activation: spec.activation,
+        },
+        norms,
+    })
+}
+
+impl Decoder {
+    /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
+    pub fn load(mut weights: Weights, spec: DecoderSpec) -> LoadResult<Self> {
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for (i, layer) in spec.layers.into_iter().enumerate() {
+            layers.push(load_block(
+                &mut weights,
+                &format!("model.layers.{i}"),
+                layer,
+            )?);
+        }
+        Ok(Self {
+            embed_tokens: weights.embedding("model.embed_tokens")?,
+            embed_scale: spec.embed_scale,
+            layers,
+            norm: norm(
+                &mut weights,
+                "model.norm",
+                spec.rms_norm_eps,
+                spec.norm_plus_one,
+            )?,
+            lm_head: match spec.tie_word_embeddings {
+                true => None,
+                false => Some(weights.linear("lm_head")?),
+            },
+            max_position_embeddings: spec.max_position_embeddings,
+        })
+    }
+}
+
+/// Checkpoint quirks every family shares: precomputed rotary tables (`inv_freq`) the model
+/// recomputes, and a stored head that config.json says is tied to the embedding.
+pub fn sanitize(weights: &mut Weights, tie_word_embeddings: bool) {
+    let unused: Vec<String> = weights
+        .names()
+        .filter(|n| n.contains("self_attn.rotary_emb.inv_freq"))
+        .cloned()
+        .collect();
+    for name in unused {
+        weights.remove(&name);
+    }
+    if tie_word_embeddings {
+        for suffix in ["weight", "scales", "biases"] {
+            weights.remove(&format!("lm_head.{suffix}"));
+        }
+    }
+}
+
+impl LanguageModel for Decoder {
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(tokens)?;
+        if let Some(s) = self.embed_scale {
+            let s = Array::from_f32(s)
+                .as_dtype(Dtype::Bfloat16)?
+                .as_dtype(h.dtype())?;
+            h = h.multiply(&s)?;
+        }
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            h = layer.forward(&h, cache)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed_tokens.as_linear(&h),
+        }
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut out = vec![&mut self.embed_tokens.table];
+        for l in &mut self.layers {
+            out.extend(l.self_attn.linears_mut());
+            out.extend(l.mlp.linears_mut());
+        }
+        out.extend(self.lm_head.as_mut());
+        out
+    }
+
+    fn max_position_embeddings(&self) -> Option<usize> {
+        self.max_position_embeddings
+    }
+}
