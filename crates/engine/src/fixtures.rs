@@ -55,7 +55,7 @@ const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + 
 pub struct TinyLlama {
     /// Seeds the weights: the same seed writes the same model.
     pub seed: u64,
-    /// `model_type` of config.json; anything but `"llama"` makes a model the engine refuses.
+    /// `model_type` of config.json; a type the engine does not know (e.g. "mamba") is refused.
     pub model_type: String,
     /// `max_position_embeddings` of config.json (the default context limit).
     pub max_position_embeddings: usize,
