@@ -97,8 +97,18 @@ def build(spec, out):
     if q := spec.get("quantize"):
         # As `mlx_lm.convert -q` does: affine quantization of every layer that supports it,
         # recorded in config.json for `mlx_lm.load`.
-        nn.quantize(model, group_size=q["group_size"], bits=q["bits"])
+        # Per-layer overrides ({path: {group_size, bits}} or {path: false}) are recorded under
+        # their path in `quantization`, which is where mlx_lm.load looks for them.
+        overrides = q.get("overrides", {})
+
+        def predicate(path, module):
+            if not hasattr(module, "to_quantized"):
+                return False
+            return overrides.get(path, True)
+
+        nn.quantize(model, group_size=q["group_size"], bits=q["bits"], class_predicate=predicate)
         config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
+        config["quantization"].update(overrides)
         config["quantization_config"] = config["quantization"]
 
     weights = dict(tree_flatten(model.parameters()))
@@ -109,7 +119,20 @@ def build(spec, out):
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
+    shards = spec.get("shards", 1)
+    if shards == 1:
+        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
+    else:
+        # Sharded as Hugging Face writes it: model-0000i-of-0000n.safetensors plus an index.
+        names = sorted(weights)
+        weight_map = {}
+        for i in range(shards):
+            file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: weights[n] for n in names[i::shards]}
+            mx.save_safetensors(str(tmp / file), part, metadata={"format": "mlx"})
+            weight_map.update({n: file for n in part})
+        index = {"metadata": {}, "weight_map": weight_map}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     for name in TOKENIZER_FILES:
         shutil.copy(TOKENIZER_DIR / name, tmp / name)
