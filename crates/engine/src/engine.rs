@@ -226,7 +226,11 @@ impl Engine {
             quantization,
             context_length,
             num_parameters,
-            vocab_size: tokenizer.vocab_size(),
+            // The model's output width (embeddings are often padded past the tokenizer's size):
+            // what the sampler's logit-bias row and token checks must match.
+            vocab_size: config["vocab_size"]
+                .as_u64()
+                .map_or_else(|| tokenizer.vocab_size(), |v| v as usize),
             eos_token_ids: tokenizer.eos_token_ids().iter().copied().collect(),
             chat_template_present: tokenizer.chat_template().is_some(),
             chat_template_source: match tokenizer.chat_template_source() {

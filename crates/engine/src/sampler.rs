@@ -12,7 +12,10 @@ use crate::{nn::Result, request::SamplerParams, EngineError};
 pub struct Sampler {
     params: SamplerParams,
     key: Array,
-    vocab: i32,
+    /// `logit_bias` as a dense `(1, vocab)` row, built once.
+    bias: Option<Array>,
+    /// `0..vocab` as a `(1, vocab)` row, for counting occurrences (frequency penalty).
+    vocab_ids: Option<Array>,
 }
 
 /// A scalar of `like`'s dtype, as Python's weakly typed scalars behave in MLX.
@@ -58,10 +61,21 @@ impl Sampler {
                 .map_or(0, |d| d.as_nanos() as u64)
         });
         let key = random::key(seed).map_err(EngineError::from)?;
+        let bias = (!params.logit_bias.is_empty()).then(|| {
+            let mut dense = vec![0f32; vocab];
+            for &(id, b) in &params.logit_bias {
+                dense[id as usize] += b;
+            }
+            Array::from_slice(&dense, &[1, vocab as i32])
+        });
+        let vocab_ids = (params.frequency_penalty != 0.0)
+            .then(|| ops::arange::<_, i32>(0, vocab as i32, 1)?.reshape(&[1, -1]))
+            .transpose()?;
         Ok(Self {
             params,
             key,
-            vocab: vocab as i32,
+            bias,
+            vocab_ids,
         })
     }
 
@@ -84,15 +98,8 @@ impl Sampler {
     pub fn process(&self, logits: Array, recent: Option<&Array>) -> Result<Array> {
         let p = &self.params;
         let mut logits = logits;
-        if !p.logit_bias.is_empty() {
-            let ids: Vec<u32> = p.logit_bias.iter().map(|b| b.0).collect();
-            let bias: Vec<f32> = p.logit_bias.iter().map(|b| b.1).collect();
-            let mut dense = vec![0f32; self.vocab as usize];
-            for (id, b) in ids.iter().zip(&bias) {
-                dense[*id as usize] += b;
-            }
-            let dense = Array::from_slice(&dense, &[1, self.vocab]).as_dtype(logits.dtype())?;
-            logits = logits.add(dense)?;
+        if let Some(bias) = &self.bias {
+            logits = logits.add(bias.as_dtype(logits.dtype())?)?;
         }
         let Some(recent) = recent.filter(|r| r.size() > 0) else {
             return Ok(logits);
@@ -110,13 +117,12 @@ impl Sampler {
             let new = sel.subtract(scalar_like(p.presence_penalty, &sel)?)?;
             logits = logits.put_along_axis(&idx, &new, -1)?;
         }
-        if p.frequency_penalty != 0.0 {
+        if let Some(vocab_ids) = &self.vocab_ids {
             // Each occurrence subtracts the penalty once (mlx-lm's `.at[].subtract`).
-            let vocab = ops::arange::<_, i32>(0, self.vocab, 1)?.reshape(&[1, -1])?;
             let hits = recent
                 .as_dtype(Dtype::Int32)?
                 .reshape(&[-1, 1])?
-                .eq(&vocab)?;
+                .eq(vocab_ids)?;
             let counts = hits.as_dtype(logits.dtype())?.sum_axis(0, true)?;
             logits =
                 logits.subtract(counts.multiply(scalar_like(p.frequency_penalty, &logits)?)?)?;
@@ -138,7 +144,7 @@ impl Sampler {
             lp = min_p(&lp, p.min_p)?;
         }
         // A top_k at or above the vocabulary keeps every token (mlx-lm would raise instead).
-        if p.top_k > 0 && p.top_k < self.vocab {
+        if p.top_k > 0 && p.top_k < lp.dim(-1) {
             lp = top_k(&lp, p.top_k)?;
         }
         let (key, next) = random::split(&self.key, 2)?;
