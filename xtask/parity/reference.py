@@ -27,10 +27,23 @@ def prompt_ids(tokenizer, messages):
     return [int(i) for i in ids]
 
 
+# The worker prefills in chunks of 512 tokens (crates/engine/src/generate.rs PREFILL_CHUNK);
+# chunk boundaries decide the caches' layout (a sliding-window layer's cache is trimmed per
+# chunk), so the reference uses the same size.
+PREFILL_STEP = 512
+
+
 def greedy(model, tokenizer, ids, max_new_tokens):
     sampler = make_sampler(temp=0.0)
     tokens = []
-    for token, _ in generate_step(mx.array(ids), model, max_tokens=max_new_tokens, sampler=sampler):
+    steps = generate_step(
+        mx.array(ids),
+        model,
+        max_tokens=max_new_tokens,
+        sampler=sampler,
+        prefill_step_size=PREFILL_STEP,
+    )
+    for token, _ in steps:
         token = int(token)
         if token in tokenizer.eos_token_ids:
             break

@@ -95,9 +95,7 @@ pub(crate) fn generate(
     });
     let mut dec = Decoder {
         ctx,
-        caches: (0..ctx.model.num_layers())
-            .map(|_| KvCache::default())
-            .collect(),
+        caches: ctx.model.make_caches(),
         sampler,
         recent,
     };

@@ -2,10 +2,7 @@
 //! gated MLP, attention. Each computes exactly what mlx-lm's layer of the same name computes, so that
 //! greedy decoding is token-for-token equal.
 
-use mlx_rs::{
-    fast::{self, ScaledDotProductAttentionMask},
-    ops, Array,
-};
+use mlx_rs::{fast, ops, Array};
 
 use crate::kv_cache::KvCache;
 
@@ -307,9 +304,8 @@ pub struct AttentionShape {
     pub n_heads: i32,
     pub n_kv_heads: i32,
     pub scale: f32,
-    /// Sliding-window layers (Gemma 3) attend to the last `window` positions only. Supported
-    /// while the whole sequence fits in the window, where the window changes nothing; past it
-    /// mlx-lm's rotating cache fixes the numbers we would have to match, so `attend` refuses.
+    /// Sliding-window layers (Gemma 3) attend to the last `window` positions only: their
+    /// cache is a [`KvCache::for_window`] ring, which also gives their masks.
     pub window: Option<i32>,
 }
 
@@ -359,19 +355,11 @@ impl AttentionShape {
     ) -> Result<Array> {
         let (b, l) = (q.dim(0), q.dim(2));
         let offset = cache.offset();
-        if let Some(w) = self.window.filter(|w| offset + l > *w) {
-            return Err(mlx_rs::error::Exception::custom(format!(
-                "the sequence reaches {} tokens, past this model's sliding window of {w}; \
-                 sliding-window attention beyond the window is not supported yet: \
-                 load without max_seq_length (the context is then the window)",
-                offset + l
-            )));
-        }
+        let mask = cache.mask(l)?;
         let q = rope.forward(&q, offset)?;
         let k = rope.forward(&k, offset)?;
         let (k, v) = cache.update_and_fetch(k, v)?;
-        let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        let out = fast::scaled_dot_product_attention(q, k, v, self.scale, mask, None)?;
+        let out = fast::scaled_dot_product_attention(q, k, v, self.scale, mask.as_sdpa(), None)?;
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
     }
 }

@@ -4,12 +4,8 @@
 //! sliding-window attention (local RoPE base) and global attention (`rope_theta`, scaling).
 //! Layer `i` is global when `(i + 1) % sliding_window_pattern == 0`, as in mlx-lm.
 //!
-//! Sliding windows: mlx-lm keeps a rotating cache of `sliding_window` positions for local
-//! layers. While prompt + generation fit in the window that cache holds exactly what a plain
-//! cache holds and the masks are plain causal ones, so greedy decoding is token-exact; past the
-//! window it is not implemented here. The model's context is therefore reported as the window
-//! (prompts longer than it are refused before generating, generation stops at it), and
-//! attention itself refuses to run past it (when `max_seq_length` asks for more).
+//! Sliding-window layers get a rotating cache of `sliding_window` positions (as in mlx-lm), so
+//! memory for those layers stays bounded however long the context grows.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -103,20 +99,13 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             ..LayerSpec::llama(c.rms_norm_eps, shape, rope)
         });
     }
-    let has_sliding = layers.iter().any(|l| l.shape.window.is_some());
-    let context = match has_sliding {
-        true => args
-            .max_position_embeddings
-            .min(args.sliding_window.max(0) as usize),
-        false => args.max_position_embeddings,
-    };
     let spec = DecoderSpec {
         layers,
         rms_norm_eps: c.rms_norm_eps,
         norm_plus_one: true,
         tie_word_embeddings,
         embed_scale: Some((c.hidden_size as f64).sqrt() as f32),
-        max_position_embeddings: Some(context),
+        max_position_embeddings: Some(args.max_position_embeddings),
     };
     Decoder::load(weights, spec)
 }

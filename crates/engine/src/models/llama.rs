@@ -7,7 +7,7 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     models::{
         parse_args,
-        transformer::{load_uniform, CommonArgs, Decoder},
+        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec},
     },
     weights::Weights,
 };
@@ -24,9 +24,11 @@ struct Args {
     max_position_embeddings: Option<usize>,
     #[serde(default = "default_true")]
     tie_word_embeddings: bool,
-    /// mlx-lm gives `sliding_attention` layers a rotating cache and a windowed mask; a config
-    /// without `layer_types` is all full attention, whatever `sliding_window` says.
+    /// `full_attention` or `sliding_attention` per layer (a rotating cache of `sliding_window`
+    /// positions, as in mlx-lm); without it every layer is full attention, whatever
+    /// `sliding_window` says.
     layer_types: Option<Vec<String>>,
+    sliding_window: Option<i32>,
 }
 
 fn default_rope_theta() -> f32 {
@@ -37,22 +39,9 @@ fn default_true() -> bool {
 }
 
 /// Builds a Llama-layout model; `family` names the model_type in errors.
-pub fn load(config: &Value, weights: Weights, family: &str) -> Result<Decoder, EngineError> {
+pub fn load(config: &Value, mut weights: Weights, family: &str) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
-    if let Some(t) = args
-        .layer_types
-        .iter()
-        .flatten()
-        .find(|t| *t != "full_attention")
-    {
-        return Err(EngineError::load(
-            LoadErrorKind::UnsupportedArchitecture,
-            format!(
-                "{family}: layer type `{t}` (config.json `layer_types`) is not supported; \
-                 only full_attention layers are"
-            ),
-        ));
-    }
+    let windows = layer_windows(&args, family)?;
     let c = &args.common;
     let head_dim = args.head_dim.unwrap_or(c.default_head_dim());
     let rope = c.rope(
@@ -61,12 +50,50 @@ pub fn load(config: &Value, weights: Weights, family: &str) -> Result<Decoder, E
         args.rope_traditional,
         args.max_position_embeddings,
     )?;
-    let layer = c.llama_layer(head_dim, rope);
-    load_uniform(
-        weights,
-        c,
-        layer,
+    let mut spec = DecoderSpec::uniform(
+        c.llama_layer(head_dim, rope),
+        c.num_hidden_layers,
         args.tie_word_embeddings,
         args.max_position_embeddings,
-    )
+    );
+    for (layer, window) in spec.layers.iter_mut().zip(windows) {
+        layer.shape.window = window;
+    }
+    sanitize(&mut weights, args.tie_word_embeddings);
+    Decoder::load(weights, spec)
+}
+
+/// Each layer's attention window (`None`: full attention), from `layer_types`.
+fn layer_windows(args: &Args, family: &str) -> Result<Vec<Option<i32>>, EngineError> {
+    let n = args.common.num_hidden_layers;
+    let Some(types) = &args.layer_types else {
+        return Ok(vec![None; n]);
+    };
+    let invalid = |detail: String| EngineError::load(LoadErrorKind::InvalidWeights, detail);
+    if types.len() != n {
+        return Err(invalid(format!(
+            "config.json: {family} `layer_types` lists {} layers but `num_hidden_layers` is {n}",
+            types.len()
+        )));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            "full_attention" => Ok(None),
+            "sliding_attention" => match args.sliding_window {
+                Some(w) if w > 0 => Ok(Some(w)),
+                _ => Err(invalid(format!(
+                    "config.json: {family} `sliding_attention` layers need a positive \
+                     `sliding_window`"
+                ))),
+            },
+            other => Err(EngineError::load(
+                LoadErrorKind::UnsupportedArchitecture,
+                format!(
+                    "{family}: layer type `{other}` (config.json `layer_types`) is not \
+                     supported; full_attention and sliding_attention are"
+                ),
+            )),
+        })
+        .collect()
 }

@@ -24,8 +24,12 @@ use crate::{
 pub trait LanguageModel {
     /// Logits `(B, L, vocab)` for token ids `(B, L)`, appending to `caches` (one per layer).
     fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array>;
-    /// Number of attention layers (= caches needed).
+    /// Number of attention layers.
     fn num_layers(&self) -> usize;
+    /// Fresh caches, one per layer, of the kind each layer needs.
+    fn make_caches(&self) -> Vec<KvCache> {
+        (0..self.num_layers()).map(|_| KvCache::default()).collect()
+    }
     /// Every linear layer, for quantize-on-load and parameter counts.
     fn linears_mut(&mut self) -> Vec<&mut Linear>;
     /// Context length the model was trained for, if config.json says.
@@ -116,13 +120,21 @@ mod tests {
     }
 
     #[test]
-    fn llama_refuses_sliding_attention_layers() {
+    fn llama_refuses_unknown_layer_types_by_name() {
         let mut config = tiny("llama");
-        config["layer_types"] = json!(["sliding_attention"]);
-        config["sliding_window"] = json!(128);
+        config["layer_types"] = json!(["chunked_attention"]);
         let (kind, detail) = refusal(config);
         assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-        assert!(detail.contains("sliding_attention"), "{detail}");
+        assert!(detail.contains("`chunked_attention`"), "{detail}");
+    }
+
+    #[test]
+    fn llama_sliding_layers_need_a_window() {
+        let mut config = tiny("llama");
+        config["layer_types"] = json!(["sliding_attention"]);
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(detail.contains("sliding_window"), "{detail}");
     }
 
     #[test]

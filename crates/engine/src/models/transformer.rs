@@ -374,6 +374,14 @@ impl LanguageModel for Decoder {
         self.layers.len()
     }
 
+    fn make_caches(&self) -> Vec<KvCache> {
+        let window = |l: &Block| l.self_attn.shape.window;
+        self.layers
+            .iter()
+            .map(|l| KvCache::for_window(window(l)))
+            .collect()
+    }
+
     fn linears_mut(&mut self) -> Vec<&mut Linear> {
         let mut out = vec![&mut self.embed_tokens.table];
         for l in &mut self.layers {

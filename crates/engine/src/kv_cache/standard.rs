@@ -1,5 +1,5 @@
-//! The KV cache: one per layer, grown in steps of 256 positions as mlx-lm's `KVCache` is, so
-//! decoding writes into preallocated space instead of concatenating every step.
+//! The cache of a full-attention layer: grown in steps of 256 positions as mlx-lm's `KVCache`
+//! is, so decoding writes into preallocated space instead of concatenating every step.
 
 use mlx_rs::{
     ops::{self, indexing::IndexOp, indexing::TryIndexMutOp},
@@ -8,17 +8,17 @@ use mlx_rs::{
 
 use crate::nn::Result;
 
-const STEP: i32 = 256;
+use super::STEP;
 
 /// Keys and values of one attention layer, shape `(B, kv_heads, capacity, head_dim)`.
 #[derive(Default)]
-pub struct KvCache {
+pub struct StandardCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: i32,
 }
 
-impl KvCache {
+impl StandardCache {
     /// Positions written so far.
     pub fn offset(&self) -> i32 {
         self.offset
