@@ -47,6 +47,40 @@ FAMILY_BASE = {
 }
 
 
+# Pre-tokenization a family's real tokenizer.json carries, for fixtures whose spec asks for it
+# ("tokenizer": FAMILY). transformers 5 builds the tokenizer of some model_types from its own
+# class (qwen2 -> Qwen2Tokenizer, with Qwen2's split regex and NFC) whatever tokenizer.json says;
+# a real checkpoint of that family has the same pipeline in tokenizer.json, so the fixture's
+# copy of the SmolLM2 tokenizer is given it too and both sides read the same pipeline.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+TOKENIZER_PIPELINES = {
+    "qwen2": {
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            ],
+        },
+    },
+}
+
+
+def write_tokenizer(spec, out):
+    """The SmolLM2 tokenizer files, with the family pipeline the spec names, if any."""
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOKENIZER_DIR / name, out / name)
+    if family := spec.get("tokenizer"):
+        path = out / "tokenizer.json"
+        tokenizer = json.loads(path.read_text())
+        tokenizer.update(TOKENIZER_PIPELINES[family])
+        path.write_text(json.dumps(tokenizer, ensure_ascii=False))
+
+
 def config_for(spec):
     """config.json for a fixture: the spec's "config" over a tiny base of its model_type."""
     model_type = spec.get("model_type", "llama")
@@ -134,8 +168,7 @@ def build(spec, out):
         index = {"metadata": {}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    for name in TOKENIZER_FILES:
-        shutil.copy(TOKENIZER_DIR / name, tmp / name)
+    write_tokenizer(spec, tmp)
     (tmp / "spec.json").write_text(json.dumps(spec, sort_keys=True))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
