@@ -28,7 +28,7 @@ async fn load_generate_and_tokenize_a_tiny_model() {
     assert!(!init.mlx.version.is_empty());
     assert!(!init.mlx.device.name.is_empty());
     assert!(init.capabilities.architectures.contains(&"llama".into()));
-    assert!(!init.capabilities.vision && !init.capabilities.lora && init.capabilities.gguf);
+    assert!(!init.capabilities.vision && init.capabilities.lora && init.capabilities.gguf);
     assert!(init.mlx.device.memory_bytes > 0);
 
     // load: the result describes the model; progress runs from resolve to ready.

@@ -18,6 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
+from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import _get_classes
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
@@ -106,6 +107,34 @@ def config_for(spec):
     return config
 
 
+def write_adapter(model, adapter, out):
+    """A LoRA adapter as `mlx_lm.lora` saves one, over `model` (whose weights are already taken).
+
+    mlx-lm's own `linear_to_lora_layers` wraps the layers; `lora_b` starts at zero there (an
+    untrained adapter changes nothing), so it is drawn at random like `lora_a`, and the adapter
+    file is the trainable parameters, as training writes it.
+    """
+    params = {
+        "rank": adapter.get("rank", 8),
+        "scale": adapter.get("scale", 10.0),
+        "dropout": 0.0,
+        "keys": adapter["keys"],
+    }
+    num_layers = adapter.get("num_layers", -1)
+    model.freeze()
+    linear_to_lora_layers(model, num_layers, params)
+    model.update(
+        tree_map_with_path(
+            lambda path, p: mx.random.uniform(-0.5, 0.5, p.shape) if path.endswith("lora_b") else p,
+            model.trainable_parameters(),
+        )
+    )
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
+    config = {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+
+
 def build(spec, out):
     config = config_for(spec)
     mx.random.seed(spec.get("seed", 0))
@@ -145,14 +174,16 @@ def build(spec, out):
         config["quantization"].update(overrides)
         config["quantization_config"] = config["quantization"]
 
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     weights = dict(tree_flatten(model.parameters()))
+    if adapter := spec.get("adapter"):
+        write_adapter(model, adapter, tmp / "adapter")
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
     for name in spec.get("drop_tensors", []):
         del weights[name]
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     shards = spec.get("shards", 1)
     if shards == 1:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})

@@ -53,7 +53,7 @@ def greedy(model, tokenizer, ids, max_new_tokens):
 
 def main():
     request = json.load(sys.stdin)
-    model, tokenizer = load(request["model_dir"])
+    model, tokenizer = load(request["model_dir"], adapter_path=request.get("adapter_dir"))
     results = []
     for case in request["cases"]:
         ids = prompt_ids(tokenizer, case["messages"])

@@ -226,6 +226,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A fixture's LoRA adapter (`<dir>/adapter/`, written when its spec has one).
+fn adapter_of(dir: &Path) -> Option<PathBuf> {
+    Some(dir.join("adapter")).filter(|a| a.is_dir())
+}
+
 /// mlx-lm's prompt ids and greedy tokens for every case.
 fn reference(
     python: &Path,
@@ -235,6 +240,7 @@ fn reference(
 ) -> anyhow::Result<Reference> {
     let request = json!({
         "model_dir": dir,
+        "adapter_dir": adapter_of(dir),
         "max_new_tokens": max_new_tokens,
         "cases": cases,
     });
@@ -287,6 +293,7 @@ fn compare(
         .load(
             &LoadRequest {
                 model: dir.display().to_string(),
+                adapter: adapter_of(dir).map(|a| a.display().to_string()),
                 ..Default::default()
             },
             &mut |_| {},
@@ -315,6 +322,7 @@ fn compare(
             },
             stop: Vec::new(),
             logprobs: 0,
+            use_adapter: None,
         };
         let got = engine
             .generate(&req, &mut |_| {}, &CancelToken::new())

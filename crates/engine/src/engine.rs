@@ -14,7 +14,9 @@ use crate::{
     device,
     error::{EngineError, LoadErrorKind},
     generate::{generate, GenerationContext},
-    gguf_import, hub, memory,
+    gguf_import, hub,
+    lora::{self, Adapter, AdapterSwitch},
+    memory,
     models::{self, LanguageModel},
     request::*,
     weights::Weights,
@@ -26,6 +28,8 @@ struct Resident {
     info: ModelInfo,
     model: Box<dyn LanguageModel>,
     tokenizer: Arc<ModelTokenizer>,
+    /// The `adapter` the load asked for, and the switch of the adapter attached (if any).
+    adapter: (Option<String>, Option<AdapterSwitch>),
 }
 
 /// Resident models and MLX state. Lives on one thread; see the crate docs.
@@ -106,7 +110,7 @@ impl Engine {
     ) -> Result<Loaded, EngineError> {
         let model_id = req.model.clone();
         if let Some(i) = self.models.iter().position(|r| r.info.model_id == model_id) {
-            if !req.force {
+            if !req.force && self.models[i].adapter.0 == req.adapter {
                 let r = self.models.remove(i);
                 let loaded = Loaded {
                     info: r.info.clone(),
@@ -127,7 +131,16 @@ impl Engine {
             });
             gguf_import::imported_dir(Path::new(&req.model))?
         } else {
-            resolve(req, progress, cancel)?
+            resolve(&req.model, req, progress, cancel)?
+        };
+        // An adapter: asked for, or the `model` directory is one (then its base is the model).
+        let (path, adapter_dir) = match &req.adapter {
+            Some(adapter) => (path, Some(resolve(adapter, req, progress, cancel)?)),
+            None if lora::is_adapter_dir(&path) => {
+                let base = lora::base_model_of(&path)?;
+                (resolve(&base, req, progress, cancel)?, Some(path))
+            }
+            None => (path, None),
         };
         progress(LoadProgress {
             stage: "resolve",
@@ -180,7 +193,7 @@ impl Engine {
         let mut model = models::build(&config, weights)?;
         let mut quantization = quantization_of(&config);
         if req.load_in_4bit && quantization.is_none() {
-            for linear in model.linears_mut() {
+            for (_, linear) in model.linears_mut() {
                 if linear.weight.dim(-1) % 64 == 0 {
                     linear.quantize(64, 4)?;
                 }
@@ -190,10 +203,14 @@ impl Engine {
                 group_size: 64,
             });
         }
+        let adapter_switch = match &adapter_dir {
+            Some(dir) => Some(Adapter::load(dir)?.attach(dir, model.linears_mut())?),
+            None => None,
+        };
         let arrays: Vec<_> = model
             .linears_mut()
             .into_iter()
-            .map(|l| l.weight.clone())
+            .map(|(_, l)| l.weight.clone())
             .collect();
         mlx_rs::transforms::eval(arrays.iter()).map_err(|e| {
             EngineError::load(
@@ -220,7 +237,7 @@ impl Engine {
             architecture: config["model_type"].as_str().unwrap_or_default().to_owned(),
             model_type: config["model_type"].as_str().unwrap_or_default().to_owned(),
             is_vision: false,
-            is_lora: false,
+            is_lora: adapter_dir.is_some(),
             is_gguf,
             dtype,
             quantization,
@@ -247,6 +264,7 @@ impl Engine {
             info: info.clone(),
             model,
             tokenizer: tokenizer.clone(),
+            adapter: (req.adapter.clone(), adapter_switch),
         });
         progress(LoadProgress {
             stage: "ready",
@@ -280,6 +298,9 @@ impl Engine {
         }
         let mut req = req.clone();
         req.max_new_tokens = req.max_new_tokens.min(context - prompt_ids.len());
+        if let Some(switch) = &resident.adapter.1 {
+            switch.set(req.use_adapter != Some(false));
+        }
         let eos = resident.tokenizer.eos_token_ids().clone();
         let ctx = GenerationContext {
             model: resident.model.as_ref(),
@@ -356,13 +377,15 @@ pub fn prompt_ids(tokenizer: &ModelTokenizer, prompt: &Prompt) -> Result<Vec<u32
     }
 }
 
-/// A local model directory, or a hub repo id's snapshot (cached or downloaded: `hub.rs`).
+/// A local directory, or a hub repo id's snapshot (cached or downloaded: `hub.rs`). `model` is
+/// `req.model`, or an adapter or base model named beside it (fetched at its default revision,
+/// with the same token).
 fn resolve(
+    model: &str,
     req: &LoadRequest,
     progress: &mut dyn FnMut(LoadProgress),
     cancel: &CancelToken,
 ) -> Result<PathBuf, EngineError> {
-    let model = req.model.as_str();
     let path = Path::new(model);
     if path.is_dir() {
         return Ok(path.to_path_buf());
@@ -377,7 +400,15 @@ fn resolve(
         ));
     }
     if hub::is_repo_id(model) {
-        return hub::resolve(req, progress, cancel);
+        if model == req.model {
+            return hub::resolve(req, progress, cancel);
+        }
+        let other = LoadRequest {
+            model: model.to_owned(),
+            revision: None,
+            ..req.clone()
+        };
+        return hub::resolve(&other, progress, cancel);
     }
     Err(EngineError::load(
         LoadErrorKind::NotFound,

@@ -273,7 +273,92 @@ fn write_weights(path: &Path, seed: u64) -> io::Result<()> {
         }
     }
     tensors.push(("model.norm.weight".into(), vec![HIDDEN], ones));
+    write_safetensors(path, tensors)
+}
 
+/// How a LoRA adapter is laid out on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterLayout {
+    /// `mlx_lm.lora`'s: adapters.safetensors with `lora_a` `(in, r)` / `lora_b` `(r, out)`.
+    MlxLm,
+    /// PEFT's: adapter_model.safetensors with `lora_A.weight` `(r, in)` / `lora_B.weight` `(out, r)`.
+    Peft,
+}
+
+/// Rank of the tiny adapters.
+const LORA_RANK: usize = 4;
+/// Their scale (PEFT: `lora_alpha / r`).
+const LORA_SCALE: f32 = 2.0;
+
+/// Writes a LoRA adapter for the tiny Llama into `dir`: q, v and down projections of every
+/// layer, rank 4, scale 2. The same seed writes the same numbers in either layout. `base` goes
+/// into adapter_config.json as the base model (loading the adapter directory as a model).
+pub fn write_tiny_lora(dir: &Path, seed: u64, layout: AdapterLayout, base: &str) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    let mut rng = Rng::new(seed);
+    let mut tensors = Vec::new();
+    for i in 0..LAYERS {
+        for (name, out, inp) in [
+            ("self_attn.q_proj", HEADS * HEAD_DIM, HIDDEN),
+            ("self_attn.v_proj", KV_HEADS * HEAD_DIM, HIDDEN),
+            ("mlp.down_proj", HIDDEN, INTERMEDIATE),
+        ] {
+            let layer = format!("model.layers.{i}.{name}");
+            let a = rng.matrix(inp, LORA_RANK, (3.0 / inp as f32).sqrt());
+            let b = rng.matrix(LORA_RANK, out, 0.5);
+            match layout {
+                AdapterLayout::MlxLm => {
+                    tensors.push((format!("{layer}.lora_a"), vec![inp, LORA_RANK], a));
+                    tensors.push((format!("{layer}.lora_b"), vec![LORA_RANK, out], b));
+                }
+                AdapterLayout::Peft => {
+                    let peft = format!("base_model.model.{layer}");
+                    let a_t = transpose(&a, inp, LORA_RANK);
+                    let b_t = transpose(&b, LORA_RANK, out);
+                    tensors.push((format!("{peft}.lora_A.weight"), vec![LORA_RANK, inp], a_t));
+                    tensors.push((format!("{peft}.lora_B.weight"), vec![out, LORA_RANK], b_t));
+                }
+            }
+        }
+    }
+    let (file, config) = match layout {
+        AdapterLayout::MlxLm => (
+            "adapters.safetensors",
+            json!({
+                "model": base,
+                "fine_tune_type": "lora",
+                "num_layers": LAYERS,
+                "lora_parameters": {"rank": LORA_RANK, "scale": LORA_SCALE, "dropout": 0.0},
+            }),
+        ),
+        AdapterLayout::Peft => (
+            "adapter_model.safetensors",
+            json!({
+                "base_model_name_or_path": base,
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": LORA_RANK,
+                "lora_alpha": LORA_SCALE * LORA_RANK as f32,
+                "lora_dropout": 0.0,
+                "target_modules": ["q_proj", "v_proj", "down_proj"],
+                "use_rslora": false,
+                "use_dora": false,
+            }),
+        ),
+    };
+    write_json(&dir.join("adapter_config.json"), &config)?;
+    write_safetensors(&dir.join(file), tensors)
+}
+
+/// A row-major `rows x cols` matrix transposed.
+fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols)
+        .flat_map(|c| (0..rows).map(move |r| m[r * cols + c]))
+        .collect()
+}
+
+/// Float32 tensors `(name, shape, row-major data)` as a safetensors file.
+fn write_safetensors(path: &Path, tensors: Vec<(String, Vec<usize>, Vec<f32>)>) -> io::Result<()> {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .into_iter()
         .map(|(name, shape, data)| {

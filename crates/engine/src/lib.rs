@@ -15,6 +15,7 @@ mod generate;
 mod gguf_import;
 mod hub;
 mod kv_cache;
+mod lora;
 mod memory;
 mod models;
 mod nn;

@@ -4,7 +4,7 @@
 
 use mlx_rs::{fast, ops, Array};
 
-use crate::kv_cache::KvCache;
+use crate::{kv_cache::KvCache, lora::Lora};
 
 pub type Result<T> = std::result::Result<T, mlx_rs::error::Exception>;
 
@@ -23,10 +23,21 @@ pub struct Linear {
     pub weight: Array,
     pub bias: Option<Array>,
     pub quantized: Option<Quantized>,
+    /// A LoRA adapter's low-rank update, added to the output while its switch is on.
+    pub lora: Option<Lora>,
 }
 
 impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        let y = self.forward_base(x)?;
+        match &self.lora {
+            Some(lora) => lora.add_to(x, y),
+            None => Ok(y),
+        }
+    }
+
+    /// `x W^T + b` without the adapter.
+    fn forward_base(&self, x: &Array) -> Result<Array> {
         let y = match &self.quantized {
             Some(q) => ops::quantized_matmul(
                 x,
@@ -220,12 +231,15 @@ impl GatedMlp {
         self.down_proj.forward(&h)
     }
 
-    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+    /// The linear layers under their checkpoint names (relative to `mlp.`).
+    pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let mut out = match &mut self.gate_up {
-            GateUp::Split { gate_proj, up_proj } => vec![gate_proj, up_proj],
-            GateUp::Fused { gate_up_proj } => vec![gate_up_proj],
+            GateUp::Split { gate_proj, up_proj } => {
+                vec![("gate_proj", gate_proj), ("up_proj", up_proj)]
+            }
+            GateUp::Fused { gate_up_proj } => vec![("gate_up_proj", gate_up_proj)],
         };
-        out.push(&mut self.down_proj);
+        out.push(("down_proj", &mut self.down_proj));
         out
     }
 }
@@ -283,16 +297,17 @@ impl Attention {
         self.o_proj.forward(&s.attend(q, k, v, &self.rope, cache)?)
     }
 
-    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+    /// The linear layers under their checkpoint names (relative to `self_attn.`).
+    pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let mut out = match &mut self.qkv {
             Qkv::Split {
                 q_proj,
                 k_proj,
                 v_proj,
-            } => vec![q_proj, k_proj, v_proj],
-            Qkv::Fused { qkv_proj } => vec![qkv_proj],
+            } => vec![("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj)],
+            Qkv::Fused { qkv_proj } => vec![("qkv_proj", qkv_proj)],
         };
-        out.push(&mut self.o_proj);
+        out.push(("o_proj", &mut self.o_proj));
         out
     }
 }

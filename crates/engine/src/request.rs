@@ -62,6 +62,9 @@ pub struct LoadRequest {
     pub dtype: Option<WeightDtype>,
     /// A Jinja chat template used instead of the model's.
     pub chat_template_override: Option<String>,
+    /// A LoRA adapter (directory or repo id, mlx-lm or PEFT layout) applied on top of `model`.
+    /// Without it, a `model` that is itself an adapter directory loads its base model with it.
+    pub adapter: Option<String>,
     /// Reload even if resident.
     pub force: bool,
 }
@@ -190,6 +193,8 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// When > 0, each delta carries the chosen token's logprob and this many alternatives.
     pub logprobs: usize,
+    /// `Some(false)`: generate with the base weights although an adapter is loaded.
+    pub use_adapter: Option<bool>,
 }
 
 /// One token's log-probabilities, when asked for.

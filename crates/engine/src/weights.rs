@@ -117,6 +117,7 @@ impl Weights {
             weight,
             bias,
             quantized,
+            lora: None,
         })
     }
 

@@ -17,13 +17,6 @@ const NO_VISION: &str = "this worker cannot read images yet (capabilities.vision
 
 /// The engine's load request for `load` params.
 pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
-    if p.adapter.is_some() {
-        return Err(ResponseError::invalid_params(
-            "adapter",
-            "LoRA adapters are not supported yet (capabilities.lora is false); \
-             load a model with the adapter merged into it",
-        ));
-    }
     if let Some(bits) = p.kv_bits {
         tracing::warn!(
             bits,
@@ -43,13 +36,13 @@ pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
             Dtype::Bfloat16 => WeightDtype::Bfloat16,
         }),
         chat_template_override: p.chat_template_override.clone(),
+        adapter: p.adapter.clone(),
         force: p.force,
     })
 }
 
 /// The engine's generate request for `generate` params: the system prompt prepended, the
-/// template switches as render options, the sampler settings. `use_adapter` has no effect
-/// while no adapter can be loaded.
+/// template switches as render options, the sampler settings, the adapter switch.
 pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseError> {
     if p.image.is_some() {
         return Err(ResponseError::invalid_params("image", NO_VISION));
@@ -85,6 +78,7 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
         },
         stop: p.stop.clone(),
         logprobs: usize::from(p.logprobs),
+        use_adapter: p.use_adapter,
     })
 }
 
@@ -333,10 +327,6 @@ mod tests {
         let mut p = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
         p.tools = Some(json!({"name": "f"}));
         assert_eq!(field(generate_request(&p).unwrap_err()), "tools");
-
-        let mut p = LoadParams::new("m");
-        p.adapter = Some("lora".into());
-        assert_eq!(field(load_request(&p).unwrap_err()), "adapter");
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl EngineAdapter {
                 .map(|a| a.to_string())
                 .collect(),
             vision: false,
-            lora: false,
+            lora: true,
             gguf: true,
         }
     }

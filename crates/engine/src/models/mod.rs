@@ -30,8 +30,9 @@ pub trait LanguageModel {
     fn make_caches(&self) -> Vec<KvCache> {
         (0..self.num_layers()).map(|_| KvCache::default()).collect()
     }
-    /// Every linear layer, for quantize-on-load and parameter counts.
-    fn linears_mut(&mut self) -> Vec<&mut Linear>;
+    /// Every linear layer under its checkpoint name (`model.layers.0.self_attn.q_proj`), for
+    /// quantize-on-load and LoRA adapters.
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)>;
     /// Context length the model was trained for, if config.json says.
     fn max_position_embeddings(&self) -> Option<usize>;
 }

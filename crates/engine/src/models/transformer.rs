@@ -382,13 +382,19 @@ impl LanguageModel for Decoder {
             .collect()
     }
 
-    fn linears_mut(&mut self) -> Vec<&mut Linear> {
-        let mut out = vec![&mut self.embed_tokens.table];
-        for l in &mut self.layers {
-            out.extend(l.self_attn.linears_mut());
-            out.extend(l.mlp.linears_mut());
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = vec![(
+            "model.embed_tokens".to_owned(),
+            &mut self.embed_tokens.table,
+        )];
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let attn = l.self_attn.linears_mut().into_iter();
+            let named =
+                |part: &str, (name, linear)| (format!("model.layers.{i}.{part}.{name}"), linear);
+            out.extend(attn.map(|x| named("self_attn", x)));
+            out.extend(l.mlp.linears_mut().into_iter().map(|x| named("mlp", x)));
         }
-        out.extend(self.lm_head.as_mut());
+        out.extend(self.lm_head.as_mut().map(|h| ("lm_head".to_owned(), h)));
         out
     }
 

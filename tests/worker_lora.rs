@@ -1,0 +1,148 @@
+//! End-to-end: LoRA adapters through the real `mlx-worker` binary on a tiny random Llama. The
+//! numbers of an adapter are checked against mlx-lm by `cargo xtask parity` (tiny-lora
+//! fixtures); here: the `adapter` param, an adapter directory given as `model`, PEFT and mlx-lm
+//! layouts giving the same text, the `use_adapter` switch per request, and bad adapters
+//! refused with the resident model left usable.
+
+#[path = "common_worker.rs"]
+mod common;
+
+use common::{greedy, model_id, rpc_error, tiny_model, within, worker};
+use mlx_engine::fixtures::{write_tiny_lora, AdapterLayout, TinyLlama};
+use protocol::error::LoadFailedData;
+use protocol::methods::*;
+use protocol::{Client, ErrorCode, LoadErrorKind};
+
+const PROMPT: &str = "Tell me a story about a lighthouse.";
+
+async fn text(w: &Client, model: &str, use_adapter: Option<bool>) -> String {
+    let mut p = greedy(PROMPT, 24);
+    p.model = Some(model.to_owned());
+    p.use_adapter = use_adapter;
+    within(w.generate(&p).unwrap().collect())
+        .await
+        .unwrap()
+        .1
+        .text
+}
+
+#[tokio::test]
+async fn adapters_change_the_text_and_use_adapter_false_restores_the_base() {
+    let base = tiny_model(&TinyLlama::default());
+    let base_id = model_id(base.path());
+    let adapters = tempfile::tempdir().unwrap();
+    let mlx_dir = adapters.path().join("mlx-lm");
+    let peft_dir = adapters.path().join("peft");
+    write_tiny_lora(&mlx_dir, 7, AdapterLayout::MlxLm, &base_id).unwrap();
+    write_tiny_lora(&peft_dir, 7, AdapterLayout::Peft, &base_id).unwrap();
+    let w = worker(&[]);
+
+    let init = within(w.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    assert!(init.capabilities.lora);
+
+    let loaded = within(w.call::<Load>(&LoadParams::new(&base_id)))
+        .await
+        .unwrap();
+    assert!(!loaded.info.is_lora);
+    let base_text = text(&w, &base_id, None).await;
+
+    // The same model with an adapter replaces the plain one (one resident per model id).
+    let mut with_adapter = LoadParams::new(&base_id);
+    with_adapter.adapter = Some(model_id(&mlx_dir));
+    let loaded = within(w.call::<Load>(&with_adapter)).await.unwrap();
+    assert!(loaded.info.is_lora);
+    let lora_text = text(&w, &base_id, None).await;
+    assert_ne!(lora_text, base_text, "the adapter changes greedy text");
+    assert_eq!(text(&w, &base_id, Some(false)).await, base_text);
+    assert_eq!(text(&w, &base_id, Some(true)).await, lora_text);
+    assert_eq!(text(&w, &base_id, None).await, lora_text);
+
+    // A PEFT adapter directory as `model`: its base model comes from adapter_config.json, and
+    // the same numbers in PEFT's layout give the same text.
+    let peft_id = model_id(&peft_dir);
+    let loaded = within(w.call::<Load>(&LoadParams::new(&peft_id)))
+        .await
+        .unwrap();
+    assert_eq!(loaded.model_id, peft_id);
+    assert!(loaded.info.is_lora);
+    assert_eq!(text(&w, &peft_id, None).await, lora_text);
+    assert_eq!(text(&w, &peft_id, Some(false)).await, base_text);
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
+    let base = tiny_model(&TinyLlama::default());
+    let base_id = model_id(base.path());
+    let w = worker(&[]);
+    within(w.call::<Load>(&LoadParams::new(&base_id)))
+        .await
+        .unwrap();
+    let before = text(&w, &base_id, None).await;
+
+    let load_with = |adapter: &std::path::Path| {
+        let mut p = LoadParams::new(&base_id);
+        p.adapter = Some(model_id(adapter));
+        p
+    };
+    let refused = |e: protocol::ResponseError| e.data_as::<LoadFailedData>().unwrap();
+
+    // No adapter there.
+    let missing = base.path().join("no-such-adapter");
+    let e = rpc_error(
+        w.call::<Load>(&load_with(&missing)).await,
+        ErrorCode::LoadFailed,
+    );
+    assert_eq!(refused(e).kind, LoadErrorKind::NotFound);
+
+    // An adapter for a deeper model: the layer it adapts that this one lacks is named.
+    let adapters = tempfile::tempdir().unwrap();
+    let deeper = adapters.path().join("deeper");
+    write_tiny_lora(&deeper, 1, AdapterLayout::MlxLm, &base_id).unwrap();
+    rename_tensors(
+        &deeper.join("adapters.safetensors"),
+        "layers.1.",
+        "layers.9.",
+    );
+    let e = rpc_error(
+        w.call::<Load>(&load_with(&deeper)).await,
+        ErrorCode::LoadFailed,
+    );
+    let data = refused(e);
+    assert_eq!(data.kind, LoadErrorKind::InvalidWeights);
+    assert!(data.detail.contains("model.layers.9."), "{}", data.detail);
+
+    // DoRA is refused by name.
+    let dora = adapters.path().join("dora");
+    write_tiny_lora(&dora, 1, AdapterLayout::Peft, &base_id).unwrap();
+    let config = dora.join("adapter_config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    json["use_dora"] = true.into();
+    std::fs::write(&config, json.to_string()).unwrap();
+    let e = rpc_error(
+        w.call::<Load>(&load_with(&dora)).await,
+        ErrorCode::LoadFailed,
+    );
+    let data = refused(e);
+    assert_eq!(data.kind, LoadErrorKind::UnsupportedArchitecture);
+    assert!(data.detail.contains("DoRA"), "{}", data.detail);
+
+    // The plain model is still resident and answers as before.
+    assert_eq!(text(&w, &base_id, None).await, before);
+    w.shutdown().await.unwrap();
+}
+
+/// Rewrites a safetensors file with `from` replaced by `to` in every tensor name.
+fn rename_tensors(file: &std::path::Path, from: &str, to: &str) {
+    let bytes = std::fs::read(file).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let renamed: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name.replace(from, to), view))
+        .collect();
+    safetensors::serialize_to_file(renamed, None, file).unwrap();
+}
