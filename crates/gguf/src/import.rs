@@ -66,15 +66,17 @@ pub fn import_hf_dir(gguf: &Path, out: &Path) -> Result<ImportReport, ImportErro
     let mut config = arch.config(&hp);
     config.insert("vocab_size".into(), json!(vocab_size));
     config.insert("tie_word_embeddings".into(), json!(tied_embeddings));
+    let chat_template: Option<String> = file.get_as("tokenizer.chat_template")?;
+    let eos = stop_tokens(&file, &special, &tokens, chat_template.as_deref())?;
     config.insert("bos_token_id".into(), json!(special.bos));
-    config.insert("eos_token_id".into(), json!(special.eos));
+    config.insert("eos_token_id".into(), eos.clone());
     if let Some(pad) = special.pad {
         config.insert("pad_token_id".into(), json!(pad));
     }
     config.insert("torch_dtype".into(), json!("float32"));
     files.push(write_json(out, "config.json", &Value::Object(config))?);
 
-    let generation = json!({ "bos_token_id": special.bos, "eos_token_id": special.eos });
+    let generation = json!({ "bos_token_id": special.bos, "eos_token_id": eos });
     files.push(write_json(out, "generation_config.json", &generation)?);
 
     let tokenizer_path = out.join("tokenizer.json");
@@ -84,7 +86,6 @@ pub fn import_hf_dir(gguf: &Path, out: &Path) -> Result<ImportReport, ImportErro
     files.push(tokenizer_path);
 
     let max_length: usize = hp.context_length;
-    let chat_template: Option<String> = file.get_as("tokenizer.chat_template")?;
     files.push(write_json(
         out,
         "tokenizer_config.json",
@@ -159,6 +160,36 @@ fn plan_tensors<'a>(
     Ok(plan)
 }
 
+/// The ids that end generation: `eos`, then `eot` when the file names a different one, then
+/// `<end_of_turn>` when the chat template closes turns with it (Gemma's instruction models end
+/// a turn with it, not with `<eos>`). One id is written as a number, several as a list.
+fn stop_tokens(
+    file: &GgufFile,
+    special: &SpecialTokens,
+    tokens: &[String],
+    chat_template: Option<&str>,
+) -> Result<Value, ImportError> {
+    let mut ids: Vec<u32> = special.eos.into_iter().collect();
+    let eot: Option<u32> = file.get_as("tokenizer.ggml.eot_token_id")?;
+    let end_of_turn = chat_template
+        .filter(|t| t.contains(END_OF_TURN))
+        .and_then(|_| tokens.iter().position(|t| t == END_OF_TURN))
+        .map(|id| id as u32);
+    for id in eot.into_iter().chain(end_of_turn) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(match ids.as_slice() {
+        [] => Value::Null,
+        [one] => json!(one),
+        _ => json!(ids),
+    })
+}
+
+/// Gemma's end-of-turn marker.
+const END_OF_TURN: &str = "<end_of_turn>";
+
 fn tokenizer_config(
     special: &SpecialTokens,
     tokens: &[String],
@@ -222,9 +253,13 @@ impl View for LazyTensor<'_> {
         if let Err(e) = self.file.dequantize_into(self.planned.info, &mut values) {
             self.error.borrow_mut().get_or_insert(e);
         }
-        if let Transform::UnpermuteHeads(heads) = self.planned.transform {
-            let cols = self.planned.shape[1];
-            values = unpermute_rows(&values, heads, cols);
+        match self.planned.transform {
+            Transform::None => {}
+            Transform::UnpermuteHeads(heads) => {
+                let cols = self.planned.shape[1];
+                values = unpermute_rows(&values, heads, cols);
+            }
+            Transform::SubtractOne => values.iter_mut().for_each(|v| *v -= 1.0),
         }
         let mut bytes = Vec::with_capacity(values.len() * 4);
         for v in values {

@@ -20,6 +20,7 @@ mod import;
 mod metadata;
 mod reader;
 pub mod tokenizer;
+mod tokenizer_spm;
 
 pub use error::{DequantError, GgufError, ImportError};
 pub use ggml_type::GgmlType;

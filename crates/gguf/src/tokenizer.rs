@@ -1,7 +1,8 @@
 //! Rebuilding a Hugging Face `tokenizers` tokenizer from a GGUF's `tokenizer.ggml.*` metadata.
 //!
 //! Supported: byte-level BPE (`tokenizer.ggml.model = gpt2`) with the `smollm` and GPT-2
-//! pre-tokenizers. Other models and pre-tokenizers are refused with a message naming them.
+//! pre-tokenizers, and SentencePiece-style BPE (`llama`, in `tokenizer_spm.rs`). Other models
+//! and pre-tokenizers are refused with a message naming them.
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -15,10 +16,12 @@ use tokenizers::{AddedToken, Tokenizer};
 
 use crate::{GgufFile, ImportError};
 
+/// GGUF token type of ordinary vocabulary pieces.
+pub(crate) const TOKEN_TYPE_NORMAL: i64 = 1;
 /// GGUF token type of control tokens (`<|im_start|>` and the like): special in Hugging Face terms.
-const TOKEN_TYPE_CONTROL: i64 = 3;
+pub(crate) const TOKEN_TYPE_CONTROL: i64 = 3;
 /// GGUF token type of user-defined tokens: added, but not special.
-const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+pub(crate) const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
 /// Special token ids and flags from `tokenizer.ggml.*`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,26 +66,32 @@ pub fn vocabulary(file: &GgufFile) -> Result<Vec<String>, ImportError> {
 /// Builds the tokenizer described by the metadata.
 pub fn tokenizer_from_gguf(file: &GgufFile) -> Result<Tokenizer, ImportError> {
     let model: String = file.require("tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(ImportError::Tokenizer(format!(
-            "tokenizer.ggml.model = {model:?} is not supported yet (only \"gpt2\", byte-level BPE); \
-             add it in crates/gguf/src/tokenizer.rs"
-        )));
+    match model.as_str() {
+        "gpt2" => byte_level_bpe(file),
+        "llama" => crate::tokenizer_spm::sentencepiece_bpe(file),
+        _ => Err(ImportError::Tokenizer(format!(
+            "tokenizer.ggml.model = {model:?} is not supported yet (supported: \"gpt2\", byte-level \
+             BPE; \"llama\", SentencePiece BPE); add it in crates/gguf/src/tokenizer.rs"
+        ))),
     }
-    let tokens = vocabulary(file)?;
+}
+
+/// `tokenizer.ggml.token_type`, one per token (all normal when absent).
+pub(crate) fn token_types(file: &GgufFile, n_tokens: usize) -> Result<Vec<i64>, ImportError> {
     let token_types: Vec<i64> = file
         .get_as("tokenizer.ggml.token_type")?
-        .unwrap_or_else(|| vec![1; tokens.len()]);
-    if token_types.len() != tokens.len() {
+        .unwrap_or_else(|| vec![TOKEN_TYPE_NORMAL; n_tokens]);
+    if token_types.len() != n_tokens {
         return Err(ImportError::Inconsistent(format!(
-            "{} token types for {} tokens",
-            token_types.len(),
-            tokens.len()
+            "{} token types for {n_tokens} tokens",
+            token_types.len()
         )));
     }
-    let merges: Vec<String> = file.require("tokenizer.ggml.merges")?;
-    let special = SpecialTokens::from_gguf(file)?;
+    Ok(token_types)
+}
 
+/// Token -> id, refusing a vocabulary that lists a token twice.
+pub(crate) fn vocab_map(tokens: &[String]) -> Result<Vocab, ImportError> {
     let vocab: Vocab = tokens
         .iter()
         .enumerate()
@@ -95,6 +104,38 @@ pub fn tokenizer_from_gguf(file: &GgufFile) -> Result<Tokenizer, ImportError> {
             vocab.len()
         )));
     }
+    Ok(vocab)
+}
+
+/// Registers control tokens as special added tokens and user-defined ones as plain added
+/// tokens (matched whole in the raw text, as llama.cpp does), except those `keep_in_model`
+/// leaves to the model. Both are already in the vocabulary, so they keep their ids.
+pub(crate) fn add_vocabulary_tokens(
+    tokenizer: &mut Tokenizer,
+    tokens: &[String],
+    token_types: &[i64],
+    keep_in_model: impl Fn(usize) -> bool,
+) {
+    let of_type = |wanted: i64, special: bool| -> Vec<AddedToken> {
+        tokens
+            .iter()
+            .zip(token_types)
+            .enumerate()
+            .filter(|&(id, (_, &ty))| ty == wanted && !keep_in_model(id))
+            .map(|(_, (token, _))| AddedToken::from(token.clone(), special).normalized(false))
+            .collect()
+    };
+    tokenizer.add_special_tokens(&of_type(TOKEN_TYPE_CONTROL, true));
+    tokenizer.add_tokens(&of_type(TOKEN_TYPE_USER_DEFINED, false));
+}
+
+/// Byte-level BPE (`tokenizer.ggml.model = gpt2`) with its merges list.
+fn byte_level_bpe(file: &GgufFile) -> Result<Tokenizer, ImportError> {
+    let tokens = vocabulary(file)?;
+    let token_types = token_types(file, tokens.len())?;
+    let merges: Vec<String> = file.require("tokenizer.ggml.merges")?;
+    let special = SpecialTokens::from_gguf(file)?;
+    let vocab = vocab_map(&tokens)?;
     let merges = merges
         .iter()
         .map(|m| {
@@ -113,19 +154,12 @@ pub fn tokenizer_from_gguf(file: &GgufFile) -> Result<Tokenizer, ImportError> {
     let mut tokenizer = Tokenizer::new(bpe);
     tokenizer.with_pre_tokenizer(Some(pre_tokenizer(file)?));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
-    tokenizer.with_post_processor(Some(post_processor(&special, &tokens)?));
-
-    let added: Vec<AddedToken> = tokens
-        .iter()
-        .zip(&token_types)
-        .filter_map(|(token, &ty)| match ty {
-            TOKEN_TYPE_CONTROL => Some(AddedToken::from(token.clone(), true)),
-            TOKEN_TYPE_USER_DEFINED => Some(AddedToken::from(token.clone(), false)),
-            _ => None,
-        })
-        .collect();
-    // Both kinds are already in the vocabulary, so they keep their ids.
-    tokenizer.add_special_tokens(&added);
+    let processor = match template_processor(&special, &tokens)? {
+        Some(template) => template,
+        None => ByteLevel::new(true, false, true).into(),
+    };
+    tokenizer.with_post_processor(Some(processor));
+    add_vocabulary_tokens(&mut tokenizer, &tokens, &token_types, |_| false);
     Ok(tokenizer)
 }
 
@@ -143,14 +177,13 @@ fn pre_tokenizer(file: &GgufFile) -> Result<PreTokenizerWrapper, ImportError> {
     }
 }
 
-/// Adds BOS/EOS around single sequences when the metadata asks for it; otherwise the plain
-/// byte-level post-processor (offsets only).
-fn post_processor(
+/// Adds BOS/EOS around sequences when the metadata asks for it (`None` when it asks for neither).
+pub(crate) fn template_processor(
     special: &SpecialTokens,
     tokens: &[String],
-) -> Result<PostProcessorWrapper, ImportError> {
+) -> Result<Option<PostProcessorWrapper>, ImportError> {
     if !special.add_bos && !special.add_eos {
-        return Ok(ByteLevel::new(true, false, true).into());
+        return Ok(None);
     }
     let named = |id: Option<u32>, what: &str| -> Result<(String, u32), ImportError> {
         let id = id.ok_or_else(|| {
@@ -193,5 +226,5 @@ fn post_processor(
         .special_tokens(specials)
         .build()
         .map_err(|e| ImportError::Tokenizer(e.to_string()))?;
-    Ok(processor.into())
+    Ok(Some(processor.into()))
 }

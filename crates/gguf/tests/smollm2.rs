@@ -12,53 +12,25 @@ use safetensors::SafeTensors;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
+mod common;
+
 const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn gguf_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("MLX_WORKER_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
-            cache.join("mlx-worker").join("gguf").join(FILE_NAME)
-        }
-    };
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var("MLX_WORKER_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!(
-            "MLX_WORKER_REQUIRE_MODELS=1 but {} is missing: run `cargo xtask setup` or set MLX_WORKER_SMOLLM2_GGUF",
-            path.display()
-        );
-    }
-    eprintln!(
-        "note: {} not found, skipping (run `cargo xtask setup`)",
-        path.display()
-    );
-    None
+    common::real_gguf("MLX_WORKER_SMOLLM2_GGUF", FILE_NAME)
 }
 
 /// The model imported once per test process.
 fn imported() -> Option<&'static Path> {
     static DIR: OnceLock<Option<tempfile::TempDir>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let gguf = gguf_path()?;
-        let dir = tempfile::tempdir().unwrap();
-        let report = gguf::import_hf_dir(&gguf, dir.path()).unwrap();
+    common::import_once(&DIR, gguf_path, |report| {
         assert_eq!(report.architecture, "llama");
         assert!(report.tied_embeddings);
         assert_eq!(report.tensors_written, 2 + 30 * 9);
-        Some(dir)
     })
-    .as_ref()
-    .map(|d| d.path())
 }
 
-fn read_json(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
+use common::read_json;
 
 #[test]
 fn metadata_and_tensor_table() {
@@ -177,12 +149,8 @@ fn safetensors_hold_hf_names_shapes_and_gguf_values() {
     assert_eq!(shape("model.norm.weight"), [576]);
 
     let floats = |name: &str| -> Vec<f32> {
-        let view = st.tensor(name).unwrap();
-        assert_eq!(view.dtype(), safetensors::Dtype::F32);
-        view.data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
+        assert_eq!(st.tensor(name).unwrap().dtype(), safetensors::Dtype::F32);
+        common::tensor_f32(&st, name)
     };
     // Unquantized tensors pass through bit for bit.
     let raw_norm: Vec<f32> = gguf

@@ -1,12 +1,13 @@
 //! Per-architecture knowledge: GGUF hyperparameters to `config.json`, GGUF tensor names to
 //! Hugging Face names, and the layout fixes a tensor needs on the way.
 //!
-//! Adding an architecture (gemma3, say) means a new file beside `llama.rs` with the same three
-//! functions, and a variant in [`Architecture`].
+//! Adding an architecture means a new file beside `llama.rs` with the same three functions, and
+//! a variant in [`Architecture`].
 
+mod gemma3;
 mod llama;
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::{GgufError, GgufFile, ImportError};
 
@@ -14,6 +15,7 @@ use crate::{GgufError, GgufFile, ImportError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Architecture {
     Llama,
+    Gemma3,
 }
 
 /// What to do to a tensor's rows between dequantizing and writing.
@@ -23,6 +25,9 @@ pub(crate) enum Transform {
     None,
     /// Undo llama.cpp's rotary row interleave of a q/k projection with this many heads.
     UnpermuteHeads(usize),
+    /// Subtract 1 from every value: llama.cpp stores Gemma's RMSNorm weights as `1 + w`, while
+    /// Hugging Face (and mlx-lm) store `w` and compute `x * (1 + w)`.
+    SubtractOne,
 }
 
 /// A tensor's destination in the Hugging Face checkpoint.
@@ -37,6 +42,7 @@ impl Architecture {
     pub fn of(file: &GgufFile) -> Result<Self, ImportError> {
         match file.architecture()? {
             "llama" => Ok(Self::Llama),
+            "gemma3" => Ok(Self::Gemma3),
             other => Err(ImportError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -45,6 +51,7 @@ impl Architecture {
     pub fn name(self) -> &'static str {
         match self {
             Self::Llama => "llama",
+            Self::Gemma3 => "gemma3",
         }
     }
 
@@ -57,6 +64,7 @@ impl Architecture {
     pub fn config(self, hp: &Hyperparameters) -> Map<String, Value> {
         match self {
             Self::Llama => llama::config(hp),
+            Self::Gemma3 => gemma3::config(hp),
         }
     }
 
@@ -64,6 +72,7 @@ impl Architecture {
     pub fn target(self, gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarget> {
         match self {
             Self::Llama => llama::target(gguf_name, hp),
+            Self::Gemma3 => gemma3::target(gguf_name, hp),
         }
     }
 
@@ -71,6 +80,7 @@ impl Architecture {
     pub fn required_tensors(self, hp: &Hyperparameters) -> Vec<String> {
         match self {
             Self::Llama => llama::required_tensors(hp),
+            Self::Gemma3 => gemma3::required_tensors(hp),
         }
     }
 }
@@ -87,6 +97,12 @@ pub(crate) struct Hyperparameters {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub context_length: usize,
+    /// `<arch>.attention.sliding_window`, for architectures with local attention layers.
+    pub sliding_window: Option<usize>,
+    /// `<arch>.rope.freq_base_swa`: the RoPE base of the sliding-window layers, when stored.
+    pub rope_theta_swa: Option<f64>,
+    /// `<arch>.rope.scaling.type` and `.factor`, when the file has them.
+    pub rope_scaling: Option<(String, f64)>,
 }
 
 impl Hyperparameters {
@@ -115,6 +131,16 @@ impl Hyperparameters {
                 .ok_or_else(|| GgufError::MissingKey(key("attention.layer_norm_rms_epsilon")))?,
             rope_theta: f32_value(file, &key("rope.freq_base"))?.unwrap_or(10_000.0),
             context_length: file.require(&key("context_length"))?,
+            sliding_window: file.get_as(&key("attention.sliding_window"))?,
+            rope_theta_swa: f32_value(file, &key("rope.freq_base_swa"))?,
+            rope_scaling: match file.get_as::<String>(&key("rope.scaling.type"))? {
+                Some(kind) if kind != "none" => Some((
+                    kind,
+                    f32_value(file, &key("rope.scaling.factor"))?
+                        .ok_or_else(|| GgufError::MissingKey(key("rope.scaling.factor")))?,
+                )),
+                _ => None,
+            },
         })
     }
 }
@@ -128,4 +154,70 @@ fn f32_value(file: &GgufFile, key: &str) -> Result<Option<f64>, GgufError> {
         }
         _ => file.get_as::<f64>(key)?,
     })
+}
+
+/// The top-level tensors every llama-style architecture shares, by GGUF name.
+const TOP_LEVEL_TENSORS: [(&str, &str); 3] = [
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// The Hugging Face name of `gguf_name`: a top-level tensor, or `blk.N.<suffix>` with `suffix`
+/// in `block_table` (GGUF suffix -> suffix under `model.layers.N.`) and `N < num_layers`.
+/// Also returns the GGUF suffix (the whole name for top-level tensors), which decides the
+/// transform.
+fn hf_name<'a>(
+    gguf_name: &'a str,
+    num_layers: usize,
+    block_table: &[(&str, &str)],
+) -> Option<(String, &'a str)> {
+    if let Some((_, hf)) = TOP_LEVEL_TENSORS.iter().find(|(g, _)| *g == gguf_name) {
+        return Some(((*hf).to_owned(), gguf_name));
+    }
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (layer, suffix) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok().filter(|&l| l < num_layers)?;
+    let (_, hf_suffix) = block_table.iter().find(|(g, _)| *g == suffix)?;
+    Some((format!("model.layers.{layer}.{hf_suffix}"), suffix))
+}
+
+/// Embedding, final norm and every block tensor of `block_table` for `num_layers` layers.
+fn required_names(num_layers: usize, block_table: &[(&str, &str)]) -> Vec<String> {
+    let mut names = vec![
+        "model.embed_tokens.weight".to_owned(),
+        "model.norm.weight".to_owned(),
+    ];
+    for layer in 0..num_layers {
+        for (_, hf_suffix) in block_table {
+            names.push(format!("model.layers.{layer}.{hf_suffix}"));
+        }
+    }
+    names
+}
+
+/// The `config.json` keys every llama-style architecture writes the same way, after the
+/// architecture's own `head` keys (architectures, model_type, ...).
+fn config_with(head: Value, hp: &Hyperparameters) -> Map<String, Value> {
+    let mut map = object(head);
+    map.extend(object(json!({
+        "hidden_size": hp.hidden_size,
+        "intermediate_size": hp.intermediate_size,
+        "num_hidden_layers": hp.num_layers,
+        "num_attention_heads": hp.num_heads,
+        "num_key_value_heads": hp.num_kv_heads,
+        "head_dim": hp.head_dim,
+        "rms_norm_eps": hp.rms_norm_eps,
+        "rope_theta": hp.rope_theta,
+        "max_position_embeddings": hp.context_length,
+    })));
+    map
+}
+
+/// A `json!` object literal as a map.
+fn object(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => unreachable!("json! of an object literal"),
+    }
 }
