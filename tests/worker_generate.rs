@@ -228,6 +228,12 @@ async fn bad_requests_fail_with_their_codes_and_the_resident_model_stays_usable(
     let data: LoadFailedData = e.data_as().unwrap();
     assert_eq!(data.kind, LoadErrorKind::UnsupportedArchitecture);
     assert!(data.detail.contains("mamba"), "{}", data.detail);
+    // kv_bits quantizes heads in groups of 64 features; the tiny model's heads have 16.
+    let mut kv = LoadParams::new(model_id(dir.path()));
+    kv.kv_bits = Some(8);
+    let e = rpc_error(w.call::<Load>(&kv).await, ErrorCode::InvalidParams);
+    assert!(e.message.contains("multiple of 64"), "{}", e.message);
+    assert_eq!(field(e), "kv_bits");
     let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
     assert_eq!(status.active_model, Some(model_id(dir.path())));
     let r = within(w.generate(&greedy("hi", 4)).unwrap().finish())

@@ -48,6 +48,21 @@ async fn smollm2_gguf_loads_directly() {
         .unwrap();
     assert!(loaded.info.is_gguf);
     assert_eq!(loaded.info.chat_template.source, ChatTemplateSource::Gguf);
+    answers_paris_and_shuts_down(w).await;
+}
+
+#[tokio::test]
+async fn smollm2_with_a_quantized_kv_cache_still_answers() {
+    let Some(dir) = smollm2_dir() else { return };
+    let w = worker(&[]);
+    let mut params = LoadParams::new(model_id(&dir));
+    params.kv_bits = Some(4);
+    within_for(LIMIT, w.call::<Load>(&params)).await.unwrap();
+    answers_paris_and_shuts_down(w).await;
+}
+
+/// Asks the loaded model for the capital of France (greedy), expects Paris, shuts down.
+async fn answers_paris_and_shuts_down(w: protocol::Client) {
     let question = greedy("What is the capital of France?", 20);
     let result = within_for(LIMIT, w.generate(&question).unwrap().finish())
         .await

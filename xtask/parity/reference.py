@@ -2,8 +2,11 @@
 
 Usage: python reference.py < REQUEST_JSON > RESULT_JSON
 
-Request: {"model_dir": str, "max_new_tokens": int, "cases": [{"name": str, "messages": [...]}]}
-Result:  {"cases": [{"name": str, "prompt_ids": [int], "tokens": [int]}]}
+Request: {"model_dir": str, "adapter_dir": str?, "kv_bits": int?, "chat_template": str?,
+          "max_new_tokens": int,
+          "cases": [{"name": str, "messages": [...]}]}
+Result:  {"blas": [str], "cases": [{"name": str, "prompt_ids": [int], "tokens": [int]}]}
+("blas": the BLAS libraries mapped into this process; xtask preloads the worker's.)
 
 Prompt ids come from the Hugging Face tokenizer's chat template (as mlx-lm's server and
 `mlx_lm.generate` build them); tokens are greedy (`make_sampler(temp=0.0)`) from
@@ -12,11 +15,15 @@ Prompt ids come from the Hugging Face tokenizer's chat template (as mlx-lm's ser
 
 import json
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from mlx_lm_bench import blas_libraries  # noqa: E402
 
 
 def prompt_ids(tokenizer, messages):
@@ -33,15 +40,19 @@ def prompt_ids(tokenizer, messages):
 PREFILL_STEP = 512
 
 
-def greedy(model, tokenizer, ids, max_new_tokens):
+def greedy(model, tokenizer, ids, max_new_tokens, kv_bits=None):
     sampler = make_sampler(temp=0.0)
     tokens = []
+    # kv_bits: the worker quantizes the KV cache from the first forward pass on.
     steps = generate_step(
         mx.array(ids),
         model,
         max_tokens=max_new_tokens,
         sampler=sampler,
         prefill_step_size=PREFILL_STEP,
+        kv_bits=kv_bits,
+        kv_group_size=64,
+        quantized_kv_start=0,
     )
     for token, _ in steps:
         token = int(token)
@@ -54,12 +65,14 @@ def greedy(model, tokenizer, ids, max_new_tokens):
 def main():
     request = json.load(sys.stdin)
     model, tokenizer = load(request["model_dir"], adapter_path=request.get("adapter_dir"))
+    if template := request.get("chat_template"):
+        tokenizer._tokenizer.chat_template = template  # the Hugging Face tokenizer mlx-lm wraps
     results = []
     for case in request["cases"]:
         ids = prompt_ids(tokenizer, case["messages"])
-        tokens = greedy(model, tokenizer, ids, request["max_new_tokens"])
+        tokens = greedy(model, tokenizer, ids, request["max_new_tokens"], request.get("kv_bits"))
         results.append({"name": case["name"], "prompt_ids": ids, "tokens": tokens})
-    json.dump({"cases": results}, sys.stdout)
+    json.dump({"blas": blas_libraries(), "cases": results}, sys.stdout)
 
 
 if __name__ == "__main__":

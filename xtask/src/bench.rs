@@ -27,8 +27,8 @@ usage: cargo xtask bench [--runs N] [--max-new-tokens N] [--skip-worker] [--no-o
   --no-openblas       leave out the mlx-lm + OpenBLAS column
 ";
 
-/// Debian's OpenBLAS (package libopenblas0-pthread), preloaded into the second mlx-lm process.
-const OPENBLAS: &str = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0";
+/// Preloaded into the second mlx-lm process.
+const OPENBLAS: &str = venv::DEBIAN_OPENBLAS;
 
 #[derive(Debug, Deserialize)]
 struct PromptsFile {

@@ -53,10 +53,18 @@ struct ModelSpec {
     /// Overrides the file's `max_new_tokens` for this model.
     #[serde(default)]
     max_new_tokens: Option<usize>,
+    /// Quantize the KV cache to this many bits (both sides; mlx-lm from the first token).
+    #[serde(default)]
+    kv_bits: Option<u8>,
+    /// A chat template for both sides (models without one, e.g. base models).
+    #[serde(default)]
+    chat_template: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 struct Reference {
+    /// The BLAS libraries mapped into mlx-lm's process.
+    blas: Vec<String>,
     cases: Vec<ReferenceCase>,
 }
 
@@ -184,9 +192,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     for spec in selected {
         let dir = match (&spec.source, &spec.fixture) {
             (Some(s), None) if s == "default" => smollm2.clone(),
+            (Some(s), None) if s == "gemma3-270m" => setup::gemma3_270m_dir()
+                .context("Gemma 3 270M is missing: run `cargo xtask setup`")?,
             (None, Some(_)) => fixtures.join(&spec.name),
             _ => bail!(
-                "model {:?}: give either \"source\": \"default\" or a \"fixture\" spec",
+                "model {:?}: give either \"source\" (\"default\" or \"gemma3-270m\") or a \"fixture\" spec",
                 spec.name
             ),
         };
@@ -199,10 +209,17 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             spec.name,
             file.cases.len()
         );
-        let reference = reference(&python, &dir, max_new_tokens, &file.cases)?;
+        let reference = reference(&python, spec, &dir, max_new_tokens, &file.cases)?;
+        if cfg!(target_os = "linux") && !reference.blas.iter().any(|b| b.contains("openblas")) {
+            bail!(
+                "mlx-lm did not load {} (its BLAS: {:?})",
+                venv::DEBIAN_OPENBLAS,
+                reference.blas
+            );
+        }
         rows.extend(compare(
             &mut engine,
-            &spec.name,
+            spec,
             &dir,
             max_new_tokens,
             &file.cases,
@@ -234,6 +251,7 @@ fn adapter_of(dir: &Path) -> Option<PathBuf> {
 /// mlx-lm's prompt ids and greedy tokens for every case.
 fn reference(
     python: &Path,
+    spec: &ModelSpec,
     dir: &Path,
     max_new_tokens: usize,
     cases: &[Case],
@@ -241,10 +259,25 @@ fn reference(
     let request = json!({
         "model_dir": dir,
         "adapter_dir": adapter_of(dir),
+        "kv_bits": spec.kv_bits,
+        "chat_template": spec.chat_template,
         "max_new_tokens": max_new_tokens,
         "cases": cases,
     });
-    let mut child = Command::new(python)
+    let mut command = Command::new(python);
+    // The worker computes with Debian's OpenBLAS; MLX's wheel bundles another BLAS, whose
+    // matmuls round differently (enough to flip a KV-cache quantization level now and then).
+    // The same BLAS on both sides makes the comparison bit for bit.
+    if cfg!(target_os = "linux") {
+        if !Path::new(venv::DEBIAN_OPENBLAS).is_file() {
+            bail!(
+                "{} is missing: install libopenblas0-pthread (the worker links it too)",
+                venv::DEBIAN_OPENBLAS
+            );
+        }
+        command.env("LD_PRELOAD", venv::DEBIAN_OPENBLAS);
+    }
+    let mut child = command
         .arg(workspace_root().join("xtask/parity/reference.py"))
         .env("HF_HUB_OFFLINE", "1")
         .env("TRANSFORMERS_OFFLINE", "1")
@@ -283,7 +316,7 @@ fn reference(
 /// Loads `dir` in the engine, runs every case greedily and compares with the reference.
 fn compare(
     engine: &mut Engine,
-    model: &str,
+    spec: &ModelSpec,
     dir: &Path,
     max_new_tokens: usize,
     cases: &[Case],
@@ -294,6 +327,8 @@ fn compare(
             &LoadRequest {
                 model: dir.display().to_string(),
                 adapter: adapter_of(dir).map(|a| a.display().to_string()),
+                kv_bits: spec.kv_bits,
+                chat_template_override: spec.chat_template.clone(),
                 ..Default::default()
             },
             &mut |_| {},
@@ -329,7 +364,7 @@ fn compare(
             .with_context(|| format!("engine: generating case {:?}", case.name))?;
         let first_divergence = first_difference(&want.tokens, &got.token_ids);
         let row = Row {
-            model: model.to_owned(),
+            model: spec.name.clone(),
             case: case.name.clone(),
             prompt_len: (want.prompt_ids.len(), ids.len()),
             prompt_equal: want.prompt_ids == ids,
@@ -339,7 +374,8 @@ fn compare(
         if !row.prompt_equal {
             let at = first_difference(&want.prompt_ids, &ids).unwrap_or(0);
             eprintln!(
-                "  {model}/{}: prompt ids differ at {at}: mlx-lm {:?} vs ours {:?}",
+                "  {}/{}: prompt ids differ at {at}: mlx-lm {:?} vs ours {:?}",
+                spec.name,
                 case.name,
                 window(&want.prompt_ids, at),
                 window(&ids, at)
@@ -347,7 +383,8 @@ fn compare(
         }
         if let Some(at) = first_divergence {
             eprintln!(
-                "  {model}/{}: generated ids differ at {at}: mlx-lm {:?} vs ours {:?}",
+                "  {}/{}: generated ids differ at {at}: mlx-lm {:?} vs ours {:?}",
+                spec.name,
                 case.name,
                 window(&want.tokens, at),
                 window(&got.token_ids, at)

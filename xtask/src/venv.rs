@@ -57,3 +57,7 @@ fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Debian's OpenBLAS (package libopenblas0-pthread): the BLAS the worker links on Linux
+/// (crates/mlx-sys), preloaded into mlx-lm where its numbers are compared with ours.
+pub const DEBIAN_OPENBLAS: &str = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0";

@@ -15,6 +15,7 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     generate::{generate, GenerationContext},
     gguf_import, hub,
+    kv_cache::KV_GROUP_SIZE,
     lora::{self, Adapter, AdapterSwitch},
     memory,
     models::{self, LanguageModel},
@@ -30,6 +31,8 @@ struct Resident {
     tokenizer: Arc<ModelTokenizer>,
     /// The `adapter` the load asked for, and the switch of the adapter attached (if any).
     adapter: (Option<String>, Option<AdapterSwitch>),
+    /// `kv_bits` of the load.
+    kv_bits: Option<u8>,
 }
 
 /// Resident models and MLX state. Lives on one thread; see the crate docs.
@@ -110,7 +113,8 @@ impl Engine {
     ) -> Result<Loaded, EngineError> {
         let model_id = req.model.clone();
         if let Some(i) = self.models.iter().position(|r| r.info.model_id == model_id) {
-            if !req.force && self.models[i].adapter.0 == req.adapter {
+            let same = |r: &Resident| r.adapter.0 == req.adapter && r.kv_bits == req.kv_bits;
+            if !req.force && same(&self.models[i]) {
                 let r = self.models.remove(i);
                 let loaded = Loaded {
                     info: r.info.clone(),
@@ -203,6 +207,9 @@ impl Engine {
                 group_size: 64,
             });
         }
+        if let Some(bits) = req.kv_bits {
+            check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
+        }
         let adapter_switch = match &adapter_dir {
             Some(dir) => Some(Adapter::load(dir)?.attach(dir, model.linears_mut())?),
             None => None,
@@ -265,6 +272,7 @@ impl Engine {
             model,
             tokenizer: tokenizer.clone(),
             adapter: (req.adapter.clone(), adapter_switch),
+            kv_bits: req.kv_bits,
         });
         progress(LoadProgress {
             stage: "ready",
@@ -307,6 +315,7 @@ impl Engine {
             tokenizer: &resident.tokenizer,
             eos: &eos,
             vocab_size: resident.info.vocab_size.max(1),
+            kv_bits: resident.kv_bits.map(i32::from),
         };
         let result = generate(&ctx, &req, &prompt_ids, on_delta, cancel, started);
         if result.is_err() {
@@ -414,6 +423,24 @@ fn resolve(
         LoadErrorKind::NotFound,
         format!("no model directory at `{model}`, and it is not a Hugging Face repo id (org/name)"),
     ))
+}
+
+/// `kv_bits` quantizes each cached head in groups of [`KV_GROUP_SIZE`] features.
+fn check_kv_bits(bits: u8, head_dims: &[i32]) -> Result<(), EngineError> {
+    let invalid = |reason: String| EngineError::InvalidParams {
+        field: "kv_bits".into(),
+        reason,
+    };
+    if ![4, 8].contains(&bits) {
+        return Err(invalid(format!("must be 4 or 8, not {bits}")));
+    }
+    match head_dims.iter().find(|d| *d % KV_GROUP_SIZE != 0) {
+        Some(d) => Err(invalid(format!(
+            "this model's attention heads have {d} features, not a multiple of {KV_GROUP_SIZE}, \
+             so its KV cache cannot be quantized; load it without kv_bits"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn read_config(dir: &Path) -> Result<Value, EngineError> {

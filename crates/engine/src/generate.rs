@@ -27,6 +27,8 @@ pub(crate) struct GenerationContext<'a> {
     pub tokenizer: &'a text::ModelTokenizer,
     pub eos: &'a std::collections::BTreeSet<u32>,
     pub vocab_size: usize,
+    /// Quantize full-attention KV caches to this many bits (`kv_bits`).
+    pub kv_bits: Option<i32>,
 }
 
 type Result<T> = std::result::Result<T, EngineError>;
@@ -46,12 +48,23 @@ struct Decoder<'a> {
 }
 
 impl Decoder<'_> {
+    /// With `kv_bits`, after every forward pass (mlx-lm's `maybe_quantize_kv_cache`).
+    fn quantize_caches(&mut self) -> Result<()> {
+        if let Some(bits) = self.ctx.kv_bits {
+            for cache in &mut self.caches {
+                cache.quantize(bits)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `tokens` `(L,)` through the model and samples from the last position.
     fn step(&mut self, tokens: &Array) -> Result<Step> {
         let logits = self
             .ctx
             .model
             .forward(&tokens.reshape(&[1, -1])?, &mut self.caches)?;
+        self.quantize_caches()?;
         let last = logits.dim(1) - 1;
         let logits = logits.take_axis(Array::from_int(last), 1)?;
         if let Some(recent) = &self.recent {
@@ -122,6 +135,7 @@ pub(crate) fn generate(
         let chunk = Array::from_slice(&rest[..n], &[n as i32]);
         ctx.model
             .forward(&chunk.reshape(&[1, -1])?, &mut dec.caches)?;
+        dec.quantize_caches()?;
         transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
         rest = &rest[n..];
         mlx_rs::memory::clear_cache()?;

@@ -318,6 +318,7 @@ impl Attention {
 pub struct AttentionShape {
     pub n_heads: i32,
     pub n_kv_heads: i32,
+    pub head_dim: i32,
     pub scale: f32,
     /// Sliding-window layers (Gemma 3) attend to the last `window` positions only: their
     /// cache is a [`KvCache::for_window`] ring, which also gives their masks.
@@ -327,10 +328,11 @@ pub struct AttentionShape {
 impl AttentionShape {
     /// Scores scaled by `scale_base^-0.5` (the head size, or Gemma's `query_pre_attn_scalar`),
     /// computed in f64 as Python does, then rounded once.
-    pub fn new(n_heads: i32, n_kv_heads: i32, scale_base: f64) -> Self {
+    pub fn new(n_heads: i32, n_kv_heads: i32, head_dim: i32, scale_base: f64) -> Self {
         Self {
             n_heads,
             n_kv_heads,
+            head_dim,
             scale: scale_base.powf(-0.5) as f32,
             window: None,
         }
@@ -373,8 +375,7 @@ impl AttentionShape {
         let mask = cache.mask(l)?;
         let q = rope.forward(&q, offset)?;
         let k = rope.forward(&k, offset)?;
-        let (k, v) = cache.update_and_fetch(k, v)?;
-        let out = fast::scaled_dot_product_attention(q, k, v, self.scale, mask.as_sdpa(), None)?;
+        let out = cache.update_and_attend(q, k, v, self.scale, &mask)?;
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
     }
 }

@@ -65,6 +65,8 @@ pub struct LoadRequest {
     /// A LoRA adapter (directory or repo id, mlx-lm or PEFT layout) applied on top of `model`.
     /// Without it, a `model` that is itself an adapter directory loads its base model with it.
     pub adapter: Option<String>,
+    /// Quantize full-attention KV caches to this many bits (4 or 8; group size 64).
+    pub kv_bits: Option<u8>,
     /// Reload even if resident.
     pub force: bool,
 }

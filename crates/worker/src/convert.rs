@@ -17,12 +17,6 @@ const NO_VISION: &str = "this worker cannot read images yet (capabilities.vision
 
 /// The engine's load request for `load` params.
 pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
-    if let Some(bits) = p.kv_bits {
-        tracing::warn!(
-            bits,
-            "kv_bits is not supported yet; the KV cache stays unquantized"
-        );
-    }
     Ok(LoadRequest {
         model: p.model.clone(),
         revision: Some(p.revision.clone()),
@@ -37,6 +31,7 @@ pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
         }),
         chat_template_override: p.chat_template_override.clone(),
         adapter: p.adapter.clone(),
+        kv_bits: p.kv_bits,
         force: p.force,
     })
 }

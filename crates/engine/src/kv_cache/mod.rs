@@ -1,16 +1,22 @@
 //! KV caches, one per attention layer, and the attention mask each implies.
 //!
-//! Full-attention layers keep every position ([`StandardCache`], mlx-lm's `KVCache`);
-//! sliding-window layers keep the last `window` positions in a ring ([`RotatingCache`],
-//! mlx-lm's `RotatingKVCache`). Both mirror mlx-lm's update rules exactly, because the order of
+//! Full-attention layers keep every position ([`StandardCache`], mlx-lm's `KVCache`), or, with
+//! `kv_bits`, keep them quantized ([`QuantizedCache`], `QuantizedKVCache`); sliding-window
+//! layers keep the last `window` positions in a ring ([`RotatingCache`], `RotatingKVCache`,
+//! never quantized: mlx-lm cannot quantize it either). Both mirror mlx-lm's update rules exactly, because the order of
 //! keys in the cache and the mask shapes decide the floating-point sums, and parity is token
 //! for token.
 
+mod quantized;
 mod rotating;
 mod standard;
 
-use mlx_rs::{fast::ScaledDotProductAttentionMask, Array};
+use mlx_rs::{
+    fast::{self, ScaledDotProductAttentionMask},
+    Array,
+};
 
+pub use quantized::QuantizedCache;
 pub use rotating::RotatingCache;
 pub use standard::StandardCache;
 
@@ -23,7 +29,11 @@ const STEP: i32 = 256;
 pub enum KvCache {
     Standard(StandardCache),
     Rotating(RotatingCache),
+    Quantized(QuantizedCache),
 }
+
+/// Group size of quantized KV caches (mlx-lm's `kv_group_size` default).
+pub const KV_GROUP_SIZE: i32 = 64;
 
 impl Default for KvCache {
     fn default() -> Self {
@@ -45,24 +55,55 @@ impl KvCache {
         match self {
             Self::Standard(c) => c.offset(),
             Self::Rotating(c) => c.offset(),
+            Self::Quantized(c) => c.offset(),
         }
     }
 
     /// The mask for attending from `n` new positions, asked before they are added.
     pub fn mask(&self, n: i32) -> Result<Mask> {
         match self {
-            Self::Standard(_) if n > 1 => Ok(Mask::Causal),
-            Self::Standard(_) => Ok(Mask::None),
+            Self::Standard(_) | Self::Quantized(_) if n > 1 => Ok(Mask::Causal),
+            Self::Standard(_) | Self::Quantized(_) => Ok(Mask::None),
             Self::Rotating(c) => c.mask(n),
         }
     }
 
-    /// Adds `(B, H, L, D)` keys and values; returns the keys and values to attend to.
+    /// Adds `(B, H, L, D)` keys and values; returns the keys and values to attend to (plain
+    /// caches only: a quantized one attends itself, see [`Self::update_and_attend`]).
     pub fn update_and_fetch(&mut self, k: Array, v: Array) -> Result<(Array, Array)> {
         match self {
             Self::Standard(c) => c.update_and_fetch(k, v),
             Self::Rotating(c) => c.update_and_fetch(k, v),
+            Self::Quantized(_) => Err(mlx_rs::error::Exception::custom(
+                "a quantized KV cache has no plain keys and values to fetch",
+            )),
         }
+    }
+
+    /// Adds `(B, H, L, D)` keys and values, then attends from queries `(B, Hq, L, D)` with
+    /// `mask` (asked of [`Self::mask`] before the update). Returns `(B, Hq, L, D)`.
+    pub fn update_and_attend(
+        &mut self,
+        q: Array,
+        k: Array,
+        v: Array,
+        scale: f32,
+        mask: &Mask,
+    ) -> Result<Array> {
+        if let Self::Quantized(c) = self {
+            return c.update_and_attend(&q, k, v, scale, mask);
+        }
+        let (k, v) = self.update_and_fetch(k, v)?;
+        fast::scaled_dot_product_attention(q, k, v, scale, mask.as_sdpa(), None)
+    }
+
+    /// With `kv_bits`: a plain cache becomes a quantized one (after each forward pass, as
+    /// mlx-lm's `maybe_quantize_kv_cache` with `quantized_kv_start = 0`). Rotating caches stay.
+    pub fn quantize(&mut self, bits: i32) -> Result<()> {
+        if let Self::Standard(c) = self {
+            *self = Self::Quantized(QuantizedCache::from_standard(c, KV_GROUP_SIZE, bits)?);
+        }
+        Ok(())
     }
 
     /// Arrays to evaluate after a prefill chunk.
@@ -70,6 +111,7 @@ impl KvCache {
         match self {
             Self::Standard(c) => Box::new(c.arrays()),
             Self::Rotating(c) => Box::new(c.arrays()),
+            Self::Quantized(c) => Box::new(c.arrays()),
         }
     }
 }

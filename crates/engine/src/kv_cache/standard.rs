@@ -69,6 +69,11 @@ impl StandardCache {
         }
     }
 
+    /// The whole storage, capacity included (what mlx-lm quantizes when converting).
+    pub(super) fn storage(&self) -> Option<(&Array, &Array)> {
+        Some((self.keys.as_ref()?, self.values.as_ref()?))
+    }
+
     /// Arrays to evaluate after a prefill chunk.
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.keys.iter().chain(self.values.iter())

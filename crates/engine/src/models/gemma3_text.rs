@@ -88,6 +88,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             ..AttentionShape::new(
                 c.num_attention_heads,
                 c.num_key_value_heads.unwrap_or(1),
+                args.head_dim,
                 args.query_pre_attn_scalar,
             )
         };

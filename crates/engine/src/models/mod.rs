@@ -26,6 +26,8 @@ pub trait LanguageModel {
     fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array>;
     /// Number of attention layers.
     fn num_layers(&self) -> usize;
+    /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).
+    fn quantizable_kv_head_dims(&self) -> Vec<i32>;
     /// Fresh caches, one per layer, of the kind each layer needs.
     fn make_caches(&self) -> Vec<KvCache> {
         (0..self.num_layers()).map(|_| KvCache::default()).collect()

@@ -45,7 +45,8 @@ impl CommonArgs {
 
     /// Attention scaled by `head_dim^-0.5`.
     pub fn attention_shape(&self, head_dim: i32) -> AttentionShape {
-        AttentionShape::new(self.num_attention_heads, self.n_kv_heads(), head_dim as f64)
+        let (heads, kv_heads) = (self.num_attention_heads, self.n_kv_heads());
+        AttentionShape::new(heads, kv_heads, head_dim, head_dim as f64)
     }
 
     /// RoPE over whole heads as `rope_scaling` asks (mlx-lm's `initialize_rope`).
@@ -372,6 +373,13 @@ impl LanguageModel for Decoder {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn quantizable_kv_head_dims(&self) -> Vec<i32> {
+        let full = self.layers.iter().map(|l| &l.self_attn.shape);
+        full.filter(|s| s.window.is_none())
+            .map(|s| s.head_dim)
+            .collect()
     }
 
     fn make_caches(&self) -> Vec<KvCache> {
