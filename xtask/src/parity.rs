@@ -359,6 +359,9 @@ fn compare(
             logprobs: 0,
             use_adapter: None,
         };
+        // mlx-lm starts every case from empty caches; so does this side (no prompt cache reuse:
+        // tests/worker_prompt_cache.rs covers that).
+        engine.reset();
         let got = engine
             .generate(&req, &mut |_| {}, &CancelToken::new())
             .with_context(|| format!("engine: generating case {:?}", case.name))?;

@@ -19,6 +19,7 @@ use crate::{
     lora::{self, Adapter, AdapterSwitch},
     memory,
     models::{self, LanguageModel},
+    prompt_cache::PromptCache,
     request::*,
     weights::Weights,
     CancelToken,
@@ -33,6 +34,8 @@ struct Resident {
     adapter: (Option<String>, Option<AdapterSwitch>),
     /// `kv_bits` of the load.
     kv_bits: Option<u8>,
+    /// The last generation's KV caches, for the next prompt that starts the same way.
+    prompt_cache: PromptCache,
 }
 
 /// Resident models and MLX state. Lives on one thread; see the crate docs.
@@ -273,6 +276,7 @@ impl Engine {
             tokenizer: tokenizer.clone(),
             adapter: (req.adapter.clone(), adapter_switch),
             kv_bits: req.kv_bits,
+            prompt_cache: PromptCache::default(),
         });
         progress(LoadProgress {
             stage: "ready",
@@ -295,7 +299,8 @@ impl Engine {
         cancel: &CancelToken,
     ) -> Result<Completion, EngineError> {
         let started = Instant::now();
-        let resident = self.find(req.model.as_deref())?;
+        let i = self.position(req.model.as_deref())?;
+        let resident = &mut self.models[i];
         let prompt_ids = prompt_ids(&resident.tokenizer, &req.prompt)?;
         let context = resident.info.context_length;
         if prompt_ids.len() > context {
@@ -306,8 +311,9 @@ impl Engine {
         }
         let mut req = req.clone();
         req.max_new_tokens = req.max_new_tokens.min(context - prompt_ids.len());
+        let adapter_on = resident.adapter.1.is_some() && req.use_adapter != Some(false);
         if let Some(switch) = &resident.adapter.1 {
-            switch.set(req.use_adapter != Some(false));
+            switch.set(adapter_on);
         }
         let eos = resident.tokenizer.eos_token_ids().clone();
         let ctx = GenerationContext {
@@ -316,8 +322,10 @@ impl Engine {
             eos: &eos,
             vocab_size: resident.info.vocab_size.max(1),
             kv_bits: resident.kv_bits.map(i32::from),
+            adapter_on,
         };
-        let result = generate(&ctx, &req, &prompt_ids, on_delta, cancel, started);
+        let cache = &mut resident.prompt_cache;
+        let result = generate(&ctx, &req, &prompt_ids, cache, on_delta, cancel, started);
         if result.is_err() {
             // An MLX error mid-graph can leave work and buffers behind; start the next clean.
             device::synchronize();
@@ -344,31 +352,35 @@ impl Engine {
         Ok(ids)
     }
 
-    /// Clears MLX's buffer cache (and any prompt cache).
+    /// Clears MLX's buffer cache and every resident's prompt cache.
     pub fn reset(&mut self) {
+        for r in &mut self.models {
+            r.prompt_cache.clear();
+        }
         memory::release(false);
     }
 
     fn find(&self, model: Option<&str>) -> Result<&Resident, EngineError> {
-        match model {
-            None => self.models.last().ok_or_else(|| {
-                EngineError::NotResident("no model is loaded: call `load` first".into())
-            }),
-            Some(id) => self
-                .models
-                .iter()
-                .find(|r| r.info.model_id == id)
-                .ok_or_else(|| {
-                    EngineError::NotResident(format!(
-                        "model `{id}` is not resident; resident: [{}]",
-                        self.models
-                            .iter()
-                            .map(|r| r.info.model_id.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                }),
-        }
+        Ok(&self.models[self.position(model)?])
+    }
+
+    /// The index of `model` (`None`: the active one) among the residents.
+    fn position(&self, model: Option<&str>) -> Result<usize, EngineError> {
+        let found = match model {
+            None => self.models.len().checked_sub(1),
+            Some(id) => self.models.iter().position(|r| r.info.model_id == id),
+        };
+        found.ok_or_else(|| match model {
+            None => EngineError::NotResident("no model is loaded: call `load` first".into()),
+            Some(id) => EngineError::NotResident(format!(
+                "model `{id}` is not resident; resident: [{}]",
+                self.models
+                    .iter()
+                    .map(|r| r.info.model_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        })
     }
 }
 

@@ -10,6 +10,7 @@ use text::{StopMatcher, StreamingDetokenizer};
 use crate::{
     kv_cache::KvCache,
     models::LanguageModel,
+    prompt_cache::PromptCache,
     request::{Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage},
     sampler::{log_softmax, Sampler},
     CancelToken, EngineError,
@@ -29,6 +30,8 @@ pub(crate) struct GenerationContext<'a> {
     pub vocab_size: usize,
     /// Quantize full-attention KV caches to this many bits (`kv_bits`).
     pub kv_bits: Option<i32>,
+    /// Whether the model's adapter (if any) is on for this generation.
+    pub adapter_on: bool,
 }
 
 type Result<T> = std::result::Result<T, EngineError>;
@@ -45,6 +48,8 @@ struct Decoder<'a> {
     sampler: Sampler,
     /// The last tokens (prompt included), for the penalties; `None` when none are active.
     recent: Option<Array>,
+    /// Every token sampled so far, in order (each is fed back as the next step's input).
+    sampled: Vec<u32>,
 }
 
 impl Decoder<'_> {
@@ -85,10 +90,12 @@ impl Decoder<'_> {
 }
 
 /// Generates a completion for `prompt_ids`, calling `on_delta` with each piece of new text.
+/// Starts from what `cache` holds of the prompt, and leaves this generation's caches there.
 pub(crate) fn generate(
     ctx: &GenerationContext<'_>,
     req: &GenerateRequest,
     prompt_ids: &[u32],
+    cache: &mut PromptCache,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
     started: Instant,
@@ -106,12 +113,33 @@ pub(crate) fn generate(
         let tail = &before_last[before_last.len().saturating_sub(sampler.history_window())..];
         Array::from_slice(tail, &[tail.len() as i32])
     });
+    let (caches, reused) = cache.take(ctx.model, prompt_ids, ctx.adapter_on);
     let mut dec = Decoder {
         ctx,
-        caches: ctx.model.make_caches(),
+        caches,
         sampler,
         recent,
+        sampled: Vec::new(),
     };
+    let result = run(&mut dec, req, prompt_ids, reused, on_delta, cancel, started);
+    if result.is_ok() {
+        let caches = std::mem::take(&mut dec.caches);
+        cache.keep(caches, prompt_ids, &dec.sampled, ctx.adapter_on);
+    }
+    result
+}
+
+/// Prefills `prompt_ids[reused..]` and decodes.
+fn run(
+    dec: &mut Decoder<'_>,
+    req: &GenerateRequest,
+    prompt_ids: &[u32],
+    reused: usize,
+    on_delta: &mut dyn FnMut(Delta),
+    cancel: &CancelToken,
+    started: Instant,
+) -> Result<Completion> {
+    let ctx = dec.ctx;
     let mut out = Output::new(
         ctx.tokenizer.detokenizer(),
         &req.stop,
@@ -121,12 +149,12 @@ pub(crate) fn generate(
     let usage = |completion: usize| Usage {
         prompt_tokens: prompt_ids.len(),
         completion_tokens: completion,
-        cached_tokens: 0,
+        cached_tokens: reused,
     };
 
     // Prefill: all but the last prompt token, in chunks, checking for cancellation between them.
     let prefill_start = Instant::now();
-    let mut rest = prompt_ids;
+    let mut rest = &prompt_ids[reused..];
     while rest.len() > 1 {
         if cancel.is_cancelled() {
             return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
@@ -142,7 +170,7 @@ pub(crate) fn generate(
     }
 
     let mut timings = Timings {
-        prompt_n: prompt_ids.len(),
+        prompt_n: prompt_ids.len() - reused,
         ..Timings::default()
     };
     let mut step = dec.step(&Array::from_slice(rest, &[rest.len() as i32]))?;
@@ -170,6 +198,7 @@ pub(crate) fn generate(
             break FinishReason::Length;
         }
         let id = step.token.item_exact::<u32>();
+        dec.sampled.push(id);
         if ctx.eos.contains(&id) {
             break FinishReason::Stop;
         }

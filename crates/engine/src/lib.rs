@@ -19,6 +19,7 @@ mod lora;
 mod memory;
 mod models;
 mod nn;
+mod prompt_cache;
 mod request;
 mod rope;
 mod sampler;

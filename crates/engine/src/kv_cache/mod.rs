@@ -97,6 +97,16 @@ impl KvCache {
         fast::scaled_dot_product_attention(q, k, v, scale, mask.as_sdpa(), None)
     }
 
+    /// Forgets the last `n` positions (mlx-lm's `trim`); false when this cache cannot (a
+    /// rotating cache that has wrapped around its window).
+    pub fn trim(&mut self, n: i32) -> bool {
+        match self {
+            Self::Standard(c) => c.trim(n),
+            Self::Rotating(c) => c.trim(n),
+            Self::Quantized(c) => c.trim(n),
+        }
+    }
+
     /// With `kv_bits`: a plain cache becomes a quantized one (after each forward pass, as
     /// mlx-lm's `maybe_quantize_kv_cache` with `quantized_kv_start = 0`). Rotating caches stay.
     pub fn quantize(&mut self, bits: i32) -> Result<()> {

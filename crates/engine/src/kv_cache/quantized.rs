@@ -88,6 +88,12 @@ impl QuantizedCache {
         self.offset
     }
 
+    /// Forgets the last `n` positions (later writes overwrite them).
+    pub fn trim(&mut self, n: i32) -> bool {
+        self.offset -= n.clamp(0, self.offset);
+        true
+    }
+
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.keys
             .iter()

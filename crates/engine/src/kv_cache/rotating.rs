@@ -40,6 +40,18 @@ impl RotatingCache {
         self.offset
     }
 
+    /// Forgets the last `n` positions, possible while nothing has been overwritten yet
+    /// (mlx-lm: trimmable while `offset < max_size`).
+    pub fn trim(&mut self, n: i32) -> bool {
+        let n = n.clamp(0, self.offset);
+        if n > 0 && self.offset >= self.max_size {
+            return false;
+        }
+        self.offset -= n;
+        self.idx -= n;
+        true
+    }
+
     /// `n > 1`: causal, windowed once the queries reach past the window; `n == 1`: none (the
     /// cache holds exactly the window).
     pub fn mask(&self, n: i32) -> Result<Mask> {

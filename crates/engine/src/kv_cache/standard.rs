@@ -24,6 +24,12 @@ impl StandardCache {
         self.offset
     }
 
+    /// Forgets the last `n` positions (later writes overwrite them).
+    pub fn trim(&mut self, n: i32) -> bool {
+        self.offset -= n.clamp(0, self.offset);
+        true
+    }
+
     /// Appends `(B, H, L, D)` keys and values; returns all keys and values so far.
     pub fn update_and_fetch(&mut self, k: Array, v: Array) -> Result<(Array, Array)> {
         let prev = self.offset;

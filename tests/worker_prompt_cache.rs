@@ -1,0 +1,101 @@
+//! End-to-end: the prompt cache through the real `mlx-worker` binary on a tiny random Llama.
+//! A chat's next turn reuses the KV caches of the turn before (`usage.cached_tokens`, only the
+//! rest is prefilled: `timings.prompt_n`), answers what a fresh worker answers, and `reset`
+//! forgets the cache.
+
+#[path = "common_worker.rs"]
+mod common;
+
+use common::{model_id, tiny_model, within, worker};
+use mlx_engine::fixtures::TinyLlama;
+use protocol::methods::*;
+use protocol::Client;
+
+fn chat(turns: &[(&str, &str)]) -> GenerateParams {
+    let messages = turns
+        .iter()
+        .map(|(r, c)| ChatMessage::new(*r, *c))
+        .collect();
+    let mut p = GenerateParams::new(messages);
+    p.max_new_tokens = 16;
+    p.temperature = 0.0;
+    p
+}
+
+async fn ask(w: &Client, p: &GenerateParams) -> GenerateResult {
+    within(w.generate(p).unwrap().finish()).await.unwrap()
+}
+
+async fn loaded_worker(dir: &std::path::Path) -> Client {
+    let w = worker(&[]);
+    within(w.call::<Load>(&LoadParams::new(model_id(dir))))
+        .await
+        .unwrap();
+    w
+}
+
+#[tokio::test]
+async fn the_next_turn_reuses_the_last_turns_cache_and_answers_the_same() {
+    let dir = tiny_model(&TinyLlama::default());
+    let w = loaded_worker(dir.path()).await;
+
+    let first = ask(&w, &chat(&[("user", "Name three colours.")])).await;
+    assert_eq!(first.usage.cached_tokens, 0);
+    assert_eq!(first.timings.prompt_n, first.usage.prompt_tokens);
+
+    let turns = [
+        ("user", "Name three colours."),
+        ("assistant", first.text.as_str()),
+        ("user", "And three more?"),
+    ];
+    let second = ask(&w, &chat(&turns)).await;
+    // At least the whole first prompt is shared (the template renders the reply after it).
+    assert!(
+        second.usage.cached_tokens >= first.usage.prompt_tokens,
+        "{:?} after {:?}",
+        second.usage,
+        first.usage
+    );
+    assert!(second.usage.cached_tokens < second.usage.prompt_tokens);
+    assert_eq!(
+        second.timings.prompt_n,
+        second.usage.prompt_tokens - second.usage.cached_tokens
+    );
+
+    // A fresh worker, computing the whole prompt, answers the same.
+    let fresh = loaded_worker(dir.path()).await;
+    let uncached = ask(&fresh, &chat(&turns)).await;
+    assert_eq!(uncached.usage.cached_tokens, 0);
+    assert_eq!(uncached.text, second.text);
+    fresh.shutdown().await.unwrap();
+
+    // The same prompt again: everything but its last token is reused.
+    let again = ask(&w, &chat(&turns)).await;
+    assert_eq!(again.usage.cached_tokens, again.usage.prompt_tokens - 1);
+    assert_eq!(again.text, second.text);
+
+    // `reset` forgets the cache.
+    within(w.call::<Reset>(&ResetParams {})).await.unwrap();
+    let after_reset = ask(&w, &chat(&turns)).await;
+    assert_eq!(after_reset.usage.cached_tokens, 0);
+    assert_eq!(after_reset.text, second.text);
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_different_conversation_starts_from_the_shared_prefix_only() {
+    let dir = tiny_model(&TinyLlama::default());
+    let w = loaded_worker(dir.path()).await;
+    let a = ask(&w, &chat(&[("user", "abc")])).await;
+    // The template's "<|im_start|>user\n" is shared (one special token, then one per byte);
+    // the rest is not.
+    let b = ask(&w, &chat(&[("user", "xyz")])).await;
+    assert_eq!(b.usage.prompt_tokens, a.usage.prompt_tokens);
+    assert_eq!(
+        b.usage.cached_tokens,
+        1 + "user\n".len() as u64,
+        "{:?}",
+        b.usage
+    );
+    w.shutdown().await.unwrap();
+}
