@@ -138,11 +138,22 @@ pub fn mlx_test_lock() -> std::sync::MutexGuard<'static, ()> {
 /// The GGUF that `cargo xtask setup` imported SmolLM2 from (kept in the cache beside the
 /// models), with the same skip-or-fail rule as [`smollm2_dir`].
 pub fn smollm2_gguf() -> Option<PathBuf> {
-    let models = smollm2_dir()?;
-    let gguf = models
-        .parent()?
-        .parent()?
-        .join("gguf/SmolLM2-135M-Instruct.Q4_1.gguf");
+    cached_gguf("MLX_WORKER_SMOLLM2_GGUF", "SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// The real Gemma 3 270M GGUF (base model, Q4_K_M) that `cargo xtask setup` fetches:
+/// `MLX_WORKER_GEMMA3_GGUF`, else beside SmolLM2's. `None` (or a panic when
+/// `MLX_WORKER_REQUIRE_MODELS=1`) when missing, as [`smollm2_dir`].
+pub fn gemma3_gguf() -> Option<PathBuf> {
+    cached_gguf("MLX_WORKER_GEMMA3_GGUF", "gemma-3-270m-q4_k_m.gguf")
+}
+
+/// A GGUF that setup keeps in `<cache>/mlx-worker/gguf/`, or the path in `env`.
+fn cached_gguf(env: &str, file: &str) -> Option<PathBuf> {
+    let gguf = match std::env::var_os(env) {
+        Some(path) => PathBuf::from(path),
+        None => smollm2_dir()?.parent()?.parent()?.join("gguf").join(file),
+    };
     if gguf.is_file() {
         return Some(gguf);
     }
@@ -151,6 +162,7 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
         "{} is missing and MLX_WORKER_REQUIRE_MODELS=1: run `cargo xtask setup`",
         gguf.display()
     );
+    eprintln!("skipped: no {} (run `cargo xtask setup`)", gguf.display());
     None
 }
 
