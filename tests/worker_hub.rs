@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use common_worker::{greedy, rpc_error, within};
-use mlx_engine::fixtures::{write_tiny_llama, TinyLlama};
+use mlx_engine::fixtures::{write_tiny_llama, write_tiny_lora, AdapterLayout, TinyLlama};
 use protocol::error::LoadFailedData;
 use protocol::methods::{Load, LoadParams, LoadProgress, LoadStage};
 use protocol::{Client, ClientOptions, ErrorCode, LoadErrorKind};
@@ -245,8 +245,20 @@ fn tiny_repo(seed: u64, token: Option<&'static str>) -> HubRepo {
         },
     )
     .unwrap();
+    repo_of(dir.path(), token)
+}
+
+/// A repo holding a PEFT LoRA adapter for the tiny Llama, naming `base` (a repo id) as its base.
+fn tiny_lora_repo(base: &str) -> HubRepo {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_lora(dir.path(), 3, AdapterLayout::Peft, base).unwrap();
+    repo_of(dir.path(), None)
+}
+
+/// A repo of the files in `dir`, plus files a load must not fetch.
+fn repo_of(dir: &Path, token: Option<&'static str>) -> HubRepo {
     let mut files = BTreeMap::new();
-    for entry in std::fs::read_dir(dir.path()).unwrap() {
+    for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
         files.insert(name, std::fs::read(&path).unwrap());
@@ -468,6 +480,61 @@ async fn a_partial_download_resumes_with_a_range_request() {
     assert_eq!(ranges, ["bytes=0-0".to_owned(), format!("bytes={half}-")]);
     assert_eq!(std::fs::read(blobs.join(&blob)).unwrap(), weights);
     assert!(!blobs.join(format!("{blob}.part")).exists());
+}
+
+#[tokio::test]
+async fn an_adapter_repo_loads_with_its_base_repo_then_offline() {
+    let hub = FakeHub::start(vec![
+        ("org/tiny", tiny_repo(4, None)),
+        ("org/tiny-lora", tiny_lora_repo("org/tiny")),
+    ]);
+    let home = tempfile::tempdir().unwrap();
+    let w = hub_worker(&hub.url(), home.path(), &[]);
+    // The adapter repo as `model`: its adapter_config.json names the base repo.
+    let loaded = within(w.call::<Load>(&LoadParams::new("org/tiny-lora")))
+        .await
+        .unwrap();
+    assert!(loaded.info.is_lora);
+    let with_adapter = within(w.generate(&greedy("hi", 8)).unwrap().finish())
+        .await
+        .unwrap();
+    // The base repo with the adapter repo as `adapter`: the same model.
+    let mut params = LoadParams::new("org/tiny");
+    params.adapter = Some("org/tiny-lora".into());
+    let loaded = within(w.call::<Load>(&params)).await.unwrap();
+    assert!(loaded.info.is_lora);
+    let mut p = greedy("hi", 8);
+    p.model = Some("org/tiny".into());
+    let again = within(w.generate(&p).unwrap().finish()).await.unwrap();
+    assert_eq!(again.text, with_adapter.text);
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+    let fetched: Vec<String> = hub
+        .seen()
+        .iter()
+        .filter(|s| s.method == "GET" && s.path.starts_with("/org/tiny-lora/resolve/"))
+        .map(|s| s.path.rsplit('/').next().unwrap().to_owned())
+        .collect();
+    assert!(
+        fetched.contains(&"adapter_config.json".to_owned()),
+        "{fetched:?}"
+    );
+    assert!(
+        fetched.contains(&"adapter_model.safetensors".to_owned()),
+        "{fetched:?}"
+    );
+    assert!(!fetched.contains(&"README.md".to_owned()), "{fetched:?}");
+
+    // Both now come from the cache, with the hub unreachable.
+    let offline = hub_worker(&dead_endpoint(), home.path(), &[("HF_HUB_OFFLINE", "1")]);
+    let loaded = within(offline.call::<Load>(&LoadParams::new("org/tiny-lora")))
+        .await
+        .unwrap();
+    assert!(loaded.info.is_lora);
+    let cached = within(offline.generate(&greedy("hi", 8)).unwrap().finish())
+        .await
+        .unwrap();
+    assert_eq!(cached.text, with_adapter.text);
+    assert_eq!(within(offline.shutdown()).await.unwrap().code(), Some(0));
 }
 
 #[tokio::test]

@@ -114,6 +114,23 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
     assert_eq!(data.kind, LoadErrorKind::InvalidWeights);
     assert!(data.detail.contains("model.layers.9."), "{}", data.detail);
 
+    // LoRA on the embedding is refused by name.
+    let embedding = adapters.path().join("embedding");
+    write_tiny_lora(&embedding, 1, AdapterLayout::MlxLm, &base_id).unwrap();
+    let file = embedding.join("adapters.safetensors");
+    rename_tensors(
+        &file,
+        "model.layers.1.self_attn.q_proj",
+        "model.embed_tokens",
+    );
+    let e = rpc_error(
+        w.call::<Load>(&load_with(&embedding)).await,
+        ErrorCode::LoadFailed,
+    );
+    let data = refused(e);
+    assert_eq!(data.kind, LoadErrorKind::UnsupportedArchitecture);
+    assert!(data.detail.contains("embed_tokens"), "{}", data.detail);
+
     // DoRA is refused by name.
     let dora = adapters.path().join("dora");
     write_tiny_lora(&dora, 1, AdapterLayout::Peft, &base_id).unwrap();

@@ -58,6 +58,11 @@ const GEMMA3_MODEL_NAME: &str = "gemma-3-270m";
 /// Written last into a finished import; a directory without it is never used.
 const COMPLETE_MARKER: &str = ".import-complete";
 
+/// The first line of a finished import's marker: imports by another importer version are redone.
+fn import_format() -> String {
+    format!("gguf import v{}", gguf::IMPORT_VERSION)
+}
+
 /// `<cache>/mlx-worker`.
 pub fn cache_dir() -> anyhow::Result<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
@@ -139,7 +144,8 @@ fn imported_dir(
 ) -> anyhow::Result<PathBuf> {
     let models = cache_dir()?.join("models");
     let dir = models.join(name);
-    if dir.join(COMPLETE_MARKER).is_file() {
+    let marker = fs::read_to_string(dir.join(COMPLETE_MARKER)).unwrap_or_default();
+    if marker.lines().next() == Some(import_format().as_str()) {
         return Ok(dir);
     }
     let gguf = gguf()?;
@@ -152,8 +158,10 @@ fn imported_dir(
     fs::write(
         tmp.join(COMPLETE_MARKER),
         format!(
-            "{} tensors, {} parameters\n",
-            report.tensors_written, report.parameters
+            "{}\n{} tensors, {} parameters\n",
+            import_format(),
+            report.tensors_written,
+            report.parameters
         ),
     )
     .with_context(|| format!("writing into {}", tmp.display()))?;

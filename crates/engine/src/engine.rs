@@ -30,10 +30,10 @@ struct Resident {
     info: ModelInfo,
     model: Box<dyn LanguageModel>,
     tokenizer: Arc<ModelTokenizer>,
-    /// The `adapter` the load asked for, and the switch of the adapter attached (if any).
-    adapter: (Option<String>, Option<AdapterSwitch>),
-    /// `kv_bits` of the load.
-    kv_bits: Option<u8>,
+    /// The load that made it (without the token): which options it runs with.
+    load: LoadRequest,
+    /// The switch of the attached adapter, if any.
+    adapter: Option<AdapterSwitch>,
     /// The last generation's KV caches, for the next prompt that starts the same way.
     prompt_cache: PromptCache,
 }
@@ -116,8 +116,7 @@ impl Engine {
     ) -> Result<Loaded, EngineError> {
         let model_id = req.model.clone();
         if let Some(i) = self.models.iter().position(|r| r.info.model_id == model_id) {
-            let same = |r: &Resident| r.adapter.0 == req.adapter && r.kv_bits == req.kv_bits;
-            if !req.force && same(&self.models[i]) {
+            if !req.force && self.models[i].load.same_model_as(req) {
                 let r = self.models.remove(i);
                 let loaded = Loaded {
                     info: r.info.clone(),
@@ -274,8 +273,12 @@ impl Engine {
             info: info.clone(),
             model,
             tokenizer: tokenizer.clone(),
-            adapter: (req.adapter.clone(), adapter_switch),
-            kv_bits: req.kv_bits,
+            load: LoadRequest {
+                hf_token: None,
+                force: false,
+                ..req.clone()
+            },
+            adapter: adapter_switch,
             prompt_cache: PromptCache::default(),
         });
         progress(LoadProgress {
@@ -300,6 +303,12 @@ impl Engine {
     ) -> Result<Completion, EngineError> {
         let started = Instant::now();
         let i = self.position(req.model.as_deref())?;
+        // Only the model in use keeps a prompt cache: memory for one, not one per resident.
+        for (j, other) in self.models.iter_mut().enumerate() {
+            if j != i {
+                other.prompt_cache.clear();
+            }
+        }
         let resident = &mut self.models[i];
         let prompt_ids = prompt_ids(&resident.tokenizer, &req.prompt)?;
         let context = resident.info.context_length;
@@ -311,8 +320,8 @@ impl Engine {
         }
         let mut req = req.clone();
         req.max_new_tokens = req.max_new_tokens.min(context - prompt_ids.len());
-        let adapter_on = resident.adapter.1.is_some() && req.use_adapter != Some(false);
-        if let Some(switch) = &resident.adapter.1 {
+        let adapter_on = resident.adapter.is_some() && req.use_adapter != Some(false);
+        if let Some(switch) = &resident.adapter {
             switch.set(adapter_on);
         }
         let eos = resident.tokenizer.eos_token_ids().clone();
@@ -321,7 +330,7 @@ impl Engine {
             tokenizer: &resident.tokenizer,
             eos: &eos,
             vocab_size: resident.info.vocab_size.max(1),
-            kv_bits: resident.kv_bits.map(i32::from),
+            kv_bits: resident.load.kv_bits.map(i32::from),
             adapter_on,
         };
         let cache = &mut resident.prompt_cache;

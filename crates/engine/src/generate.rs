@@ -113,7 +113,13 @@ pub(crate) fn generate(
         let tail = &before_last[before_last.len().saturating_sub(sampler.history_window())..];
         Array::from_slice(tail, &[tail.len() as i32])
     });
-    let (caches, reused) = cache.take(ctx.model, prompt_ids, ctx.adapter_on);
+    // With `kv_bits` a reused prefix would change the numbers (its suffix would be prefilled
+    // through quantized attention, a fresh prompt is quantized after its first chunk): no reuse.
+    let reuse = ctx.kv_bits.is_none();
+    if !reuse {
+        cache.clear();
+    }
+    let (caches, reused) = cache.take(prompt_ids, ctx.adapter_on, || ctx.model.make_caches());
     let mut dec = Decoder {
         ctx,
         caches,
@@ -122,7 +128,7 @@ pub(crate) fn generate(
         sampled: Vec::new(),
     };
     let result = run(&mut dec, req, prompt_ids, reused, on_delta, cancel, started);
-    if result.is_ok() {
+    if result.is_ok() && reuse {
         let caches = std::mem::take(&mut dec.caches);
         cache.keep(caches, prompt_ids, &dec.sampled, ctx.adapter_on);
     }

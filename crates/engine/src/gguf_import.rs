@@ -22,7 +22,8 @@ pub fn imported_dir(gguf: &Path) -> Result<PathBuf, EngineError> {
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
     let stem = gguf.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
-    let dir = cache_root()?.join(format!("{stem}-{}-{mtime}", meta.len()));
+    let version = gguf::IMPORT_VERSION;
+    let dir = cache_root()?.join(format!("{stem}-{}-{mtime}-v{version}", meta.len()));
     if dir.join(COMPLETE).is_file() {
         return Ok(dir);
     }

@@ -122,11 +122,12 @@ pub(crate) fn resolve(
         }
     };
     let files = model_files(info.siblings.iter().map(|s| s.rfilename.as_str()));
-    if !files.iter().any(|f| f == "config.json") {
+    if !files.iter().any(|f| CONFIGS.contains(&f.as_str())) {
         return Err(EngineError::load(
             LoadErrorKind::NotFound,
             format!(
-                "`{}` (revision {revision}) has no config.json: not a Transformers/MLX model repo",
+                "`{}` (revision {revision}) has no config.json (nor adapter_config.json): not a \
+                 Transformers/MLX model repo or a LoRA adapter repo",
                 req.model
             ),
         ));
@@ -267,8 +268,12 @@ fn cached_snapshot(cache: &Path, repo: &str, revision: &str) -> Option<PathBuf> 
         .ok()?
         .flatten()
         .any(|e| e.path().extension().is_some_and(|x| x == "safetensors"));
-    (has_weights && snapshot.join("config.json").is_file()).then_some(snapshot)
+    let has_config = CONFIGS.iter().any(|c| snapshot.join(c).is_file());
+    (has_weights && has_config).then_some(snapshot)
 }
+
+/// What makes a repo loadable: a model's config, or a LoRA adapter's.
+const CONFIGS: [&str; 2] = ["config.json", "adapter_config.json"];
 
 fn is_commit(revision: &str) -> bool {
     revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit())
@@ -276,10 +281,12 @@ fn is_commit(revision: &str) -> bool {
 
 /// The files of a repo a model needs: top-level configs and tokenizer files, the chat template,
 /// and the weights (`model*.safetensors` as mlx-lm takes them, else any top-level
-/// `*.safetensors`, which skips `consolidated.safetensors` duplicates when both exist).
+/// `*.safetensors`, which skips `consolidated.safetensors` duplicates when both exist, and
+/// takes a LoRA adapter's `adapters.safetensors` / `adapter_model.safetensors`).
 fn model_files<'a>(siblings: impl Iterator<Item = &'a str>) -> Vec<String> {
     const NAMED: &[&str] = &[
         "config.json",
+        "adapter_config.json",
         "model.safetensors.index.json",
         "tokenizer.json",
         "tokenizer_config.json",

@@ -10,8 +10,8 @@
 //!   `base_model.model.<layer>.lora_A.weight` `(r, in)` and `.lora_B.weight` `(out, r)`.
 //!
 //! The update is mlx-lm's `LoRALinear`: `y + (scale * ((x @ a) @ b)).astype(x.dtype)`.
-//! DoRA, full fine-tunes and PEFT extras (`modules_to_save`, per-module ranks, embedding LoRA)
-//! are refused by name.
+//! DoRA, full fine-tunes, LoRA on the embedding and PEFT extras (`modules_to_save`, per-module
+//! ranks) are refused by name.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -219,6 +219,13 @@ impl Adapter {
         let switch = AdapterSwitch::new();
         let mut linears: BTreeMap<String, &mut Linear> = linears.into_iter().collect();
         for (name, (a, b)) in self.layers {
+            // The embedding is a table lookup here, not a matmul a low-rank update could join.
+            if name == "model.embed_tokens" {
+                return Err(unsupported(
+                    dir,
+                    "LoRA on the embedding (`model.embed_tokens`) is not supported",
+                ));
+            }
             let linear = linears.get_mut(&name).ok_or_else(|| {
                 invalid(
                     dir,
@@ -226,12 +233,11 @@ impl Adapter {
                 )
             })?;
             let (out_dims, in_dims) = linear_dims(linear);
-            let rank = a.dim(1);
-            if a.ndim() != 2
-                || b.ndim() != 2
-                || a.dim(0) != in_dims
-                || b.shape() != [rank, out_dims]
-            {
+            let fits = a.ndim() == 2
+                && b.ndim() == 2
+                && a.dim(0) == in_dims
+                && b.shape() == [a.dim(1), out_dims];
+            if !fits {
                 return Err(invalid(
                     dir,
                     format!(

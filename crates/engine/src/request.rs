@@ -71,6 +71,21 @@ pub struct LoadRequest {
     pub force: bool,
 }
 
+impl LoadRequest {
+    /// Whether `other` asks for the same resident model: every option that changes what gets
+    /// loaded or how it runs is equal (`force` and the token are not such options).
+    pub fn same_model_as(&self, other: &LoadRequest) -> bool {
+        self.model == other.model
+            && self.revision == other.revision
+            && self.max_seq_length == other.max_seq_length
+            && self.load_in_4bit == other.load_in_4bit
+            && self.dtype == other.dtype
+            && self.chat_template_override == other.chat_template_override
+            && self.adapter == other.adapter
+            && self.kv_bits == other.kv_bits
+    }
+}
+
 /// Progress of a load, reported as it happens.
 #[derive(Debug, Clone)]
 pub struct LoadProgress {

@@ -67,7 +67,7 @@ pub fn import_hf_dir(gguf: &Path, out: &Path) -> Result<ImportReport, ImportErro
     config.insert("vocab_size".into(), json!(vocab_size));
     config.insert("tie_word_embeddings".into(), json!(tied_embeddings));
     let chat_template: Option<String> = file.get_as("tokenizer.chat_template")?;
-    let eos = stop_tokens(&file, &special, &tokens, chat_template.as_deref())?;
+    let eos = stop_tokens(&file, arch, &special, &tokens, chat_template.as_deref())?;
     config.insert("bos_token_id".into(), json!(special.bos));
     config.insert("eos_token_id".into(), eos.clone());
     if let Some(pad) = special.pad {
@@ -161,19 +161,23 @@ fn plan_tensors<'a>(
 }
 
 /// The ids that end generation: `eos`, then `eot` when the file names a different one, then
-/// `<end_of_turn>` when the chat template closes turns with it (Gemma's instruction models end
-/// a turn with it, not with `<eos>`). One id is written as a number, several as a list.
+/// `<end_of_turn>` for Gemma 3 or when the chat template closes turns with it (Gemma's turns end
+/// with it, not with `<eos>`; Hugging Face's Gemma 3 generation configs list both, and a base
+/// model's GGUF carries no template to tell). One id is written as a number, several as a list.
 fn stop_tokens(
     file: &GgufFile,
+    arch: Architecture,
     special: &SpecialTokens,
     tokens: &[String],
     chat_template: Option<&str>,
 ) -> Result<Value, ImportError> {
     let mut ids: Vec<u32> = special.eos.into_iter().collect();
     let eot: Option<u32> = file.get_as("tokenizer.ggml.eot_token_id")?;
-    let end_of_turn = chat_template
-        .filter(|t| t.contains(END_OF_TURN))
-        .and_then(|_| tokens.iter().position(|t| t == END_OF_TURN))
+    let turns_end =
+        arch == Architecture::Gemma3 || chat_template.is_some_and(|t| t.contains(END_OF_TURN));
+    let end_of_turn = turns_end
+        .then(|| tokens.iter().position(|t| t == END_OF_TURN))
+        .flatten()
         .map(|id| id as u32);
     for id in eot.into_iter().chain(end_of_turn) {
         if !ids.contains(&id) {

@@ -23,6 +23,10 @@ pub mod tokenizer;
 mod tokenizer_spm;
 
 pub use error::{DequantError, GgufError, ImportError};
+
+/// The version of what [`import_hf_dir`] writes. Caches of imported directories include it, so
+/// a change to the output (a fixed tensor, a new config field) is bumped here and re-imports.
+pub const IMPORT_VERSION: u32 = 2;
 pub use ggml_type::GgmlType;
 pub use import::{import_hf_dir, ImportReport};
 pub use metadata::MetadataValue;

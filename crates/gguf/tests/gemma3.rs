@@ -98,7 +98,7 @@ fn config_is_what_mlx_lm_gemma3_text_reads() {
         "vocab_size": 262_144,
         "tie_word_embeddings": true,
         "bos_token_id": 2,
-        "eos_token_id": 1,
+        "eos_token_id": [1, 106],
         "pad_token_id": 0,
     });
     for (key, value) in expect.as_object().unwrap() {
@@ -111,7 +111,11 @@ fn config_is_what_mlx_lm_gemma3_text_reads() {
         .collect();
     assert_eq!(global, [5, 11, 17]);
     let generation = read_json(&dir.join("generation_config.json"));
-    assert_eq!(generation, json!({ "bos_token_id": 2, "eos_token_id": 1 }));
+    // `<eos>`, and `<end_of_turn>` (106), which ends Gemma's turns.
+    assert_eq!(
+        generation,
+        json!({ "bos_token_id": 2, "eos_token_id": [1, 106] })
+    );
     let tokenizer_config = read_json(&dir.join("tokenizer_config.json"));
     assert_eq!(tokenizer_config["add_bos_token"], true);
     assert_eq!(tokenizer_config["bos_token"], "<bos>");

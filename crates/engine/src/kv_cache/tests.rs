@@ -1,7 +1,7 @@
 //! The caches against mlx-lm's rules, position by position: each stored key is its position,
 //! so what a cache returns says which positions a query attends to, in which order. The expected
 //! sequences and masks are what mlx-lm 0.32.2's `RotatingKVCache` returns for the same updates
-//! (checked in the venv).
+//! (checked in the venv), trims included.
 
 use mlx_rs::{ops::indexing::IndexOp, Array};
 
@@ -112,4 +112,32 @@ fn rotating_cache_decoding_grows_to_the_window_then_rings() {
     // A multi-token update after ringing restores temporal order first.
     assert_eq!(add(&mut cache, 4, 2), [2, 3, 4, 5]);
     assert_eq!(add(&mut cache, 6, 1), [6, 4, 5]);
+}
+
+#[test]
+fn trimmed_caches_continue_as_mlx_lm_does() {
+    let _lock = mlx_test_lock();
+    // Rotating, window 4: a chunk, trim one, a chunk that reaches the window, then the ring.
+    let mut cache = KvCache::for_window(Some(4));
+    assert_eq!(add(&mut cache, 0, 3), [0, 1, 2]);
+    assert!(cache.trim(1));
+    assert_eq!(add(&mut cache, 2, 2), [0, 1, 2, 3]);
+    assert_eq!(add(&mut cache, 4, 1), [4, 1, 2, 3]);
+    assert_eq!(add(&mut cache, 5, 1), [4, 5, 2, 3]);
+    // Wrapped: no longer trimmable.
+    assert!(!cache.trim(1));
+    // Decoded one by one, trimmed by two, then one step and a chunk.
+    let mut cache = KvCache::for_window(Some(4));
+    for p in 0..3 {
+        add(&mut cache, p, 1);
+    }
+    assert!(cache.trim(2));
+    assert_eq!(add(&mut cache, 1, 1), [0, 1]);
+    assert_eq!(add(&mut cache, 2, 3), [0, 1, 2, 3, 4]);
+    // Plain: trimmed positions are overwritten.
+    let mut cache = KvCache::for_window(None);
+    assert_eq!(add(&mut cache, 0, 5), [0, 1, 2, 3, 4]);
+    assert!(cache.trim(3));
+    assert_eq!(add(&mut cache, 2, 1), [0, 1, 2]);
+    assert_eq!(add(&mut cache, 3, 2), [0, 1, 2, 3, 4]);
 }
