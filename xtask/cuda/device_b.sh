@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Second device call (carry .cuda/b), right after device_a.sh while the machine is warm: rebuild
+# libmlx from its halves, install MLX 0.32.2 (CUDA) + mlx-lm 0.32.2 into /tmp/mlxcuda/site (Python
+# and the worker share that one libmlx.so), smoke-test both, then run bench.py.
+# Env: RUNS (7), MAX_NEW (256), PROMPTS (short,long,long4x), MODEL ($S/model).
+set -uo pipefail
+S=/tmp/mlxcuda
+SITE=$S/site
+OUT=${OUT:-$S/out}
+mkdir -p $S "$OUT"
+[ -f $S/libmlx.so.xz.part0 ] || { echo "no $S/libmlx.so.xz.part0: run device_a.sh first on this (warm) machine"; exit 3; }
+if [ ! -f $SITE/mlx/lib/libmlx.so ]; then
+  cat $S/libmlx.so.xz.part0 .cuda/b/libmlx.so.xz.part1 >$S/libmlx.so.xz
+  echo "$(cat .cuda/b/libmlx.so.xz.sha256)  $S/libmlx.so.xz" | sha256sum -c - || exit 4
+  rm -rf $SITE && mkdir -p $SITE
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SITE \
+    .cuda/b/mlx-0.32.2-*.whl .cuda/b/mlx_lm-0.32.2-*.whl || exit 5
+  tar -xJf .cuda/b/mlx-cuda-rest.tar.xz -C $SITE
+  mkdir -p $SITE/mlx/lib && xz -dc $S/libmlx.so.xz >$SITE/mlx/lib/libmlx.so
+  xz -dc .cuda/b/mlx-worker.xz >$S/mlx-worker && chmod +x $S/mlx-worker
+fi
+NV=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')
+# libmlx's RPATH is $ORIGIN/../../nvidia/{cu13,cudnn,nccl,...}/lib: make it resolve here too.
+ln -sfn "$NV" $SITE/nvidia
+export LD_LIBRARY_PATH=$NV/cu13/lib:$NV/cudnn/lib:$NV/nccl/lib:$SITE/mlx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+echo "== ldd mlx-worker"; ldd $S/mlx-worker | grep -E 'not found|mlx|cublas|cudnn|nccl|nvrtc|libcuda|cufft|lapack'
+echo "== mlx python smoke"
+python3 - <<'PY' || echo "MLX PYTHON SMOKE FAILED"
+import time, mlx.core as mx
+print(mx.__version__, mx.default_device(), "cuda available:", mx.cuda.is_available(), mx.device_info())
+a = mx.random.normal((4096, 4096)).astype(mx.bfloat16)
+mx.eval(a @ a)
+t = time.perf_counter()
+for _ in range(20):
+    a = (a @ a) * (1 / 64)  # each product depends on the last, so all 20 run
+mx.eval(a); dt = (time.perf_counter() - t) / 20
+print(f"bf16 4096^3 matmul: {2 * 4096**3 / dt / 1e12:.0f} TFLOP/s")
+PY
+echo "== bench"
+timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/bench.py --worker $S/mlx-worker --model ${MODEL:-$S/model} \
+  --runs ${RUNS:-7} --max-new-tokens ${MAX_NEW:-256} --prompts ${PROMPTS:-short,long,long4x} --out "$OUT"
+rc=$?
+echo "bench rc=$rc"; tail -20 "$OUT/worker-stderr.log" 2>/dev/null
+exit $rc
