@@ -34,7 +34,8 @@ def prompt_ids(tokenizer, messages):
     return [int(i) for i in ids]
 
 
-# The worker prefills in chunks of 512 tokens (crates/engine/src/generate.rs PREFILL_CHUNK);
+# The worker prefills in chunks of 512 tokens on the CPU (crates/engine/src/generate.rs
+# PREFILL_CHUNK_CPU; 2048 like mlx-lm on a GPU);
 # chunk boundaries decide the caches' layout (a sliding-window layer's cache is trimmed per
 # chunk), so the reference uses the same size.
 PREFILL_STEP = 512

@@ -40,6 +40,11 @@ struct PromptsFile {
 struct BenchPrompt {
     name: String,
     messages: Vec<ChatMessage>,
+    /// A chat's next turn: before each measured run the worker answers the conversation up to
+    /// the last user message but one (unmeasured), so its prompt cache holds that turn, as in a
+    /// chat; mlx-lm (`stream_generate`, as Studio's Python backend calls it) prefills it all.
+    #[serde(default)]
+    next_turn: bool,
 }
 
 struct Options {
@@ -211,8 +216,15 @@ fn print_table(prompt: &BenchPrompt, sides: &[Side], samples: &[Vec<Sample>], ma
     let first = &samples[0][0];
     println!();
     println!(
-        "prompt `{}`: {} prompt tokens",
-        prompt.name, first.prompt_tokens
+        "prompt `{}`: {} prompt tokens{}",
+        prompt.name,
+        m.or(o).map_or(first.prompt_tokens, |v| v[0].prompt_tokens),
+        if prompt.next_turn {
+            " (a chat's next turn: the worker prefills only what its prompt cache lacks, so \
+             its prefill tok/s counts those tokens; compare ttft)"
+        } else {
+            ""
+        }
     );
     println!("| metric | worker | mlx-lm | ratio | mlx-lm+OpenBLAS | ratio |");
     println!("|---|---|---|---|---|---|");
@@ -313,6 +325,23 @@ impl Worker {
     }
 
     async fn generate(&self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {
+        // Every run starts from an empty prompt cache, which would otherwise hold all but the
+        // last token of the same prompt from the run before.
+        self.client
+            .call::<protocol::methods::Reset>(&protocol::methods::ResetParams {})
+            .await
+            .context("worker: reset")?;
+        if prompt.next_turn {
+            let earlier = &prompt.messages[..prompt.messages.len().saturating_sub(2)];
+            let mut params = GenerateParams::new(earlier.to_vec());
+            params.max_new_tokens = max;
+            params.temperature = 0.0;
+            self.client
+                .generate(&params)?
+                .finish()
+                .await
+                .context("worker: the turn before")?;
+        }
         let mut params = GenerateParams::new(prompt.messages.clone());
         params.max_new_tokens = max;
         params.temperature = 0.0;

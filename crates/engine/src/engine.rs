@@ -13,7 +13,7 @@ use text::ModelTokenizer;
 use crate::{
     device,
     error::{EngineError, LoadErrorKind},
-    generate::{generate, GenerationContext},
+    generate::{generate, GenerationContext, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
     gguf_import, hub,
     kv_cache::KV_GROUP_SIZE,
     lora::{self, Adapter, AdapterSwitch},
@@ -332,6 +332,10 @@ impl Engine {
             vocab_size: resident.info.vocab_size.max(1),
             kv_bits: resident.load.kv_bits.map(i32::from),
             adapter_on,
+            prefill_chunk: match self.device.backend {
+                "cpu" => PREFILL_CHUNK_CPU,
+                _ => PREFILL_CHUNK_GPU,
+            },
         };
         let cache = &mut resident.prompt_cache;
         let result = generate(&ctx, &req, &prompt_ids, cache, on_delta, cancel, started);

@@ -16,9 +16,13 @@ use crate::{
     CancelToken, EngineError,
 };
 
-/// Prompt tokens evaluated per forward pass during prefill (cancellation is checked between
-/// chunks). mlx-lm uses 2048; smaller chunks keep cancel latency low on slow devices.
-const PREFILL_CHUNK: usize = 512;
+/// Prompt tokens evaluated per forward pass during prefill on a GPU (Metal, CUDA): mlx-lm's
+/// `prefill_step_size`. Cancellation is checked between chunks.
+pub(crate) const PREFILL_CHUNK_GPU: usize = 2048;
+/// The same on the CPU, where a 2048-token chunk of a small model takes seconds: smaller chunks
+/// keep cancel latency low. (On an H200, 512-token chunks prefilled a 1928-token prompt at
+/// 0.6-0.7x mlx-lm's speed, 2048-token ones at 1.07x: NOTES "CUDA / H200".)
+pub(crate) const PREFILL_CHUNK_CPU: usize = 512;
 /// Decode steps between `clear_cache` calls, as mlx-lm does.
 const CLEAR_CACHE_EVERY: usize = 256;
 
@@ -32,6 +36,8 @@ pub(crate) struct GenerationContext<'a> {
     pub kv_bits: Option<i32>,
     /// Whether the model's adapter (if any) is on for this generation.
     pub adapter_on: bool,
+    /// Prompt tokens per prefill forward pass.
+    pub prefill_chunk: usize,
 }
 
 type Result<T> = std::result::Result<T, EngineError>;
@@ -165,7 +171,7 @@ fn run(
         if cancel.is_cancelled() {
             return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
         }
-        let n = PREFILL_CHUNK.min(rest.len() - 1);
+        let n = ctx.prefill_chunk.min(rest.len() - 1);
         let chunk = Array::from_slice(&rest[..n], &[n as i32]);
         ctx.model
             .forward(&chunk.reshape(&[1, -1])?, &mut dec.caches)?;
