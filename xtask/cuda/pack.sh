@@ -2,7 +2,7 @@
 # Builds the CUDA mlx-worker here (no GPU, no CUDA toolkit needed) and stages what the two device
 # calls carry: `.cuda/a` (first half of the xz'd CUDA libmlx, SmolLM2's tokenizer files) and
 # `.cuda/b` (second half, the stripped worker, MLX's CUDA headers and bundled libs, the mlx and
-# mlx-lm wheels). See NOTES.md, "CUDA / H200 (session 7)".
+# mlx-lm wheels). See docs/decisions/cuda.md.
 #
 # How the worker links MLX's CUDA build: mlx-c is compiled against the headers and CMake config of
 # the CPU wheel (identical headers: `diff -r` of mlx/include/mlx is empty), and the final binary is

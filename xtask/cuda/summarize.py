@@ -1,5 +1,5 @@
 """Ratios from bench.py's bench.json files: ratio of medians, median of per-round (paired) ratios,
-and in how many rounds the worker was faster. Usage: python3 summarize.py results/*.json"""
+and in how many rounds the worker was faster. Usage: python3 xtask/cuda/summarize.py docs/bench/cuda-h200/*.json"""
 import json,statistics,sys
 for f in sys.argv[1:]:
     r=json.load(open(f)); print(f, r['runs'], 'runs')

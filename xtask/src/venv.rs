@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
+
+use crate::run_checked as run;
 
 /// Exactly these, so the reference runs the MLX build the worker links.
 const REQUIREMENTS: [&str; 3] = ["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2"];
@@ -46,16 +48,6 @@ pub fn reference_python() -> anyhow::Result<PathBuf> {
     )?;
     std::fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
     Ok(python)
-}
-
-fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
-    let status = cmd.status().with_context(|| {
-        format!("{what}: cannot start it (is python3 with venv and pip installed?)")
-    })?;
-    if !status.success() {
-        bail!("{what} failed ({status}); see its output above");
-    }
-    Ok(())
 }
 
 /// Debian's OpenBLAS (package libopenblas0-pthread): the BLAS the worker links on Linux

@@ -1,25 +1,16 @@
 //! The release `mlx-worker` binary, built on demand for the demo and the benchmark.
 
-use std::{path::PathBuf, process::Command};
+use std::path::PathBuf;
 
-use anyhow::{ensure, Context};
+use crate::{cargo, run_checked, target_dir};
 
-use crate::workspace_root;
-
-/// Builds `target/release/mlx-worker` (a no-op when it is current) and returns its path.
+/// Builds `target/release/mlx-worker` (a no-op when it is current; cargo's progress shows, the
+/// first build compiles MLX's C API) and returns its path.
 pub fn build_release() -> anyhow::Result<PathBuf> {
-    let root = workspace_root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--release", "--quiet", "-p", "mlx-worker"])
-        .current_dir(&root)
-        .status()
-        .context("running cargo build")?;
-    ensure!(
-        status.success(),
-        "cargo build --release -p mlx-worker failed"
-    );
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    Ok(target.join("release/mlx-worker"))
+    eprintln!("building the release mlx-worker (the first build compiles mlx-c: minutes)");
+    run_checked(
+        cargo().args(["build", "--release", "-p", "mlx-worker"]),
+        "cargo build --release -p mlx-worker",
+    )?;
+    Ok(target_dir().join("release/mlx-worker"))
 }

@@ -4,7 +4,7 @@ use std::ffi::{CStr, CString};
 
 use mlx_sys as sys;
 
-use crate::request::DeviceInfo;
+use crate::request::{Backend, DeviceInfo};
 
 /// Reads the default device's description from MLX.
 pub fn device_info() -> DeviceInfo {
@@ -21,16 +21,12 @@ pub fn device_info() -> DeviceInfo {
         let (mut metal, mut cuda) = (false, false);
         sys::mlx_metal_is_available(&mut metal);
         sys::mlx_cuda_is_available(&mut cuda);
-        let backend = if metal {
-            "metal"
-        } else if cuda {
-            "cuda"
-        } else {
-            "cpu"
-        };
-
         let mut dev = sys::mlx_device_new();
         sys::mlx_get_default_device(&mut dev);
+        let mut kind = sys::mlx_device_type__MLX_CPU;
+        sys::mlx_device_get_type(&mut kind, dev);
+        let on_gpu = kind == sys::mlx_device_type__MLX_GPU;
+        let backend = backend_of(on_gpu, metal, cuda);
         let mut info = sys::mlx_device_info_new();
         let ok = sys::mlx_device_info_get(&mut info, dev) == 0;
         let size = |key: &str| -> Option<u64> {
@@ -52,7 +48,7 @@ pub fn device_info() -> DeviceInfo {
         let recommended = size("max_recommended_working_set_size");
         let name = string("device_name")
             .or_else(|| string("architecture"))
-            .unwrap_or_else(|| backend.into());
+            .unwrap_or_else(|| format!("{backend:?}").to_lowercase());
         sys::mlx_device_info_free(info);
         sys::mlx_device_free(dev);
 
@@ -63,6 +59,30 @@ pub fn device_info() -> DeviceInfo {
             memory_bytes,
             recommended_working_set_bytes: recommended,
             cpu_blas: sys::cpu_blas(),
+        }
+    }
+}
+
+/// The backend the default device runs on. A GPU left unused is worth a warning: on a Mac
+/// (Metal) or an NVIDIA machine (CUDA) the CPU is many times slower.
+fn backend_of(on_gpu: bool, metal: bool, cuda: bool) -> Backend {
+    match (on_gpu, metal, cuda) {
+        (true, true, _) => Backend::Metal,
+        (true, false, true) => Backend::Cuda,
+        (_, metal, cuda) => {
+            if metal || cuda {
+                tracing::warn!(
+                    "MLX's default device is the CPU although this machine has a {} GPU: \
+                     generation will be much slower than it should be",
+                    if metal { "Metal" } else { "CUDA" }
+                );
+            } else if cfg!(target_os = "macos") {
+                tracing::warn!(
+                    "MLX finds no Metal device on this Mac (a virtual machine?): running on \
+                     the CPU, much slower than on the GPU"
+                );
+            }
+            Backend::Cpu
         }
     }
 }

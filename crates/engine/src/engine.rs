@@ -73,7 +73,7 @@ impl Engine {
     pub fn new() -> Self {
         let device = device::device_info();
         tracing::info!(
-            mlx = %device.mlx_version, backend = device.backend, device = %device.name,
+            mlx = %device.mlx_version, backend = ?device.backend, device = %device.name,
             memory_bytes = device.memory_bytes, blas = %device.cpu_blas, "MLX ready"
         );
         Self {
@@ -333,8 +333,8 @@ impl Engine {
             kv_bits: resident.load.kv_bits.map(i32::from),
             adapter_on,
             prefill_chunk: match self.device.backend {
-                "cpu" => PREFILL_CHUNK_CPU,
-                _ => PREFILL_CHUNK_GPU,
+                Backend::Cpu => PREFILL_CHUNK_CPU,
+                Backend::Cuda | Backend::Metal => PREFILL_CHUNK_GPU,
             },
         };
         let cache = &mut resident.prompt_cache;

@@ -21,7 +21,7 @@ use crate::{
 pub(crate) const PREFILL_CHUNK_GPU: usize = 2048;
 /// The same on the CPU, where a 2048-token chunk of a small model takes seconds: smaller chunks
 /// keep cancel latency low. (On an H200, 512-token chunks prefilled a 1928-token prompt at
-/// 0.6-0.7x mlx-lm's speed, 2048-token ones at 1.07x: NOTES "CUDA / H200".)
+/// 0.6-0.7x mlx-lm's speed, 2048-token ones at 1.07x: docs/decisions/prefill-chunks.md.)
 pub(crate) const PREFILL_CHUNK_CPU: usize = 512;
 /// Decode steps between `clear_cache` calls, as mlx-lm does.
 const CLEAR_CACHE_EVERY: usize = 256;

@@ -26,7 +26,7 @@ pub fn apply_limits(device: &DeviceInfo) {
     if let Err(e) = mlx_rs::memory::set_memory_limit(limit) {
         tracing::warn!("set_memory_limit({limit}): {e}");
     }
-    if device.backend == "metal" {
+    if device.backend == crate::Backend::Metal {
         if let Err(e) = mlx_rs::memory::set_wired_limit(limit) {
             tracing::warn!("set_wired_limit({limit}): {e}");
         }

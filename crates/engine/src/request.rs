@@ -134,12 +134,19 @@ pub struct MemoryStats {
     pub cache_bytes: u64,
 }
 
+/// What MLX computes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+    Metal,
+}
+
 /// The device MLX computes on.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
     pub mlx_version: String,
-    /// "metal" | "cuda" | "cpu".
-    pub backend: &'static str,
+    pub backend: Backend,
     pub name: String,
     pub memory_bytes: u64,
     pub recommended_working_set_bytes: Option<u64>,

@@ -1,18 +1,13 @@
 //! Linux: mlx-c built against the prebuilt libmlx, OpenBLAS linked ahead of it.
 
 use std::{
-    env, fs,
+    env,
     path::{Path, PathBuf},
 };
 
-use crate::wheel;
-
 /// Builds `libmlxc.a`, emits the link lines, and returns extra clang args for bindgen.
-pub fn build_and_link(mlx_c: &Path, out_dir: &Path) -> Vec<String> {
-    let dist = wheel::mlx_dist();
-    publish_beside_binaries(&dist, out_dir);
-    let compat = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("compat");
-
+pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
+    let compat = compat_dir();
     let mut config = cmake::Config::new(mlx_c);
     config
         .profile("Release")
@@ -32,7 +27,6 @@ pub fn build_and_link(mlx_c: &Path, out_dir: &Path) -> Vec<String> {
     // OpenBLAS as a direct dependency of the binary comes before the wheel's reference BLAS (a
     // dependency of libmlx) in the loader's search order, so its cblas_sgemm wins: float32
     // matmuls ~11x faster on x86. `cpu_blas()` references it, which keeps it past --as-needed.
-    println!("cargo::rustc-check-cfg=cfg(mlx_sys_openblas)");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() && openblas_present() {
         println!("cargo:rustc-link-lib=dylib=openblas");
         println!("cargo:rustc-cfg=mlx_sys_openblas");
@@ -50,17 +44,19 @@ pub fn build_and_link(mlx_c: &Path, out_dir: &Path) -> Vec<String> {
     );
     println!("cargo:rustc-link-lib=dylib=mlx");
     println!("cargo:rustc-link-lib=dylib=stdc++");
-    println!("cargo::metadata=lib_dir={}", dist.join("mlx/lib").display());
-    println!(
-        "cargo::metadata=include={}",
-        dist.join("mlx/include").display()
-    );
-    println!("cargo::metadata=version={}", wheel::MLX_VERSION);
+    half_bindgen_args()
+}
 
+/// bindgen's extra args on a non-ARM host: `float16_t`/`bfloat16_t` as mlx-rs expects them.
+pub fn half_bindgen_args() -> Vec<String> {
     vec![format!(
         "-include{}",
-        compat.join("half_bindgen.h").display()
+        compat_dir().join("half_bindgen.h").display()
     )]
+}
+
+fn compat_dir() -> PathBuf {
+    PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("compat")
 }
 
 fn openblas_present() -> bool {
@@ -72,21 +68,4 @@ fn openblas_present() -> bool {
     ]
     .iter()
     .any(|d| Path::new(d).join("libopenblas.so").exists())
-}
-
-/// Binaries carry the rpath `$ORIGIN/../mlx/mlx/lib` (see .cargo/config.toml): put the MLX
-/// distribution at `<target dir>/mlx` so every binary and test of the workspace finds libmlx.
-fn publish_beside_binaries(dist: &Path, out_dir: &Path) {
-    // OUT_DIR is <target>/<profile>/build/mlx-sys-<hash>/out.
-    let Some(target) = out_dir.ancestors().nth(4) else {
-        return;
-    };
-    let link = target.join("mlx");
-    if fs::read_link(&link).ok().as_deref() == Some(dist) {
-        return;
-    }
-    let _ = fs::remove_file(&link);
-    let _ = fs::remove_dir_all(&link);
-    #[cfg(unix)]
-    std::os::unix::fs::symlink(dist, &link).expect("link the MLX distribution into the target dir");
 }

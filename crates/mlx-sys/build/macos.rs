@@ -1,35 +1,70 @@
-//! macOS: upstream mlx-sys's behaviour. mlx-c's CMake fetches and builds MLX with Metal and
-//! Accelerate; the result links statically with the system frameworks.
+//! macOS (Apple Silicon): mlx-c built against PyPI's `mlx-metal` wheel, the MLX build mlx-lm
+//! uses on the same Mac. `libmlx.dylib` (install name `@rpath/libmlx.dylib`) is found through
+//! the binary's rpath (.cargo/config.toml), and MLX loads `mlx.metallib` from the directory that
+//! holds `libmlx.dylib`; nothing else needs shipping (libmlx needs system frameworks only).
 
-use std::path::Path;
+use std::{env, path::Path};
 
-pub fn build_and_link(mlx_c: &Path) {
-    let metal = std::env::var_os("CARGO_FEATURE_METAL").is_some();
-    let mut config = cmake::Config::new(mlx_c);
-    config
+/// Builds `libmlxc.a` and emits the link lines; returns extra clang args for bindgen.
+///
+/// On a host that is not a Mac (CI's `cargo xtask check-macos`, through cargo-zigbuild, whose
+/// zig supplies macOS's C headers) there is no macOS SDK to compile mlx-c with: the wheel is
+/// still fetched and verified, the bindings are made for the target, and linking is left
+/// undone, which `cargo check` never needs. A warning says so.
+pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
+    if !cfg!(target_os = "macos") {
+        println!(
+            "cargo:warning=mlx-sys: checking for macOS on a {} host: mlx-c is not compiled (no \
+             macOS SDK here), so this build can be checked but not linked",
+            env::consts::OS
+        );
+        // Apple's clang takes `__bf16` on arm64 as is; Debian's libclang wants the feature named.
+        return vec!["-march=armv8.6-a+bf16".into()];
+    }
+    let build = cmake::Config::new(mlx_c)
+        .profile("Release")
+        .define("MLX_C_USE_SYSTEM_MLX", "ON")
+        .define("MLX_DIR", dist.join("mlx/share/cmake/MLX"))
+        .define("MLX_C_BUILD_EXAMPLES", "OFF")
+        .define("BUILD_SHARED_LIBS", "OFF")
+        .build_target("mlxc")
+        .build()
+        .join("build");
+    println!("cargo:rustc-link-search=native={}", build.display());
+    println!("cargo:rustc-link-lib=static=mlxc");
+    println!(
+        "cargo:rustc-link-search=native={}",
+        dist.join("mlx/lib").display()
+    );
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    println!("cargo:rustc-link-lib=dylib=c++");
+    Vec::new()
+}
+
+/// `MLX_SYS_FROM_SOURCE=1`: the fallback, upstream mlx-sys's way (MLX fetched from GitHub and
+/// compiled with Metal by mlx-c's CMake, about ten minutes). For an MLX the wheel does not give.
+pub fn from_source() -> bool {
+    println!("cargo:rerun-if-env-changed=MLX_SYS_FROM_SOURCE");
+    env::var("MLX_SYS_FROM_SOURCE").is_ok_and(|v| v == "1")
+}
+
+/// Upstream's build: MLX compiled from source with Metal and Accelerate, linked statically.
+pub fn build_from_source(mlx_c: &Path) {
+    let dst = cmake::Config::new(mlx_c)
         .profile("Release")
         .define("MLX_C_BUILD_EXAMPLES", "OFF")
-        .define("MLX_BUILD_METAL", if metal { "ON" } else { "OFF" })
-        .define("MLX_BUILD_ACCELERATE", "ON");
-    let dst = config.build();
-    println!("cargo:rustc-link-search=native={}/lib", dst.display());
-    println!("cargo:rustc-link-search=native={}/build/lib", dst.display());
-    println!(
-        "cargo:rustc-link-search=native={}/build/_deps/mlx-build",
-        dst.display()
-    );
-    println!(
-        "cargo:rustc-link-search=native={}/build/_deps/mlx-build/mlx/io",
-        dst.display()
-    );
+        .define("MLX_BUILD_METAL", "ON")
+        .define("MLX_BUILD_ACCELERATE", "ON")
+        .build();
+    for dir in ["lib", "build/lib", "build/_deps/mlx-build", "build/_deps/mlx-build/mlx/io"] {
+        println!("cargo:rustc-link-search=native={}/{dir}", dst.display());
+    }
     for lib in ["mlxc", "mlx", "gguflib"] {
         println!("cargo:rustc-link-lib=static={lib}");
     }
     println!("cargo:rustc-link-lib=c++");
     println!("cargo:rustc-link-lib=dylib=objc");
-    println!("cargo:rustc-link-lib=framework=Foundation");
-    println!("cargo:rustc-link-lib=framework=Accelerate");
-    if metal {
-        println!("cargo:rustc-link-lib=framework=Metal");
+    for framework in ["Foundation", "Metal", "QuartzCore", "Accelerate"] {
+        println!("cargo:rustc-link-lib=framework={framework}");
     }
 }

@@ -1,7 +1,8 @@
 //! Raw bindings to mlx-c, the C API of MLX, for mlx-rs.
 //!
 //! This crate takes the published `mlx-sys 0.7.0`'s place (`[patch.crates-io]`) so that mlx-rs
-//! also builds on Linux, against the prebuilt MLX from PyPI. See build.rs for where MLX comes from.
+//! builds against the prebuilt MLX from PyPI on every platform (Metal on macOS, CPU or CUDA on
+//! Linux). See build.rs for where MLX comes from.
 #![allow(
     non_upper_case_globals,
     non_camel_case_types,
@@ -35,7 +36,11 @@ pub fn cpu_blas() -> String {
         let config = unsafe { std::ffi::CStr::from_ptr(openblas_get_config()) };
         format!("OpenBLAS {}", config.to_string_lossy().trim())
     }
-    #[cfg(not(mlx_sys_openblas))]
+    #[cfg(all(not(mlx_sys_openblas), target_os = "macos"))]
+    {
+        String::from("Accelerate")
+    }
+    #[cfg(all(not(mlx_sys_openblas), not(target_os = "macos")))]
     {
         String::from("bundled with MLX")
     }

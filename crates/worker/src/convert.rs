@@ -247,9 +247,9 @@ pub fn mlx_info(d: &mlx_engine::DeviceInfo) -> MlxInfo {
     MlxInfo {
         version: d.mlx_version.clone(),
         backend: match d.backend {
-            "metal" => Backend::Metal,
-            "cuda" => Backend::Cuda,
-            _ => Backend::Cpu,
+            mlx_engine::Backend::Metal => Backend::Metal,
+            mlx_engine::Backend::Cuda => Backend::Cuda,
+            mlx_engine::Backend::Cpu => Backend::Cpu,
         },
         device: DeviceInfo {
             name: d.name.clone(),

@@ -1,7 +1,7 @@
 //! Gemma 3 text models (`general.architecture = gemma3`): `Gemma3ForCausalLM` /
 //! `model_type: gemma3_text` in Hugging Face terms, the shape mlx-lm's `gemma3_text` reads.
 //!
-//! What differs from Llama on the way back from GGUF (evidence in NOTES.md, "GGUF import"):
+//! What differs from Llama on the way back from GGUF (evidence in docs/decisions/gguf-norm-shift.md):
 //! - every RMSNorm weight (block norms, q/k norms, final norm) is stored by llama.cpp as `1 + w`;
 //!   Hugging Face stores `w` (the model computes `x * (1 + w)`), so 1 is subtracted;
 //! - q/k rows are *not* permuted: llama.cpp runs Gemma with NeoX-style RoPE (rotary halves

@@ -5,12 +5,9 @@
 //! window generates (the rotating cache). Its tokens are checked against mlx-lm by `cargo xtask
 //! parity` (gemma3-270m). Skipped when the GGUF is missing unless MLX_WORKER_REQUIRE_MODELS=1.
 
-#[path = "common_worker.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::{greedy, model_id, rpc_error, within_for, worker};
+use crate::support::{greedy, model_id, rpc_error, within_for, worker};
 use mlx_engine::fixtures::gemma3_gguf;
 use protocol::error::InvalidParamsData;
 use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};

@@ -2,10 +2,7 @@
 //! Llamas (`mlx_engine::fixtures`): load, generate, tokenize, stop sequences and every error a
 //! model request can get.
 
-#[path = "common_worker.rs"]
-mod common;
-
-use common::{greedy, model_id, rpc_error, tiny_model, within, worker, worker_with_tiny_model};
+use crate::support::{greedy, model_id, rpc_error, tiny_model, within, worker, worker_with_tiny_model};
 use mlx_engine::fixtures::{TinyLlama, FIRST_BYTE_ID, VOCAB_SIZE};
 use protocol::error::{ContextOverflowData, InvalidParamsData, LoadFailedData};
 use protocol::methods::*;

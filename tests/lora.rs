@@ -4,10 +4,7 @@
 //! layouts giving the same text, the `use_adapter` switch per request, and bad adapters
 //! refused with the resident model left usable.
 
-#[path = "common_worker.rs"]
-mod common;
-
-use common::{greedy, model_id, rpc_error, tiny_model, within, worker};
+use crate::support::{greedy, model_id, rpc_error, tiny_model, within, worker};
 use mlx_engine::fixtures::{write_tiny_lora, AdapterLayout, TinyLlama};
 use protocol::error::LoadFailedData;
 use protocol::methods::*;

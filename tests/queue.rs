@@ -1,12 +1,9 @@
 //! End-to-end: queueing, cancellation and lifecycle while the real engine works, on a tiny
 //! random Llama whose generations run to `max_new_tokens` (thousands of tokens take seconds).
 
-#[path = "common_worker.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{greedy, model_id, rpc_error, within, worker_with_tiny_model};
+use crate::support::{greedy, model_id, rpc_error, within, worker_with_tiny_model};
 use mlx_engine::fixtures::FIRST_BYTE_ID;
 use protocol::error::BusyData;
 use protocol::methods::*;

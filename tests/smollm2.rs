@@ -2,12 +2,9 @@
 //! the binary. Skipped when the model is missing, unless MLX_WORKER_REQUIRE_MODELS=1, which
 //! makes a missing model a failure (see `mlx_engine::fixtures::smollm2_dir`).
 
-#[path = "common_worker.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::{greedy, model_id, within_for, worker};
+use crate::support::{greedy, model_id, within_for, worker};
 use mlx_engine::fixtures::{smollm2_dir, smollm2_gguf};
 use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};
 

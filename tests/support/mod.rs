@@ -1,7 +1,5 @@
-// Shared by the end-to-end tests: start the real binary through the protocol crate's client,
-// and write tiny random models (mlx_engine::fixtures) for it to load.
-
-#![allow(dead_code)] // each test binary uses a different part
+//! Shared by the end-to-end tests: start the real binary through the protocol crate's client,
+//! and write tiny random models (mlx_engine::fixtures) for it to load.
 
 use std::path::Path;
 use std::time::Duration;

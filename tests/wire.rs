@@ -1,12 +1,9 @@
 //! End-to-end: the real `mlx-worker` binary against bad input and its lifecycle, with no model
 //! loaded.
 
-#[path = "common_worker.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{within, worker};
+use crate::support::{within, worker};
 use protocol::error::{BusyData, InvalidParamsData};
 use protocol::methods::{Initialize, InitializeParams, Status, StatusParams, WorkerState};
 use protocol::{ClientError, ErrorCode, RequestId, Response};

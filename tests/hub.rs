@@ -3,15 +3,13 @@
 // `resolve` with ETag / X-Repo-Commit / Range, gated repos, X-Error-Code) into a temporary
 // HF_HOME, in the standard cache layout, then loads offline from that cache.
 
-mod common_worker;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use common_worker::{greedy, rpc_error, within};
+use crate::support::{greedy, rpc_error, within};
 use mlx_engine::fixtures::{write_tiny_llama, write_tiny_lora, AdapterLayout, TinyLlama};
 use protocol::error::LoadFailedData;
 use protocol::methods::{Load, LoadParams, LoadProgress, LoadStage};
@@ -41,7 +39,7 @@ struct Seen {
     authorization: Option<String>,
 }
 
-/// A loopback hub; it lives until the test process ends.
+/// A loopback hub (tiny_http); it lives until the test process ends.
 struct FakeHub {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -49,8 +47,8 @@ struct FakeHub {
 
 impl FakeHub {
     fn start(repos: Vec<(&str, HubRepo)>) -> FakeHub {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
+        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+        let addr = server.server_addr().to_ip().expect("an IP listener");
         let repos: Arc<BTreeMap<String, HubRepo>> = Arc::new(
             repos
                 .into_iter()
@@ -60,11 +58,9 @@ impl FakeHub {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
+            for request in server.incoming_requests() {
                 let (repos, log) = (repos.clone(), log.clone());
-                std::thread::spawn(move || {
-                    let _ = serve(stream, &repos, &log);
-                });
+                std::thread::spawn(move || serve(request, &repos, &log));
             }
         });
         FakeHub { addr, seen }
@@ -79,58 +75,42 @@ impl FakeHub {
     }
 }
 
-/// Answers one request on `stream` (Connection: close).
-fn serve(
-    stream: TcpStream,
-    repos: &BTreeMap<String, HubRepo>,
-    log: &Mutex<Vec<Seen>>,
-) -> std::io::Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_owned();
-    let path = parts.next().unwrap_or_default().to_owned();
-    let mut headers = BTreeMap::new();
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
-        }
-    }
+/// Answers one request.
+fn serve(request: tiny_http::Request, repos: &BTreeMap<String, HubRepo>, log: &Mutex<Vec<Seen>>) {
+    let header = |name: &str| {
+        request
+            .headers()
+            .iter()
+            .find(|h| h.field.to_string().eq_ignore_ascii_case(name))
+            .map(|h| h.value.to_string())
+    };
     let seen = Seen {
-        method: method.clone(),
-        path: path.clone(),
-        range: headers.get("range").cloned(),
-        authorization: headers.get("authorization").cloned(),
+        method: request.method().to_string(),
+        path: request.url().to_owned(),
+        range: header("Range"),
+        authorization: header("Authorization"),
     };
     log.lock().unwrap().push(seen.clone());
-    let mut out = stream;
-    let reply = answer(&seen, repos);
-    let (status, extra, body) = reply;
-    let mut head = format!(
-        "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        extra
-            .iter()
-            .find(|(k, _)| k == "Content-Length")
-            .map_or(body.len().to_string(), |(_, v)| v.clone())
+    let (status, headers, body) = answer(&seen, repos);
+    // A HEAD answer carries the file's length but no body (tiny_http leaves the body out).
+    let length = headers
+        .iter()
+        .find(|(k, _)| k == "Content-Length")
+        .map_or(body.len(), |(_, v)| v.parse().unwrap());
+    let code: u16 = status[..3].parse().unwrap();
+    let headers = headers
+        .iter()
+        .filter(|(k, _)| k != "Content-Length")
+        .map(|(k, v)| tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap())
+        .collect();
+    let response = tiny_http::Response::new(
+        code.into(),
+        headers,
+        std::io::Cursor::new(body),
+        Some(length),
+        None,
     );
-    for (k, v) in extra.iter().filter(|(k, _)| k != "Content-Length") {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    out.write_all(head.as_bytes())?;
-    if method != "HEAD" {
-        // In pieces, as a real server streams a large file.
-        for chunk in body.chunks(16 << 10) {
-            out.write_all(chunk)?;
-            out.flush()?;
-        }
-    }
-    Ok(())
+    let _ = request.respond(response);
 }
 
 type Reply = (&'static str, Vec<(String, String)>, Vec<u8>);

@@ -3,10 +3,7 @@
 //! rest is prefilled: `timings.prompt_n`), answers what a fresh worker answers, and `reset`
 //! forgets the cache.
 
-#[path = "common_worker.rs"]
-mod common;
-
-use common::{model_id, tiny_model, within, worker};
+use crate::support::{model_id, tiny_model, within, worker};
 use mlx_engine::fixtures::TinyLlama;
 use protocol::methods::*;
 use protocol::Client;

@@ -1,0 +1,75 @@
+//! The engine's side of `cargo xtask parity`: reads the request that `xtask/parity/reference.py`
+//! reads (stdin), answers in the same shape (stdout), so xtask compares the two line for line.
+//!
+//! Request: `{"model_dir", "adapter_dir"?, "kv_bits"?, "chat_template"?, "max_new_tokens",
+//! "cases": [{"name", "messages"}]}`; answer: `{"cases": [{"name", "prompt_ids", "tokens"}]}`.
+//! Prompt ids come from our chat template and tokenizer; tokens are greedy, every case from
+//! empty caches (as mlx-lm starts each), stopping before EOS.
+
+use std::io::Read;
+
+use mlx_engine::{
+    prompt_ids, text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Deserialize)]
+struct Request {
+    model_dir: String,
+    adapter_dir: Option<String>,
+    kv_bits: Option<u8>,
+    chat_template: Option<String>,
+    max_new_tokens: usize,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    messages: Vec<text::Message>,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut input = String::new();
+    std::io::stdin().read_to_string(&mut input)?;
+    let request: Request = serde_json::from_str(&input)?;
+    let mut engine = Engine::new();
+    let loaded = engine.load(
+        &LoadRequest {
+            model: request.model_dir.clone(),
+            adapter: request.adapter_dir.clone(),
+            kv_bits: request.kv_bits,
+            chat_template_override: request.chat_template.clone(),
+            ..Default::default()
+        },
+        &mut |_| {},
+        &CancelToken::new(),
+    )?;
+    let mut answers = Vec::new();
+    for case in request.cases {
+        let prompt = Prompt::Chat {
+            messages: case.messages,
+            options: text::RenderOptions::default(),
+        };
+        let ids = prompt_ids(&loaded.tokenizer, &prompt)?;
+        let generate = GenerateRequest {
+            model: None,
+            prompt,
+            max_new_tokens: request.max_new_tokens,
+            sampler: SamplerParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            stop: Vec::new(),
+            logprobs: 0,
+            use_adapter: None,
+        };
+        // No prompt-cache reuse between cases (tests/worker_prompt_cache.rs covers reuse).
+        engine.reset();
+        let got = engine.generate(&generate, &mut |_| {}, &CancelToken::new())?;
+        answers.push(json!({"name": case.name, "prompt_ids": ids, "tokens": got.token_ids}));
+    }
+    println!("{}", json!({ "cases": Value::Array(answers) }));
+    Ok(())
+}

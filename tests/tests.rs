@@ -1,0 +1,15 @@
+//! End-to-end tests of mlx-worker: the real binary over real pipes, real MLX, real weights (tiny
+//! random models written by `mlx_engine::fixtures`, the real SmolLM2 and Gemma 3 270M). One
+//! test binary, one module per area; `support` holds what they share.
+
+mod support;
+
+mod fuzz;
+mod gemma3;
+mod generate;
+mod hub;
+mod lora;
+mod prompt_cache;
+mod queue;
+mod smollm2;
+mod wire;
