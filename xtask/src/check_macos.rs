@@ -52,6 +52,9 @@ pub fn run() -> anyhow::Result<()> {
             // below it (the venv is in the workspace root), and bindgen runs in mlx-sys's
             // directory: from a directory that is no ancestor of the venv, the paths are absolute.
             .current_dir(crate::workspace_root().join("crates/worker"))
+            // Its own target directory: zig's compiler settings change the fingerprints of
+            // host build scripts, which would otherwise rebuild the main debug tree each time.
+            .env("CARGO_TARGET_DIR", target_dir().join("check-macos"))
             .env("PATH", path),
         "cargo-zigbuild check",
     )?;
