@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::support::{greedy, model_id, rpc_error, within_for, worker};
-use mlx_engine::fixtures::gemma3_gguf;
+use fixtures::gemma3_gguf;
 use protocol::error::InvalidParamsData;
 use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};
 use protocol::ErrorCode;

@@ -1,9 +1,9 @@
 //! End-to-end: the real `mlx-worker` binary over real pipes, running real MLX on tiny random
-//! Llamas (`mlx_engine::fixtures`): load, generate, tokenize, stop sequences and every error a
+//! Llamas (`fixtures`): load, generate, tokenize, stop sequences and every error a
 //! model request can get.
 
 use crate::support::{greedy, model_id, rpc_error, tiny_model, within, worker, worker_with_tiny_model};
-use mlx_engine::fixtures::{TinyLlama, FIRST_BYTE_ID, VOCAB_SIZE};
+use fixtures::{TinyLlama, FIRST_BYTE_ID, VOCAB_SIZE};
 use protocol::error::{ContextOverflowData, InvalidParamsData, LoadFailedData};
 use protocol::methods::*;
 use protocol::{ErrorCode, LoadErrorKind};

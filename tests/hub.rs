@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::support::{greedy, rpc_error, within};
-use mlx_engine::fixtures::{write_tiny_llama, write_tiny_lora, AdapterLayout, TinyLlama};
+use fixtures::{write_tiny_llama, write_tiny_lora, AdapterLayout, TinyLlama};
 use protocol::error::LoadFailedData;
 use protocol::methods::{Load, LoadParams, LoadProgress, LoadStage};
 use protocol::{Client, ClientOptions, ErrorCode, LoadErrorKind};

@@ -5,7 +5,7 @@
 //! refused with the resident model left usable.
 
 use crate::support::{greedy, model_id, rpc_error, tiny_model, within, worker};
-use mlx_engine::fixtures::{write_tiny_lora, AdapterLayout, TinyLlama};
+use fixtures::{write_tiny_lora, AdapterLayout, TinyLlama};
 use protocol::error::LoadFailedData;
 use protocol::methods::*;
 use protocol::{Client, ErrorCode, LoadErrorKind};

@@ -4,7 +4,7 @@
 //! forgets the cache.
 
 use crate::support::{model_id, tiny_model, within, worker};
-use mlx_engine::fixtures::TinyLlama;
+use fixtures::TinyLlama;
 use protocol::methods::*;
 use protocol::Client;
 

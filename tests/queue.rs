@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::{greedy, model_id, rpc_error, within, worker_with_tiny_model};
-use mlx_engine::fixtures::FIRST_BYTE_ID;
+use fixtures::FIRST_BYTE_ID;
 use protocol::error::BusyData;
 use protocol::methods::*;
 use protocol::ErrorCode;

@@ -1,11 +1,11 @@
 //! End-to-end with the real SmolLM2-135M-Instruct (imported by `cargo xtask setup`) through
 //! the binary. Skipped when the model is missing, unless MLX_WORKER_REQUIRE_MODELS=1, which
-//! makes a missing model a failure (see `mlx_engine::fixtures::smollm2_dir`).
+//! makes a missing model a failure (see `fixtures::smollm2_dir`).
 
 use std::time::Duration;
 
 use crate::support::{greedy, model_id, within_for, worker};
-use mlx_engine::fixtures::{smollm2_dir, smollm2_gguf};
+use fixtures::{smollm2_dir, smollm2_gguf};
 use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};
 
 /// A 135M model on a slow CPU.

@@ -1,5 +1,5 @@
 //! End-to-end tests of mlx-worker: the real binary over real pipes, real MLX, real weights (tiny
-//! random models written by `mlx_engine::fixtures`, the real SmolLM2 and Gemma 3 270M). One
+//! random models written by `fixtures`, the real SmolLM2 and Gemma 3 270M). One
 //! test binary, one module per area; `support` holds what they share.
 
 mod support;

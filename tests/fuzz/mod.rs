@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::support::{greedy, model_id, tiny_model, within, within_for, worker};
-use mlx_engine::fixtures::TinyLlama;
+use fixtures::TinyLlama;
 use protocol::methods::{
     Cancel, Generate, GenerateDelta, GenerateResult, Initialize, Load, Method, Reset, Status,
     StatusParams, Tokenize, Unload, WorkerState,

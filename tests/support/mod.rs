@@ -1,10 +1,10 @@
 //! Shared by the end-to-end tests: start the real binary through the protocol crate's client,
-//! and write tiny random models (mlx_engine::fixtures) for it to load.
+//! and write tiny random models (fixtures) for it to load.
 
 use std::path::Path;
 use std::time::Duration;
 
-use mlx_engine::fixtures::{write_tiny_llama, TinyLlama};
+use fixtures::{write_tiny_llama, TinyLlama};
 use protocol::methods::{ChatMessage, GenerateParams, Load, LoadParams};
 use protocol::{Client, ClientError, ClientOptions, ErrorCode, ResponseError};
 

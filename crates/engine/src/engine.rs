@@ -14,7 +14,6 @@ use crate::{
     device,
     error::{EngineError, LoadErrorKind},
     generate::{generate, GenerationContext, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
-    gguf_import, hub,
     kv_cache::KV_GROUP_SIZE,
     lora::{self, Adapter, AdapterSwitch},
     memory,
@@ -130,12 +129,12 @@ impl Engine {
         let is_gguf = req.model.ends_with(".gguf") && Path::new(&req.model).is_file();
         let path = if is_gguf {
             progress(LoadProgress {
-                stage: "weights",
+                stage: LoadStage::Weights,
                 done: 0,
                 total: 1,
                 message: "importing GGUF".into(),
             });
-            gguf_import::imported_dir(Path::new(&req.model))?
+            model_store::gguf_import::imported_dir(Path::new(&req.model))?
         } else {
             resolve(&req.model, req, progress, cancel)?
         };
@@ -149,7 +148,7 @@ impl Engine {
             None => (path, None),
         };
         progress(LoadProgress {
-            stage: "resolve",
+            stage: LoadStage::Resolve,
             done: 1,
             total: 1,
             message: path.display().to_string(),
@@ -157,7 +156,7 @@ impl Engine {
         let config = read_config(&path)?;
 
         progress(LoadProgress {
-            stage: "tokenizer",
+            stage: LoadStage::Tokenizer,
             done: 0,
             total: 1,
             message: String::new(),
@@ -181,7 +180,7 @@ impl Engine {
         }
 
         progress(LoadProgress {
-            stage: "weights",
+            stage: LoadStage::Weights,
             done: 0,
             total: 1,
             message: String::new(),
@@ -228,7 +227,7 @@ impl Engine {
             )
         })?;
         progress(LoadProgress {
-            stage: "weights",
+            stage: LoadStage::Weights,
             done: 1,
             total: 1,
             message: String::new(),
@@ -282,7 +281,7 @@ impl Engine {
             prompt_cache: PromptCache::default(),
         });
         progress(LoadProgress {
-            stage: "ready",
+            stage: LoadStage::Ready,
             done: 1,
             total: 1,
             message: String::new(),
@@ -411,43 +410,20 @@ pub fn prompt_ids(tokenizer: &ModelTokenizer, prompt: &Prompt) -> Result<Vec<u32
     }
 }
 
-/// A local directory, or a hub repo id's snapshot (cached or downloaded: `hub.rs`). `model` is
-/// `req.model`, or an adapter or base model named beside it (fetched at its default revision,
-/// with the same token).
+/// A local directory, or a hub repo id's snapshot (`model_store`). `model` is `req.model`, or an
+/// adapter or base model named beside it (fetched at its default revision, with the same token).
 fn resolve(
     model: &str,
     req: &LoadRequest,
     progress: &mut dyn FnMut(LoadProgress),
     cancel: &CancelToken,
 ) -> Result<PathBuf, EngineError> {
-    let path = Path::new(model);
-    if path.is_dir() {
-        return Ok(path.to_path_buf());
-    }
-    if path.exists() {
-        return Err(EngineError::load(
-            LoadErrorKind::NotFound,
-            format!(
-                "`{model}` is a file; give a model directory (config.json, *.safetensors, \
-                 tokenizer.json) or a .gguf file"
-            ),
-        ));
-    }
-    if hub::is_repo_id(model) {
-        if model == req.model {
-            return hub::resolve(req, progress, cancel);
-        }
-        let other = LoadRequest {
-            model: model.to_owned(),
-            revision: None,
-            ..req.clone()
-        };
-        return hub::resolve(&other, progress, cancel);
-    }
-    Err(EngineError::load(
-        LoadErrorKind::NotFound,
-        format!("no model directory at `{model}`, and it is not a Hugging Face repo id (org/name)"),
-    ))
+    let source = model_store::Source {
+        model,
+        revision: if model == req.model { req.revision.as_deref() } else { None },
+        hf_token: req.hf_token.as_ref(),
+    };
+    Ok(model_store::resolve(&source, progress, &|| cancel.is_cancelled())?)
 }
 
 /// `kv_bits` quantizes each cached head in groups of [`KV_GROUP_SIZE`] features.

@@ -1,15 +1,4 @@
-/// Why a model failed to load; the worker sends it as `-32002`'s `data.kind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LoadErrorKind {
-    NotFound,
-    UnsupportedArchitecture,
-    InvalidWeights,
-    TokenizerMissing,
-    AuthRequired,
-    Network,
-    OutOfMemory,
-    GgufUnsupported,
-}
+pub use model_store::LoadErrorKind;
 
 /// Everything the engine can fail with. The worker maps each variant to one protocol error.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +34,18 @@ impl EngineError {
         Self::Load {
             kind,
             detail: detail.into(),
+        }
+    }
+}
+
+impl From<model_store::Error> for EngineError {
+    fn from(e: model_store::Error) -> Self {
+        match e {
+            model_store::Error::Load { kind, detail } => Self::Load { kind, detail },
+            model_store::Error::InvalidParams { field, reason } => {
+                Self::InvalidParams { field, reason }
+            }
+            model_store::Error::Cancelled => Self::Cancelled,
         }
     }
 }

@@ -85,7 +85,7 @@ mod tests {
     use mlx_rs::Array;
 
     use super::*;
-    use crate::fixtures::mlx_test_lock;
+    use fixtures::mlx_test_lock;
 
     /// Two plain caches (or sliding-window ones) holding `n` positions.
     fn caches(n: i32, window: Option<i32>) -> Vec<KvCache> {

@@ -1,5 +1,6 @@
 //! What the engine takes and gives back. Plain data, independent of the wire format.
 
+pub use model_store::{HfToken, LoadProgress, LoadStage};
 use std::path::PathBuf;
 
 /// Compute dtype for unquantized weights.
@@ -18,29 +19,6 @@ impl WeightDtype {
             Self::Float16 => "float16",
             Self::Bfloat16 => "bfloat16",
         }
-    }
-}
-
-/// A Hugging Face token. `Debug` prints `<redacted>`; only the hub client reads it, through
-/// [`HfToken::expose`]. Never logged, echoed or put into the environment.
-#[derive(Clone, PartialEq, Eq)]
-pub struct HfToken(String);
-
-impl HfToken {
-    /// Wraps a token.
-    pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into())
-    }
-
-    /// The token itself, for the `Authorization` header.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for HfToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HfToken(<redacted>)")
     }
 }
 
@@ -84,16 +62,6 @@ impl LoadRequest {
             && self.adapter == other.adapter
             && self.kv_bits == other.kv_bits
     }
-}
-
-/// Progress of a load, reported as it happens.
-#[derive(Debug, Clone)]
-pub struct LoadProgress {
-    /// "resolve" | "download" | "weights" | "tokenizer" | "ready".
-    pub stage: &'static str,
-    pub done: u64,
-    pub total: u64,
-    pub message: String,
 }
 
 /// Quantization of a checkpoint's linear layers.

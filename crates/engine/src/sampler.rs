@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn temperature_zero_is_argmax() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let mut s = sampler(greedy(), 4);
         let lp = logprobs_of(&[0.1, 0.2, 0.6, 0.1]);
         assert_eq!(s.sample(&lp).unwrap().item_exact::<u32>(), 2);
@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn temperature_one_follows_the_distribution() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let mut s = sampler(only_temp(11), 3);
         let counts = histogram(&mut s, &logprobs_of(&[0.7, 0.2, 0.1]), 3000);
         let freq: Vec<f64> = counts.iter().map(|&c| c as f64 / 3000.0).collect();
@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn same_seed_same_tokens_other_seed_other_tokens() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let lp = logprobs_of(&[0.25, 0.25, 0.25, 0.25]);
         let draw = |seed| histogram_seq(&mut sampler(only_temp(seed), 4), &lp, 64);
         assert_eq!(draw(5), draw(5));
@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn top_k_at_or_above_the_vocabulary_keeps_everything() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let params = SamplerParams {
             top_k: 40,
             ..only_temp(9)
@@ -279,7 +279,7 @@ mod tests {
 
     #[test]
     fn top_k_keeps_the_k_most_likely() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let params = SamplerParams {
             top_k: 2,
             ..only_temp(1)
@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn top_p_keeps_the_smallest_set_reaching_the_mass() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let lp = logprobs_of(&[0.6, 0.3, 0.1]);
         let counts = histogram(
             &mut sampler(
@@ -328,7 +328,7 @@ mod tests {
 
     #[test]
     fn min_p_drops_tokens_below_a_fraction_of_the_top() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let lp = logprobs_of(&[0.5, 0.3, 0.2]);
         let counts = histogram(
             &mut sampler(
@@ -362,7 +362,7 @@ mod tests {
 
     #[test]
     fn penalties_and_bias_follow_mlx_lm_semantics() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let history = Array::from_slice(&[1u32, 2, 2], &[3]);
         let base = logits(&[1.0, 2.0, -2.0, 4.0]);
         let run = |p: SamplerParams| -> Vec<f32> {
@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn out_of_range_settings_are_refused_with_the_field() {
-        let _mlx = crate::fixtures::mlx_test_lock();
+        let _mlx = fixtures::mlx_test_lock();
         let field = |p: SamplerParams| match Sampler::new(p, 10) {
             Err(EngineError::InvalidParams { field, .. }) => field,
             other => panic!("expected InvalidParams, got {:?}", other.err()),

@@ -8,7 +8,7 @@ fn close(a: &Array, b: &Array, tol: f32) -> bool {
 
 #[test]
 fn matmul_matches_hand_computed() {
-    let _mlx = mlx_engine::fixtures::mlx_test_lock();
+    let _mlx = fixtures::mlx_test_lock();
     let a = array!([[1.0f32, 2.0], [3.0, 4.0]]);
     let b = array!([[5.0f32, 6.0], [7.0, 8.0]]);
     let c = a.matmul(&b).unwrap();
@@ -17,7 +17,7 @@ fn matmul_matches_hand_computed() {
 
 #[test]
 fn large_float32_matmul_is_right() {
-    let _mlx = mlx_engine::fixtures::mlx_test_lock();
+    let _mlx = fixtures::mlx_test_lock();
     // Big enough to go through cblas_sgemm (OpenBLAS here): ones(64x300) @ ones(300x32) = 300.
     let a = ops::ones::<f32>(&[64, 300]).unwrap();
     let b = ops::ones::<f32>(&[300, 32]).unwrap();
@@ -31,7 +31,7 @@ fn large_float32_matmul_is_right() {
 
 #[test]
 fn rms_norm_matches_definition() {
-    let _mlx = mlx_engine::fixtures::mlx_test_lock();
+    let _mlx = fixtures::mlx_test_lock();
     let x = array!([[1.0f32, 2.0, 3.0, 4.0]]);
     let w = array!([1.0f32, 1.0, 2.0, 0.5]);
     let y = fast::rms_norm(&x, Some(&w), 1e-5).unwrap();
@@ -42,7 +42,7 @@ fn rms_norm_matches_definition() {
 
 #[test]
 fn quantized_matmul_approximates_dense() {
-    let _mlx = mlx_engine::fixtures::mlx_test_lock();
+    let _mlx = fixtures::mlx_test_lock();
     random::seed(7).unwrap();
     let w = random::normal::<f32>(&[128, 256], None, None, None).unwrap();
     let x = random::normal::<f32>(&[4, 256], None, None, None).unwrap();
@@ -61,7 +61,7 @@ fn quantized_matmul_approximates_dense() {
 
 #[test]
 fn argmax_and_dtypes() {
-    let _mlx = mlx_engine::fixtures::mlx_test_lock();
+    let _mlx = fixtures::mlx_test_lock();
     let x = array!([0.1f32, 3.0, -2.0, 2.5]);
     assert_eq!(
         ops::indexing::argmax_axis(&x, 0, None)

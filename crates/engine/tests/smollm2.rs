@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use mlx_engine::{
-    fixtures, text, CancelToken, Completion, Engine, GenerateRequest, LoadRequest, Loaded, Prompt,
+    text, CancelToken, Completion, Engine, GenerateRequest, LoadRequest, Loaded, Prompt,
     SamplerParams,
 };
 

@@ -176,16 +176,15 @@ pub fn delta_tokens(tokens: Vec<mlx_engine::TokenLogprob>) -> Option<Vec<TokenLo
     })
 }
 
-/// The protocol's stage for an engine stage name; `None` for a name the protocol lacks.
-pub fn load_stage(name: &str) -> Option<LoadStage> {
-    Some(match name {
-        "resolve" => LoadStage::Resolve,
-        "download" => LoadStage::Download,
-        "weights" => LoadStage::Weights,
-        "tokenizer" => LoadStage::Tokenizer,
-        "ready" => LoadStage::Ready,
-        _ => return None,
-    })
+/// The protocol's name for a load stage.
+pub fn load_stage(stage: mlx_engine::LoadStage) -> LoadStage {
+    match stage {
+        mlx_engine::LoadStage::Resolve => LoadStage::Resolve,
+        mlx_engine::LoadStage::Download => LoadStage::Download,
+        mlx_engine::LoadStage::Weights => LoadStage::Weights,
+        mlx_engine::LoadStage::Tokenizer => LoadStage::Tokenizer,
+        mlx_engine::LoadStage::Ready => LoadStage::Ready,
+    }
 }
 
 /// A resident model's info.

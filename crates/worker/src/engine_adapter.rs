@@ -70,9 +70,8 @@ impl EngineAdapter {
     ) -> Result<LoadResult, ResponseError> {
         let started = Instant::now();
         let request = convert::load_request(params)?;
-        let mut report = |p: mlx_engine::LoadProgress| match convert::load_stage(p.stage) {
-            Some(stage) => progress(stage, p.done, p.total, p.message),
-            None => tracing::debug!(stage = p.stage, "a load stage the protocol does not name"),
+        let mut report = |p: mlx_engine::LoadProgress| {
+            progress(convert::load_stage(p.stage), p.done, p.total, p.message)
         };
         let loaded = self
             .engine

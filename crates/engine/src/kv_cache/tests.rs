@@ -6,7 +6,7 @@
 use mlx_rs::{ops::indexing::IndexOp, Array};
 
 use super::{causal_mask, KvCache, Mask};
-use crate::fixtures::mlx_test_lock;
+use fixtures::mlx_test_lock;
 
 /// Keys/values `(1, 1, n, 1)` holding positions `start..start + n`.
 fn positions(start: i32, n: i32) -> Array {

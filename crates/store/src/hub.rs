@@ -19,17 +19,13 @@ use hf_hub::{
     Cache, Repo, RepoType,
 };
 
-use crate::{
-    error::{EngineError, LoadErrorKind},
-    request::{LoadProgress, LoadRequest},
-    CancelToken,
-};
+use crate::{Error, LoadErrorKind, LoadProgress, LoadStage, Source};
 
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
 /// Whether `model` reads as a hub repo id: `org/name`, each part `[A-Za-z0-9][A-Za-z0-9._-]*`,
 /// without `..` or `--` (the hub forbids both), at most 96 characters.
-pub(crate) fn is_repo_id(model: &str) -> bool {
+pub fn is_repo_id(model: &str) -> bool {
     let part = |s: &str| {
         s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
             && s.chars()
@@ -43,23 +39,23 @@ pub(crate) fn is_repo_id(model: &str) -> bool {
 
 /// The snapshot directory of `req.model` at `req.revision`: from the cache, or downloaded.
 pub(crate) fn resolve(
-    req: &LoadRequest,
+    req: &Source,
     progress: &mut dyn FnMut(LoadProgress),
-    cancel: &CancelToken,
-) -> Result<PathBuf, EngineError> {
+    cancelled: &dyn Fn() -> bool,
+) -> Result<PathBuf, Error> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let settings = Settings::from_env(&env)?;
-    let revision = req.revision.as_deref().unwrap_or("main");
+    let revision = req.revision.unwrap_or("main");
     if revision.is_empty() || revision.contains("..") || revision.starts_with('/') {
-        return Err(EngineError::InvalidParams {
+        return Err(Error::InvalidParams {
             field: "revision".into(),
             reason: format!("`{revision}` is not a branch, tag or commit"),
         });
     }
-    let cached = cached_snapshot(&settings.cache, &req.model, revision);
+    let cached = cached_snapshot(&settings.cache, req.model, revision);
     if settings.offline {
         return cached.ok_or_else(|| {
-            EngineError::load(
+            Error::load(
                 LoadErrorKind::NotFound,
                 format!(
                     "`{}` (revision {revision}) is not cached in {} and HF_HUB_OFFLINE is set: \
@@ -72,7 +68,6 @@ pub(crate) fn resolve(
     }
     let token = req
         .hf_token
-        .as_ref()
         .map(|t| t.expose().trim().to_owned())
         .filter(|t| !t.is_empty())
         .or_else(|| env("HF_TOKEN"))
@@ -81,7 +76,7 @@ pub(crate) fn resolve(
             Some(file.trim().to_owned()).filter(|t| !t.is_empty())
         });
     let failure = Failure {
-        repo: &req.model,
+        repo: req.model,
         revision,
         endpoint: &settings.endpoint,
         token_given: token.is_some(),
@@ -93,11 +88,11 @@ pub(crate) fn resolve(
         .with_retries(2)
         .build()
         .map_err(|e| failure.of(e, None))?;
-    let repo = Repo::with_revision(req.model.clone(), RepoType::Model, revision.to_owned());
+    let repo = Repo::with_revision(req.model.to_owned(), RepoType::Model, revision.to_owned());
     let api_repo = api.repo(repo.clone());
 
     progress(LoadProgress {
-        stage: "resolve",
+        stage: LoadStage::Resolve,
         done: 0,
         total: 1,
         message: format!("{} ({revision}) at {}", req.model, settings.endpoint),
@@ -108,7 +103,7 @@ pub(crate) fn resolve(
             let error = failure.of(e, None);
             // Like huggingface_hub: an unreachable hub falls back to what the cache holds.
             if let (
-                EngineError::Load {
+                Error::Load {
                     kind: LoadErrorKind::Network,
                     detail,
                 },
@@ -123,7 +118,7 @@ pub(crate) fn resolve(
     };
     let files = model_files(info.siblings.iter().map(|s| s.rfilename.as_str()));
     if !files.iter().any(|f| CONFIGS.contains(&f.as_str())) {
-        return Err(EngineError::load(
+        return Err(Error::load(
             LoadErrorKind::NotFound,
             format!(
                 "`{}` (revision {revision}) has no config.json (nor adapter_config.json): not a \
@@ -133,7 +128,7 @@ pub(crate) fn resolve(
         ));
     }
     if !files.iter().any(|f| f.ends_with(".safetensors")) {
-        return Err(EngineError::load(
+        return Err(Error::load(
             LoadErrorKind::InvalidWeights,
             format!(
                 "`{}` (revision {revision}) has no .safetensors weights (PyTorch .bin and other \
@@ -143,7 +138,7 @@ pub(crate) fn resolve(
         ));
     }
 
-    let snapshot = repo_dir(&settings.cache, &req.model)
+    let snapshot = repo_dir(&settings.cache, req.model)
         .join("snapshots")
         .join(&info.sha);
     let missing: Vec<&String> = files
@@ -155,8 +150,8 @@ pub(crate) fn resolve(
         to_download = missing.len(), cache = %settings.cache.display(), "hub model"
     );
     for (i, file) in missing.iter().enumerate() {
-        if cancel.is_cancelled() {
-            return Err(EngineError::Cancelled);
+        if cancelled() {
+            return Err(Error::Cancelled);
         }
         let reporter = Reporter {
             progress: &mut *progress,
@@ -174,7 +169,7 @@ pub(crate) fn resolve(
             .repo(repo)
             .create_ref(&info.sha)
             .map_err(|e| {
-                EngineError::load(
+                Error::load(
                     LoadErrorKind::Network,
                     format!(
                         "writing refs/{revision} in {}: {e}",
@@ -186,8 +181,8 @@ pub(crate) fn resolve(
     if !snapshot.join("config.json").is_file() {
         // The branch moved between the listing and the downloads: the files went to a newer
         // snapshot, which refs/<revision> now names.
-        return cached_snapshot(&settings.cache, &req.model, revision).ok_or_else(|| {
-            EngineError::load(
+        return cached_snapshot(&settings.cache, req.model, revision).ok_or_else(|| {
+            Error::load(
                 LoadErrorKind::Network,
                 format!(
                     "`{}` changed on the hub while downloading: load it again",
@@ -210,7 +205,7 @@ struct Settings {
 
 impl Settings {
     /// From environment variables as huggingface_hub reads them (`env` looks one up).
-    fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Self, EngineError> {
+    fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Self, Error> {
         let hf_home = env("HF_HOME").map(PathBuf::from).or_else(|| {
             env("XDG_CACHE_HOME")
                 .map(PathBuf::from)
@@ -221,7 +216,7 @@ impl Settings {
             .map(PathBuf::from)
             .or_else(|| hf_home.as_ref().map(|h| h.join("hub")))
             .ok_or_else(|| {
-                EngineError::load(
+                Error::load(
                     LoadErrorKind::NotFound,
                     "no Hugging Face cache directory: set HF_HOME, HF_HUB_CACHE or HOME",
                 )
@@ -329,7 +324,7 @@ impl Reporter<'_> {
     fn send(&mut self) {
         self.sent = Some(self.done);
         (self.progress)(LoadProgress {
-            stage: "download",
+            stage: LoadStage::Download,
             done: self.done,
             total: self.total,
             message: self.label.clone(),
@@ -371,7 +366,7 @@ struct Failure<'a> {
 }
 
 impl Failure<'_> {
-    fn of(&self, error: ApiError, file: Option<&str>) -> EngineError {
+    fn of(&self, error: ApiError, file: Option<&str>) -> Error {
         let (repo, revision, endpoint) = (self.repo, self.revision, self.endpoint);
         let what = match file {
             Some(f) => format!("`{repo}` ({revision}) file {f}"),
@@ -415,7 +410,7 @@ impl Failure<'_> {
                 format!("{what}: unexpected answer from {endpoint}: {other}"),
             ),
         };
-        EngineError::load(kind, detail)
+        Error::load(kind, detail)
     }
 
     fn status(&self, status: u16, error_code: &str, what: &str) -> (LoadErrorKind, String) {
@@ -465,7 +460,7 @@ impl Failure<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::HfToken;
+    use crate::HfToken;
 
     #[test]
     fn repo_ids_are_org_slash_name() {
@@ -606,12 +601,13 @@ mod tests {
 
     #[test]
     fn the_token_never_shows_in_debug_output() {
-        let req = LoadRequest {
-            model: "org/gated".into(),
-            hf_token: Some(HfToken::new("hf_do_not_print")),
-            ..Default::default()
+        let token = HfToken::new("hf_do_not_print");
+        let req = Source {
+            model: "org/gated",
+            revision: None,
+            hf_token: Some(&token),
         };
-        let shown = format!("{req:?} {:#?}", req.hf_token);
+        let shown = format!("{req:?} {token:#?}");
         assert!(!shown.contains("hf_do_not_print"), "{shown}");
         assert!(shown.contains("<redacted>"));
     }

@@ -1,0 +1,78 @@
+//! `.gguf` files: imported once (dequantized, tokenizer rebuilt) into a Hugging Face-layout
+//! directory in the cache, which then loads like any other model directory.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use crate::{Error, LoadErrorKind};
+
+/// Marks an import that finished; its first line names the importer version
+/// ([`gguf::IMPORT_VERSION`]). A directory without it, or with another version, is redone.
+const COMPLETE: &str = ".import-complete";
+
+/// The imported directory for `gguf` in our cache (`<cache>/gguf-imports/<stem>-<size>-<mtime>`),
+/// importing it first if needed.
+pub fn imported_dir(gguf: &Path) -> Result<PathBuf, Error> {
+    let meta = fs::metadata(gguf).map_err(|e| {
+        Error::load(LoadErrorKind::NotFound, format!("{}: {e}", gguf.display()))
+    })?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let stem = gguf.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    let dir = crate::cache_root()?
+        .join("gguf-imports")
+        .join(format!("{stem}-{}-{mtime}", meta.len()));
+    import_into(gguf, &dir)?;
+    Ok(dir)
+}
+
+/// Whether `dir` holds a finished import by this importer version.
+pub fn is_imported(dir: &Path) -> bool {
+    fs::read_to_string(dir.join(COMPLETE))
+        .is_ok_and(|m| m.lines().next() == Some(marker_line().as_str()))
+}
+
+/// Imports `gguf` into `dir` unless a finished import by this version is there: into a sibling
+/// first, then renamed, so the directory appears whole or not at all.
+pub fn import_into(gguf: &Path, dir: &Path) -> Result<(), Error> {
+    if is_imported(dir) {
+        return Ok(());
+    }
+    let failed = |e: std::io::Error| {
+        Error::load(LoadErrorKind::InvalidWeights, format!("{}: {e}", dir.display()))
+    };
+    let partial = dir.with_extension(format!("importing-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&partial);
+    tracing::info!(gguf = %gguf.display(), dir = %dir.display(), "importing GGUF");
+    let report = gguf::import_hf_dir(gguf, &partial).map_err(|e| {
+        let _ = fs::remove_dir_all(&partial);
+        let kind = match e {
+            gguf::ImportError::UnsupportedArchitecture(_)
+            | gguf::ImportError::UnmappedTensor(_) => LoadErrorKind::GgufUnsupported,
+            gguf::ImportError::Tokenizer(_) => LoadErrorKind::TokenizerMissing,
+            _ => LoadErrorKind::InvalidWeights,
+        };
+        Error::load(kind, format!("{}: {e}", gguf.display()))
+    })?;
+    let marker = format!(
+        "{}\n{} tensors, {} parameters\n",
+        marker_line(),
+        report.tensors_written,
+        report.parameters
+    );
+    fs::write(partial.join(COMPLETE), marker).map_err(failed)?;
+    if dir.exists() {
+        // An unfinished or outdated import.
+        fs::remove_dir_all(dir).map_err(failed)?;
+    }
+    fs::rename(&partial, dir).map_err(failed)
+}
+
+fn marker_line() -> String {
+    format!("gguf import v{}", gguf::IMPORT_VERSION)
+}
