@@ -30,7 +30,9 @@ fn main() {
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let mlx_c = mlx_c_source::unpack(&out_dir);
     let target = dist::target();
-    let wheel = target.wheel().unwrap_or_else(|e| fail(&format!("mlx-sys: {e}")));
+    let wheel = target
+        .wheel()
+        .unwrap_or_else(|e| fail(&format!("mlx-sys: {e}")));
 
     let extra_clang_args = match target.os.as_str() {
         "macos" if macos::from_source() => {

@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 
 use crate::{setup, venv, worker_bin, workspace_root};
 
-
 /// Preloaded into the second mlx-lm process.
 const OPENBLAS: &str = venv::DEBIAN_OPENBLAS;
 

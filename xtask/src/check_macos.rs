@@ -30,11 +30,25 @@ pub fn run() -> anyhow::Result<()> {
 
     eprintln!("check-macos: feature resolution for {TARGET}");
     let tree = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["tree", "-e", "features", "--target", TARGET, "-p", "mlx-worker", "-i", "mlx-sys"])
+        .args([
+            "tree",
+            "-e",
+            "features",
+            "--target",
+            TARGET,
+            "-p",
+            "mlx-worker",
+            "-i",
+            "mlx-sys",
+        ])
         .current_dir(crate::workspace_root())
         .output()
         .context("running cargo tree")?;
-    ensure!(tree.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&tree.stderr));
+    ensure!(
+        tree.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&tree.stderr)
+    );
     let tree = String::from_utf8_lossy(&tree.stdout);
     metal_resolved(&tree)?;
 
@@ -43,7 +57,9 @@ pub fn run() -> anyhow::Result<()> {
     let path = std::env::join_paths(
         [tools.zig_bin.clone(), tools.cargo_bin.clone()]
             .into_iter()
-            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+            .chain(std::env::split_paths(
+                &std::env::var_os("PATH").unwrap_or_default(),
+            )),
     )?;
     run_checked(
         Command::new(tools.cargo_bin.join("cargo-zigbuild"))
@@ -89,13 +105,23 @@ fn tools() -> anyhow::Result<Tools> {
         eprintln!("check-macos: cargo install cargo-zigbuild@{CARGO_ZIGBUILD}");
         run_checked(
             cargo()
-                .args(["install", "--locked", "--version", CARGO_ZIGBUILD, "cargo-zigbuild", "--root"])
+                .args([
+                    "install",
+                    "--locked",
+                    "--version",
+                    CARGO_ZIGBUILD,
+                    "cargo-zigbuild",
+                    "--root",
+                ])
                 .arg(&root),
             "cargo install cargo-zigbuild",
         )?;
     }
     let python = venv::reference_python()?;
-    let zig_bin = python.parent().map(Path::to_path_buf).context("venv python has no directory")?;
+    let zig_bin = python
+        .parent()
+        .map(Path::to_path_buf)
+        .context("venv python has no directory")?;
     if !Command::new(&python)
         .args(["-c", "import ziglang"])
         .status()
@@ -103,7 +129,13 @@ fn tools() -> anyhow::Result<Tools> {
     {
         eprintln!("check-macos: pip install {ZIGLANG}");
         run_checked(
-            Command::new(&python).args(["-m", "pip", "install", "--disable-pip-version-check", ZIGLANG]),
+            Command::new(&python).args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                ZIGLANG,
+            ]),
             "pip install ziglang",
         )?;
     }

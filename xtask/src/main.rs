@@ -20,7 +20,11 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "mlx-worker's automation", disable_help_subcommand = true)]
+#[command(
+    name = "cargo xtask",
+    about = "mlx-worker's automation",
+    disable_help_subcommand = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Cmd>,

@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 
 use crate::{cargo, run_checked, setup, target_dir, venv, workspace_root};
 
-
 #[derive(Debug, Deserialize)]
 struct CasesFile {
     max_new_tokens: usize,
@@ -246,7 +245,12 @@ fn reference(python: &Path, request: &Value, dir: &Path, cases: usize) -> anyhow
 }
 
 /// Runs one side with `request` on stdin and reads its answer from stdout.
-fn answer(command: &mut Command, request: &Value, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
+fn answer(
+    command: &mut Command,
+    request: &Value,
+    dir: &Path,
+    cases: usize,
+) -> anyhow::Result<Answer> {
     let what = format!("{:?}", command.get_program());
     let mut child = command
         .stdin(Stdio::piped())
@@ -263,12 +267,19 @@ fn answer(command: &mut Command, request: &Value, dir: &Path, cases: usize) -> a
         .wait_with_output()
         .with_context(|| format!("waiting for {what}"))?;
     if !out.status.success() {
-        bail!("{what} failed on {} ({}); see its output above", dir.display(), out.status);
+        bail!(
+            "{what} failed on {} ({}); see its output above",
+            dir.display(),
+            out.status
+        );
     }
     let answer: Answer = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("{what} printed no valid answer"))?;
     if answer.cases.len() != cases {
-        bail!("{what} answered {} cases, expected {cases}", answer.cases.len());
+        bail!(
+            "{what} answered {} cases, expected {cases}",
+            answer.cases.len()
+        );
     }
     Ok(answer)
 }

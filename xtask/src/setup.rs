@@ -19,7 +19,9 @@ fn fetch_wheel(package: &str, filename: &str, dir: &std::path::Path) -> anyhow::
         // About every 10 MB, and at the end.
         if p.done >= shown + (10 << 20) || Some(p.done) == p.total {
             shown = p.done;
-            let total = p.total.map_or(String::new(), |t| format!(" of {:.1} MB", t as f64 / 1e6));
+            let total = p
+                .total
+                .map_or(String::new(), |t| format!(" of {:.1} MB", t as f64 / 1e6));
             eprintln!("  {filename}: {:.1} MB{total}", p.done as f64 / 1e6);
         }
     })?;
@@ -68,7 +70,6 @@ const GEMMA3_GGUF_NAME: &str = "gemma-3-270m-q4_k_m.gguf";
 /// The whole file's sha256 (the docs package's SHA256SUMS says the same; checked on assembly).
 const GEMMA3_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
 const GEMMA3_MODEL_NAME: &str = "gemma-3-270m";
-
 
 /// Our cache (`model_store::cache_root`: `MLX_WORKER_CACHE`, else `~/.cache/mlx-worker`).
 pub fn cache_dir() -> anyhow::Result<PathBuf> {
@@ -147,7 +148,11 @@ fn imported_dir(
         return Ok(dir);
     }
     let gguf = gguf()?;
-    eprintln!("importing {} into {} (about a minute)", gguf.display(), dir.display());
+    eprintln!(
+        "importing {} into {} (about a minute)",
+        gguf.display(),
+        dir.display()
+    );
     model_store::gguf_import::import_into(&gguf, &dir)
         .with_context(|| format!("importing {}", gguf.display()))?;
     Ok(dir)

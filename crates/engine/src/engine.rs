@@ -1,26 +1,19 @@
 //! The engine: resident models, and the calls the worker makes on its MLX thread.
 
-use std::{
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Instant,
-};
+use std::{sync::Arc, time::Instant};
 
-use mlx_rs::Dtype;
-use serde_json::Value;
 use text::ModelTokenizer;
 
 use crate::{
     device,
-    error::{EngineError, LoadErrorKind},
+    error::EngineError,
     generate::{generate, GenerationContext, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
-    kv_cache::KV_GROUP_SIZE,
-    lora::{self, Adapter, AdapterSwitch},
+    load,
+    lora::AdapterSwitch,
     memory,
     models::{self, LanguageModel},
     prompt_cache::PromptCache,
     request::*,
-    weights::Weights,
     CancelToken,
 };
 
@@ -106,7 +99,8 @@ impl Engine {
         self.models.last().map(|r| r.info.model_id.as_str())
     }
 
-    /// Makes a model resident (and active). A failure leaves resident models as they were.
+    /// Makes a model resident (and active): the steps of `load.rs`. A failure leaves resident
+    /// models as they were.
     pub fn load(
         &mut self,
         req: &LoadRequest,
@@ -126,146 +120,13 @@ impl Engine {
                 return Ok(loaded);
             }
         }
-        let is_gguf = req.model.ends_with(".gguf") && Path::new(&req.model).is_file();
-        let path = if is_gguf {
-            progress(LoadProgress {
-                stage: LoadStage::Weights,
-                done: 0,
-                total: 1,
-                message: "importing GGUF".into(),
-            });
-            model_store::gguf_import::imported_dir(Path::new(&req.model))?
-        } else {
-            resolve(&req.model, req, progress, cancel)?
-        };
-        // An adapter: asked for, or the `model` directory is one (then its base is the model).
-        let (path, adapter_dir) = match &req.adapter {
-            Some(adapter) => (path, Some(resolve(adapter, req, progress, cancel)?)),
-            None if lora::is_adapter_dir(&path) => {
-                let base = lora::base_model_of(&path)?;
-                (resolve(&base, req, progress, cancel)?, Some(path))
-            }
-            None => (path, None),
-        };
-        progress(LoadProgress {
-            stage: LoadStage::Resolve,
-            done: 1,
-            total: 1,
-            message: path.display().to_string(),
-        });
-        let config = read_config(&path)?;
-
-        progress(LoadProgress {
-            stage: LoadStage::Tokenizer,
-            done: 0,
-            total: 1,
-            message: String::new(),
-        });
-        let mut tokenizer = ModelTokenizer::from_dir(&path).map_err(|e| {
-            EngineError::load(
-                LoadErrorKind::TokenizerMissing,
-                format!("{}: {e}", path.display()),
-            )
-        })?;
-        if let Some(template) = &req.chat_template_override {
-            tokenizer
-                .set_chat_template(template, text::ChatTemplateSource::Override)
-                .map_err(|e| EngineError::InvalidParams {
-                    field: "chat_template_override".into(),
-                    reason: e.to_string(),
-                })?;
-        }
-        if cancel.is_cancelled() {
-            return Err(EngineError::Cancelled);
-        }
-
-        progress(LoadProgress {
-            stage: LoadStage::Weights,
-            done: 0,
-            total: 1,
-            message: String::new(),
-        });
+        let files = load::resolve(req, progress, cancel)?;
+        let (config, tokenizer) = load::read(&files, req, progress, cancel)?;
         memory::apply_limits(&self.device);
-        let mut weights = Weights::load_dir(&path, &config)?;
-        if let Some(dtype) = req.dtype {
-            weights.cast_floats(to_mlx(dtype))?;
-        }
-        let dtype = weights
-            .float_dtype()
-            .map(from_mlx)
-            .unwrap_or(WeightDtype::Float32);
-        let num_parameters = weights.num_parameters();
-        let mut model = models::build(&config, weights)?;
-        let mut quantization = quantization_of(&config);
-        if req.load_in_4bit && quantization.is_none() {
-            for (_, linear) in model.linears_mut() {
-                if linear.weight.dim(-1) % 64 == 0 {
-                    linear.quantize(64, 4)?;
-                }
-            }
-            quantization = Some(Quantization {
-                bits: 4,
-                group_size: 64,
-            });
-        }
-        if let Some(bits) = req.kv_bits {
-            check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
-        }
-        let adapter_switch = match &adapter_dir {
-            Some(dir) => Some(Adapter::load(dir)?.attach(dir, model.linears_mut())?),
-            None => None,
-        };
-        let arrays: Vec<_> = model
-            .linears_mut()
-            .into_iter()
-            .map(|(_, l)| l.weight.clone())
-            .collect();
-        mlx_rs::transforms::eval(arrays.iter()).map_err(|e| {
-            EngineError::load(
-                LoadErrorKind::OutOfMemory,
-                format!("materialising weights: {e}"),
-            )
-        })?;
-        progress(LoadProgress {
-            stage: LoadStage::Weights,
-            done: 1,
-            total: 1,
-            message: String::new(),
-        });
-
-        let own_context = model.max_position_embeddings().unwrap_or(4096);
-        let context_length = if req.max_seq_length > 0 {
-            req.max_seq_length
-        } else {
-            own_context
-        };
-        let info = ModelInfo {
-            model_id: model_id.clone(),
-            path: path.clone(),
-            architecture: config["model_type"].as_str().unwrap_or_default().to_owned(),
-            model_type: config["model_type"].as_str().unwrap_or_default().to_owned(),
-            is_vision: false,
-            is_lora: adapter_dir.is_some(),
-            is_gguf,
-            dtype,
-            quantization,
-            context_length,
-            num_parameters,
-            // The model's output width (embeddings are often padded past the tokenizer's size):
-            // what the sampler's logit-bias row and token checks must match.
-            vocab_size: config["vocab_size"]
-                .as_u64()
-                .map_or_else(|| tokenizer.vocab_size(), |v| v as usize),
-            eos_token_ids: tokenizer.eos_token_ids().iter().copied().collect(),
-            chat_template_present: tokenizer.chat_template().is_some(),
-            chat_template_source: match tokenizer.chat_template_source() {
-                // The importer carried the GGUF's own template into tokenizer_config.json.
-                text::ChatTemplateSource::TokenizerConfig if is_gguf => {
-                    text::ChatTemplateSource::Gguf
-                }
-                source => source,
-            },
-        };
+        let mut built = load::build(&files, &config, req, progress)?;
+        let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
+        let info = load::describe(req, &files, &config, &tokenizer, &built);
+        let model = built.model;
         let tokenizer = Arc::new(tokenizer);
         self.models.retain(|r| r.info.model_id != model_id);
         self.models.push(Resident {
@@ -280,12 +141,7 @@ impl Engine {
             adapter: adapter_switch,
             prompt_cache: PromptCache::default(),
         });
-        progress(LoadProgress {
-            stage: LoadStage::Ready,
-            done: 1,
-            total: 1,
-            message: String::new(),
-        });
+        load::report(progress, LoadStage::Ready, 1, "");
         Ok(Loaded {
             info,
             tokenizer,
@@ -407,76 +263,5 @@ pub fn prompt_ids(tokenizer: &ModelTokenizer, prompt: &Prompt) -> Result<Vec<u32
             .render_and_encode(messages, options)
             .map(|r| r.ids)
             .map_err(|e| EngineError::Template(e.to_string())),
-    }
-}
-
-/// A local directory, or a hub repo id's snapshot (`model_store`). `model` is `req.model`, or an
-/// adapter or base model named beside it (fetched at its default revision, with the same token).
-fn resolve(
-    model: &str,
-    req: &LoadRequest,
-    progress: &mut dyn FnMut(LoadProgress),
-    cancel: &CancelToken,
-) -> Result<PathBuf, EngineError> {
-    let source = model_store::Source {
-        model,
-        revision: if model == req.model { req.revision.as_deref() } else { None },
-        hf_token: req.hf_token.as_ref(),
-    };
-    Ok(model_store::resolve(&source, progress, &|| cancel.is_cancelled())?)
-}
-
-/// `kv_bits` quantizes each cached head in groups of [`KV_GROUP_SIZE`] features.
-fn check_kv_bits(bits: u8, head_dims: &[i32]) -> Result<(), EngineError> {
-    let invalid = |reason: String| EngineError::InvalidParams {
-        field: "kv_bits".into(),
-        reason,
-    };
-    if ![4, 8].contains(&bits) {
-        return Err(invalid(format!("must be 4 or 8, not {bits}")));
-    }
-    match head_dims.iter().find(|d| *d % KV_GROUP_SIZE != 0) {
-        Some(d) => Err(invalid(format!(
-            "this model's attention heads have {d} features, not a multiple of {KV_GROUP_SIZE}, \
-             so its KV cache cannot be quantized; load it without kv_bits"
-        ))),
-        None => Ok(()),
-    }
-}
-
-fn read_config(dir: &Path) -> Result<Value, EngineError> {
-    let file = dir.join("config.json");
-    let text = std::fs::read_to_string(&file).map_err(|e| {
-        EngineError::load(LoadErrorKind::NotFound, format!("{}: {e}", file.display()))
-    })?;
-    serde_json::from_str(&text).map_err(|e| {
-        EngineError::load(
-            LoadErrorKind::InvalidWeights,
-            format!("{}: {e}", file.display()),
-        )
-    })
-}
-
-fn quantization_of(config: &Value) -> Option<Quantization> {
-    let q = config.get("quantization")?;
-    Some(Quantization {
-        bits: q.get("bits")?.as_i64()? as i32,
-        group_size: q.get("group_size")?.as_i64()? as i32,
-    })
-}
-
-fn to_mlx(d: WeightDtype) -> Dtype {
-    match d {
-        WeightDtype::Float32 => Dtype::Float32,
-        WeightDtype::Float16 => Dtype::Float16,
-        WeightDtype::Bfloat16 => Dtype::Bfloat16,
-    }
-}
-
-fn from_mlx(d: Dtype) -> WeightDtype {
-    match d {
-        Dtype::Float16 => WeightDtype::Float16,
-        Dtype::Bfloat16 => WeightDtype::Bfloat16,
-        _ => WeightDtype::Float32,
     }
 }

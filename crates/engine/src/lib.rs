@@ -12,6 +12,7 @@ mod engine;
 mod error;
 mod generate;
 mod kv_cache;
+mod load;
 mod lora;
 mod memory;
 mod models;

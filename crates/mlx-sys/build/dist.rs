@@ -27,13 +27,18 @@ fn macos_version() -> Option<(u32, u32)> {
     println!("cargo:rerun-if-env-changed=MACOSX_DEPLOYMENT_TARGET");
     if let Ok(v) = env::var("MACOSX_DEPLOYMENT_TARGET") {
         return Some(mlx::parse_macos_version(&v).unwrap_or_else(|| {
-            crate::fail(&format!("mlx-sys: MACOSX_DEPLOYMENT_TARGET={v} is not a macOS version such as 14.0"))
+            crate::fail(&format!(
+                "mlx-sys: MACOSX_DEPLOYMENT_TARGET={v} is not a macOS version such as 14.0"
+            ))
         }));
     }
     if !cfg!(target_os = "macos") {
         return None;
     }
-    let out = Command::new("sw_vers").arg("-productVersion").output().ok()?;
+    let out = Command::new("sw_vers")
+        .arg("-productVersion")
+        .output()
+        .ok()?;
     mlx::parse_macos_version(&String::from_utf8_lossy(&out.stdout))
 }
 
@@ -75,7 +80,10 @@ pub fn mlx_dist(wheel: &Wheel, out_dir: &Path) -> PathBuf {
     };
     publish_beside_binaries(&dist, out_dir);
     println!("cargo::metadata=lib_dir={}", dist.join("mlx/lib").display());
-    println!("cargo::metadata=include={}", dist.join("mlx/include").display());
+    println!(
+        "cargo::metadata=include={}",
+        dist.join("mlx/include").display()
+    );
     println!("cargo::metadata=version={MLX_VERSION}");
     dist
 }

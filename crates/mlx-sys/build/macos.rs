@@ -56,7 +56,12 @@ pub fn build_from_source(mlx_c: &Path) {
         .define("MLX_BUILD_METAL", "ON")
         .define("MLX_BUILD_ACCELERATE", "ON")
         .build();
-    for dir in ["lib", "build/lib", "build/_deps/mlx-build", "build/_deps/mlx-build/mlx/io"] {
+    for dir in [
+        "lib",
+        "build/lib",
+        "build/_deps/mlx-build",
+        "build/_deps/mlx-build/mlx/io",
+    ] {
         println!("cargo:rustc-link-search=native={}/{dir}", dst.display());
     }
     for lib in ["mlxc", "mlx", "gguflib"] {

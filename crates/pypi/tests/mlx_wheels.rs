@@ -22,18 +22,28 @@ fn the_macos_wheel_holds_a_metal_libmlx_with_an_rpath_install_name() {
     });
     mlx::verify_layout(&dist, Backend::Metal).unwrap();
     let metallib = std::fs::metadata(dist.join("mlx/lib/mlx.metallib")).unwrap();
-    assert!(metallib.len() > 1 << 20, "mlx.metallib is {} bytes", metallib.len());
+    assert!(
+        metallib.len() > 1 << 20,
+        "mlx.metallib is {} bytes",
+        metallib.len()
+    );
 
     let data = std::fs::read(dist.join("mlx/lib/libmlx.dylib")).unwrap();
     let file = MachOFile64::<Endianness>::parse(&*data).expect("libmlx.dylib is a 64-bit Mach-O");
     assert_eq!(file.architecture(), object::Architecture::Aarch64);
     let endian = file.endian();
-    let mut commands = file.macho_header().load_commands(endian, &*data, 0).unwrap();
+    let mut commands = file
+        .macho_header()
+        .load_commands(endian, &*data, 0)
+        .unwrap();
     let (mut id, mut deps) = (None, Vec::new());
     while let Some(command) = commands.next().unwrap() {
         match command.variant().unwrap() {
             LoadCommandVariant::IdDylib(d) => {
-                id = Some(String::from_utf8_lossy(command.string(endian, d.dylib.name).unwrap()).into_owned())
+                id = Some(
+                    String::from_utf8_lossy(command.string(endian, d.dylib.name).unwrap())
+                        .into_owned(),
+                )
             }
             LoadCommandVariant::Dylib(d) => deps.push(
                 String::from_utf8_lossy(command.string(endian, d.dylib.name).unwrap()).into_owned(),
@@ -45,12 +55,19 @@ fn the_macos_wheel_holds_a_metal_libmlx_with_an_rpath_install_name() {
     assert_eq!(id.as_deref(), Some("@rpath/libmlx.dylib"));
     // Only system libraries and frameworks besides: libmlx.dylib + mlx.metallib are all an
     // install has to ship.
-    assert!(deps.iter().any(|d| d.ends_with("Metal.framework/Versions/A/Metal")), "{deps:?}");
+    assert!(
+        deps.iter()
+            .any(|d| d.ends_with("Metal.framework/Versions/A/Metal")),
+        "{deps:?}"
+    );
     let foreign: Vec<_> = deps
         .iter()
         .filter(|d| !d.starts_with("/System/Library/") && !d.starts_with("/usr/lib/"))
         .collect();
-    assert!(foreign.is_empty(), "libmlx.dylib needs non-system libraries: {foreign:?}");
+    assert!(
+        foreign.is_empty(),
+        "libmlx.dylib needs non-system libraries: {foreign:?}"
+    );
 }
 
 #[test]

@@ -15,9 +15,8 @@ const COMPLETE: &str = ".import-complete";
 /// The imported directory for `gguf` in our cache (`<cache>/gguf-imports/<stem>-<size>-<mtime>`),
 /// importing it first if needed.
 pub fn imported_dir(gguf: &Path) -> Result<PathBuf, Error> {
-    let meta = fs::metadata(gguf).map_err(|e| {
-        Error::load(LoadErrorKind::NotFound, format!("{}: {e}", gguf.display()))
-    })?;
+    let meta = fs::metadata(gguf)
+        .map_err(|e| Error::load(LoadErrorKind::NotFound, format!("{}: {e}", gguf.display())))?;
     let mtime = meta
         .modified()
         .ok()
@@ -44,7 +43,10 @@ pub fn import_into(gguf: &Path, dir: &Path) -> Result<(), Error> {
         return Ok(());
     }
     let failed = |e: std::io::Error| {
-        Error::load(LoadErrorKind::InvalidWeights, format!("{}: {e}", dir.display()))
+        Error::load(
+            LoadErrorKind::InvalidWeights,
+            format!("{}: {e}", dir.display()),
+        )
     };
     let partial = dir.with_extension(format!("importing-{}", std::process::id()));
     let _ = fs::remove_dir_all(&partial);

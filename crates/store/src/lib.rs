@@ -62,7 +62,12 @@ pub fn cache_root() -> Result<PathBuf, Error> {
     }
     pypi::user_cache_dir()
         .map(|c| c.join("mlx-worker"))
-        .map_err(|e| Error::load(LoadErrorKind::NotFound, format!("{e} (or MLX_WORKER_CACHE)")))
+        .map_err(|e| {
+            Error::load(
+                LoadErrorKind::NotFound,
+                format!("{e} (or MLX_WORKER_CACHE)"),
+            )
+        })
 }
 
 /// A Hugging Face token. `Debug` prints `<redacted>`; only the hub client reads it, through

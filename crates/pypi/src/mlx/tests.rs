@@ -49,12 +49,27 @@ fn a_mac_takes_the_metal_wheel_pip_would_take() {
     assert_eq!(mac(None).wheel().unwrap().backend, Backend::Metal);
     assert_eq!(mac(None).wheel().unwrap().library(), "libmlx.dylib");
     // The newest tag not newer than the Mac, as pip does.
-    assert_eq!(pick(&mac(Some((15, 3)))), "mlx_metal-0.32.2-py3-none-macosx_15_0_arm64.whl");
-    assert_eq!(pick(&mac(Some((14, 0)))), "mlx_metal-0.32.2-py3-none-macosx_14_0_arm64.whl");
-    assert_eq!(pick(&mac(Some((26, 1)))), "mlx_metal-0.32.2-py3-none-macosx_26_0_arm64.whl");
-    assert_eq!(pick(&mac(Some((25, 0)))), "mlx_metal-0.32.2-py3-none-macosx_15_0_arm64.whl");
+    assert_eq!(
+        pick(&mac(Some((15, 3)))),
+        "mlx_metal-0.32.2-py3-none-macosx_15_0_arm64.whl"
+    );
+    assert_eq!(
+        pick(&mac(Some((14, 0)))),
+        "mlx_metal-0.32.2-py3-none-macosx_14_0_arm64.whl"
+    );
+    assert_eq!(
+        pick(&mac(Some((26, 1)))),
+        "mlx_metal-0.32.2-py3-none-macosx_26_0_arm64.whl"
+    );
+    assert_eq!(
+        pick(&mac(Some((25, 0)))),
+        "mlx_metal-0.32.2-py3-none-macosx_15_0_arm64.whl"
+    );
     // Unknown Mac: the oldest, which runs on all of them.
-    assert_eq!(pick(&mac(None)), "mlx_metal-0.32.2-py3-none-macosx_14_0_arm64.whl");
+    assert_eq!(
+        pick(&mac(None)),
+        "mlx_metal-0.32.2-py3-none-macosx_14_0_arm64.whl"
+    );
     // Older than MLX supports: nothing, and the error names the floor.
     let old = mac(Some((13, 6))).wheel().unwrap();
     assert!(old.pick(&listed("mlx-metal")).is_none());
@@ -73,13 +88,22 @@ fn metal_is_not_a_feature_on_the_mac_and_cuda_is_refused_there() {
 fn linux_takes_the_cpu_or_the_cuda_wheel_for_its_arch() {
     let cpu = target("linux", "x86_64", false, None);
     assert_eq!(cpu.wheel().unwrap().backend, Backend::Cpu);
-    assert_eq!(pick(&cpu), "mlx_cpu-0.32.2-py3-none-manylinux_2_35_x86_64.whl");
+    assert_eq!(
+        pick(&cpu),
+        "mlx_cpu-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
+    );
     let arm = target("linux", "aarch64", false, None);
-    assert_eq!(pick(&arm), "mlx_cpu-0.32.2-py3-none-manylinux_2_35_aarch64.whl");
+    assert_eq!(
+        pick(&arm),
+        "mlx_cpu-0.32.2-py3-none-manylinux_2_35_aarch64.whl"
+    );
     let cuda = target("linux", "x86_64", true, None);
     assert_eq!(cuda.wheel().unwrap().backend, Backend::Cuda);
     assert_eq!(cuda.wheel().unwrap().library(), "libmlx.so");
-    assert_eq!(pick(&cuda), "mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl");
+    assert_eq!(
+        pick(&cuda),
+        "mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
+    );
     assert!(target("linux", "riscv64", false, None).wheel().is_err());
     assert!(target("windows", "x86_64", false, None).wheel().is_err());
 }
@@ -112,8 +136,14 @@ fn macos_versions_parse_as_sw_vers_and_deployment_targets_write_them() {
     assert_eq!(parse_macos_version("14"), Some((14, 0)));
     assert_eq!(parse_macos_version("26.0\n"), Some((26, 0)));
     assert_eq!(parse_macos_version("sonoma"), None);
-    assert_eq!(macos_tag("mlx_metal-0.32.2-py3-none-macosx_26_0_arm64.whl"), Some((26, 0)));
-    assert_eq!(macos_tag("mlx_cpu-0.32.2-py3-none-manylinux_2_35_x86_64.whl"), None);
+    assert_eq!(
+        macos_tag("mlx_metal-0.32.2-py3-none-macosx_26_0_arm64.whl"),
+        Some((26, 0))
+    );
+    assert_eq!(
+        macos_tag("mlx_cpu-0.32.2-py3-none-manylinux_2_35_x86_64.whl"),
+        None
+    );
 }
 
 #[test]
@@ -132,7 +162,10 @@ fn a_distribution_missing_the_metallib_is_refused_by_name() {
     assert!(err.contains("mlx/lib/mlx.metallib"), "{err}");
     std::fs::write(dir.join("mlx/lib/mlx.metallib"), b"").unwrap();
     verify_layout(&dir, Backend::Metal).unwrap();
-    assert_eq!(dist_root(&dir.join("mlx/share/cmake/MLX"), Backend::Metal), Some(dir.clone()));
+    assert_eq!(
+        dist_root(&dir.join("mlx/share/cmake/MLX"), Backend::Metal),
+        Some(dir.clone())
+    );
     assert!(verify_layout(&dir, Backend::Cpu).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,0 +1,300 @@
+//! `Engine::load`'s steps, in order: [`resolve`] (where the files are), [`read`] (config,
+//! tokenizer, chat template), [`build`] (weights into a model), [`quantize`] (quantize-on-load,
+//! adapter, `kv_bits` check, weights materialised), [`describe`] (what `load` answers). Each
+//! reports its stage; any failure leaves the resident models as they were.
+
+use std::path::{Path, PathBuf};
+
+use mlx_rs::Dtype;
+use serde_json::Value;
+use text::ModelTokenizer;
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    kv_cache::KV_GROUP_SIZE,
+    lora::{self, Adapter, AdapterSwitch},
+    models::{self, LanguageModel},
+    request::*,
+    weights::Weights,
+    CancelToken,
+};
+
+/// Where a model's files are.
+pub(crate) struct Files {
+    /// The model directory (a `.gguf` imported into one).
+    pub path: PathBuf,
+    /// A LoRA adapter to attach, if any.
+    pub adapter: Option<PathBuf>,
+    pub is_gguf: bool,
+}
+
+/// A model built from its weights, before quantize-on-load and adapters.
+pub(crate) struct Built {
+    pub model: Box<dyn LanguageModel>,
+    pub dtype: WeightDtype,
+    pub num_parameters: u64,
+    pub quantization: Option<Quantization>,
+}
+
+/// The model directory and adapter of `req`: a `.gguf` imported, a repo id found or downloaded;
+/// an adapter asked for, or the `model` directory is one (then its base is the model).
+pub(crate) fn resolve(
+    req: &LoadRequest,
+    progress: &mut dyn FnMut(LoadProgress),
+    cancel: &CancelToken,
+) -> Result<Files, EngineError> {
+    let is_gguf = req.model.ends_with(".gguf") && Path::new(&req.model).is_file();
+    let path = if is_gguf {
+        report(progress, LoadStage::Weights, 0, "importing GGUF");
+        model_store::gguf_import::imported_dir(Path::new(&req.model))?
+    } else {
+        find(&req.model, req, progress, cancel)?
+    };
+    let (path, adapter) = match &req.adapter {
+        Some(adapter) => (path, Some(find(adapter, req, progress, cancel)?)),
+        None if lora::is_adapter_dir(&path) => {
+            let base = lora::base_model_of(&path)?;
+            (find(&base, req, progress, cancel)?, Some(path))
+        }
+        None => (path, None),
+    };
+    report(progress, LoadStage::Resolve, 1, &path.display().to_string());
+    Ok(Files {
+        path,
+        adapter,
+        is_gguf,
+    })
+}
+
+/// config.json and the tokenizer (with `chat_template_override` applied).
+pub(crate) fn read(
+    files: &Files,
+    req: &LoadRequest,
+    progress: &mut dyn FnMut(LoadProgress),
+    cancel: &CancelToken,
+) -> Result<(Value, ModelTokenizer), EngineError> {
+    let path = &files.path;
+    let config = read_config(path)?;
+    report(progress, LoadStage::Tokenizer, 0, "");
+    let mut tokenizer = ModelTokenizer::from_dir(path).map_err(|e| {
+        EngineError::load(
+            LoadErrorKind::TokenizerMissing,
+            format!("{}: {e}", path.display()),
+        )
+    })?;
+    if let Some(template) = &req.chat_template_override {
+        tokenizer
+            .set_chat_template(template, text::ChatTemplateSource::Override)
+            .map_err(|e| EngineError::InvalidParams {
+                field: "chat_template_override".into(),
+                reason: e.to_string(),
+            })?;
+    }
+    if cancel.is_cancelled() {
+        return Err(EngineError::Cancelled);
+    }
+    Ok((config, tokenizer))
+}
+
+/// The weights (cast to `req.dtype` when asked) in the family's model.
+pub(crate) fn build(
+    files: &Files,
+    config: &Value,
+    req: &LoadRequest,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<Built, EngineError> {
+    report(progress, LoadStage::Weights, 0, "");
+    let mut weights = Weights::load_dir(&files.path, config)?;
+    if let Some(dtype) = req.dtype {
+        weights.cast_floats(to_mlx(dtype))?;
+    }
+    let dtype = weights
+        .float_dtype()
+        .map(from_mlx)
+        .unwrap_or(WeightDtype::Float32);
+    let num_parameters = weights.num_parameters();
+    Ok(Built {
+        model: models::build(config, weights)?,
+        dtype,
+        num_parameters,
+        quantization: quantization_of(config),
+    })
+}
+
+/// Quantize-on-load (`load_in_4bit`: affine, 4 bits, groups of 64, as mlx-lm), the `kv_bits`
+/// check, the adapter attached; then every weight materialised, so that running out of memory
+/// shows here and not in the first generation.
+pub(crate) fn quantize(
+    built: &mut Built,
+    files: &Files,
+    req: &LoadRequest,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<Option<AdapterSwitch>, EngineError> {
+    let model = &mut built.model;
+    if req.load_in_4bit && built.quantization.is_none() {
+        for (_, linear) in model.linears_mut() {
+            if linear.weight.dim(-1) % 64 == 0 {
+                linear.quantize(64, 4)?;
+            }
+        }
+        built.quantization = Some(Quantization {
+            bits: 4,
+            group_size: 64,
+        });
+    }
+    if let Some(bits) = req.kv_bits {
+        check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
+    }
+    let adapter = match &files.adapter {
+        Some(dir) => Some(Adapter::load(dir)?.attach(dir, model.linears_mut())?),
+        None => None,
+    };
+    let arrays: Vec<_> = model
+        .linears_mut()
+        .into_iter()
+        .map(|(_, l)| l.weight.clone())
+        .collect();
+    mlx_rs::transforms::eval(arrays.iter()).map_err(|e| {
+        EngineError::load(
+            LoadErrorKind::OutOfMemory,
+            format!("materialising weights: {e}"),
+        )
+    })?;
+    report(progress, LoadStage::Weights, 1, "");
+    Ok(adapter)
+}
+
+/// What is known about the model, as `load` answers it.
+pub(crate) fn describe(
+    req: &LoadRequest,
+    files: &Files,
+    config: &Value,
+    tokenizer: &ModelTokenizer,
+    built: &Built,
+) -> ModelInfo {
+    let own_context = built.model.max_position_embeddings().unwrap_or(4096);
+    let model_type = config["model_type"].as_str().unwrap_or_default().to_owned();
+    ModelInfo {
+        model_id: req.model.clone(),
+        path: files.path.clone(),
+        architecture: model_type.clone(),
+        model_type,
+        is_vision: false,
+        is_lora: files.adapter.is_some(),
+        is_gguf: files.is_gguf,
+        dtype: built.dtype,
+        quantization: built.quantization,
+        context_length: if req.max_seq_length > 0 {
+            req.max_seq_length
+        } else {
+            own_context
+        },
+        num_parameters: built.num_parameters,
+        // The model's output width (embeddings are often padded past the tokenizer's size):
+        // what the sampler's logit-bias row and token checks must match.
+        vocab_size: config["vocab_size"]
+            .as_u64()
+            .map_or_else(|| tokenizer.vocab_size(), |v| v as usize),
+        eos_token_ids: tokenizer.eos_token_ids().iter().copied().collect(),
+        chat_template_present: tokenizer.chat_template().is_some(),
+        chat_template_source: match tokenizer.chat_template_source() {
+            // The importer carried the GGUF's own template into tokenizer_config.json.
+            text::ChatTemplateSource::TokenizerConfig if files.is_gguf => {
+                text::ChatTemplateSource::Gguf
+            }
+            source => source,
+        },
+    }
+}
+
+/// Reports `stage` as begun (`done` 0) or finished (`done` 1).
+pub(crate) fn report(
+    progress: &mut dyn FnMut(LoadProgress),
+    stage: LoadStage,
+    done: u64,
+    message: &str,
+) {
+    progress(LoadProgress {
+        stage,
+        done,
+        total: 1,
+        message: message.to_owned(),
+    });
+}
+
+/// A local directory, or a hub repo id's snapshot (`model_store`). `model` is `req.model`, or an
+/// adapter or base model named beside it (fetched at its default revision, with the same token).
+fn find(
+    model: &str,
+    req: &LoadRequest,
+    progress: &mut dyn FnMut(LoadProgress),
+    cancel: &CancelToken,
+) -> Result<PathBuf, EngineError> {
+    let source = model_store::Source {
+        model,
+        revision: if model == req.model {
+            req.revision.as_deref()
+        } else {
+            None
+        },
+        hf_token: req.hf_token.as_ref(),
+    };
+    Ok(model_store::resolve(&source, progress, &|| {
+        cancel.is_cancelled()
+    })?)
+}
+
+/// `kv_bits` quantizes each cached head in groups of [`KV_GROUP_SIZE`] features.
+fn check_kv_bits(bits: u8, head_dims: &[i32]) -> Result<(), EngineError> {
+    let invalid = |reason: String| EngineError::InvalidParams {
+        field: "kv_bits".into(),
+        reason,
+    };
+    if ![4, 8].contains(&bits) {
+        return Err(invalid(format!("must be 4 or 8, not {bits}")));
+    }
+    match head_dims.iter().find(|d| *d % KV_GROUP_SIZE != 0) {
+        Some(d) => Err(invalid(format!(
+            "this model's attention heads have {d} features, not a multiple of {KV_GROUP_SIZE}, \
+             so its KV cache cannot be quantized; load it without kv_bits"
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn read_config(dir: &Path) -> Result<Value, EngineError> {
+    let file = dir.join("config.json");
+    let text = std::fs::read_to_string(&file).map_err(|e| {
+        EngineError::load(LoadErrorKind::NotFound, format!("{}: {e}", file.display()))
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("{}: {e}", file.display()),
+        )
+    })
+}
+
+fn quantization_of(config: &Value) -> Option<Quantization> {
+    let q = config.get("quantization")?;
+    Some(Quantization {
+        bits: q.get("bits")?.as_i64()? as i32,
+        group_size: q.get("group_size")?.as_i64()? as i32,
+    })
+}
+
+fn to_mlx(d: WeightDtype) -> Dtype {
+    match d {
+        WeightDtype::Float32 => Dtype::Float32,
+        WeightDtype::Float16 => Dtype::Float16,
+        WeightDtype::Bfloat16 => Dtype::Bfloat16,
+    }
+}
+
+fn from_mlx(d: Dtype) -> WeightDtype {
+    match d {
+        Dtype::Float16 => WeightDtype::Float16,
+        Dtype::Bfloat16 => WeightDtype::Bfloat16,
+        _ => WeightDtype::Float32,
+    }
+}
