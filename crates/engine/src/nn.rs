@@ -4,7 +4,10 @@
 
 use mlx_rs::{fast, ops, Array};
 
-use crate::{kv_cache::KvCache, lora::Lora};
+use crate::{
+    kv_cache::{KvCache, Mask},
+    lora::Lora,
+};
 
 pub type Result<T> = std::result::Result<T, mlx_rs::error::Exception>;
 
@@ -106,8 +109,8 @@ impl Embedding {
     }
 }
 
-/// RMS normalisation with a learned scale. (Gemma's `1 + w` norms store `1 + w` here, computed
-/// once at load in the weight's dtype, which is what mlx-lm computes on every call.)
+/// RMS normalisation with a learned scale: `weight` is the scale applied (a family that stores
+/// its norms differently converts them once at load, see `models::transformer::Family`).
 #[derive(Debug)]
 pub struct RmsNorm {
     pub weight: Array,
@@ -258,7 +261,9 @@ pub enum Qkv {
 }
 
 /// Self-attention: projections, optional per-head q/k RMS norms (Qwen3, Gemma 3), RoPE, the
-/// KV cache, scaled dot-product attention, output projection.
+/// KV cache, scaled dot-product attention, output projection. The mask comes from the caller,
+/// built once per forward pass for all layers of one window kind (mlx-lm's model files do the
+/// same with `create_attention_mask`).
 pub struct Attention {
     pub qkv: Qkv,
     pub o_proj: Linear,
@@ -269,7 +274,9 @@ pub struct Attention {
 }
 
 impl Attention {
-    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    /// `mask` is this layer's cache's mask for `x`'s length, asked before the update
+    /// ([`KvCache::mask`]).
+    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut KvCache) -> Result<Array> {
         let s = &self.shape;
         let (q, k, v) = match &self.qkv {
             Qkv::Split {
@@ -294,7 +301,8 @@ impl Attention {
         let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
         let v = s.split_heads(&v, s.n_kv_heads)?;
-        self.o_proj.forward(&s.attend(q, k, v, &self.rope, cache)?)
+        self.o_proj
+            .forward(&s.attend(q, k, v, &self.rope, mask, cache)?)
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).
@@ -320,8 +328,8 @@ pub struct AttentionShape {
     pub n_kv_heads: i32,
     pub head_dim: i32,
     pub scale: f32,
-    /// Sliding-window layers (Gemma 3) attend to the last `window` positions only: their
-    /// cache is a [`KvCache::for_window`] ring, which also gives their masks.
+    /// Sliding-window layers attend to the last `window` positions only: their cache is a
+    /// [`KvCache::for_window`] ring, which also gives their masks.
     pub window: Option<i32>,
 }
 
@@ -360,7 +368,8 @@ impl AttentionShape {
         x.transpose_axes(&[0, 2, 1, 3])
     }
 
-    /// Runs RoPE on q and k at the cache's offset, appends k/v to the cache, and attends.
+    /// Runs RoPE on q and k at the cache's offset, appends k/v to the cache, and attends with
+    /// `mask` (the cache's mask for these `L` positions, asked before the update).
     /// Returns `(B, L, H*D)`.
     pub fn attend(
         &self,
@@ -368,14 +377,14 @@ impl AttentionShape {
         k: Array,
         v: Array,
         rope: &Rope,
+        mask: &Mask,
         cache: &mut KvCache,
     ) -> Result<Array> {
         let (b, l) = (q.dim(0), q.dim(2));
         let offset = cache.offset();
-        let mask = cache.mask(l)?;
         let q = rope.forward(&q, offset)?;
         let k = rope.forward(&k, offset)?;
-        let out = cache.update_and_attend(q, k, v, self.scale, &mask)?;
+        let out = cache.update_and_attend(q, k, v, self.scale, mask)?;
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
     }
 }

@@ -59,7 +59,10 @@ impl KvCache {
         }
     }
 
-    /// The mask for attending from `n` new positions, asked before they are added.
+    /// The mask for attending from `n` new positions, asked before they are added (mlx-lm's
+    /// `make_mask`, what `create_attention_mask` asks of a cache). The decoder asks it once per
+    /// forward pass, of the first cache of each kind of layer, and every layer of that kind
+    /// attends with it.
     pub fn mask(&self, n: i32) -> Result<Mask> {
         match self {
             Self::Standard(_) | Self::Quantized(_) if n > 1 => Ok(Mask::Causal),

@@ -6,7 +6,11 @@
 //!
 //! Sliding-window layers get a rotating cache of `sliding_window` positions (as in mlx-lm), so
 //! memory for those layers stays bounded however long the context grows.
+//!
+//! What mlx-lm's gemma3_text.py computes differently from Llama around the shared layers is
+//! [`Gemma3`], the family's hooks into the shared decoder.
 
+use mlx_rs::{ops, Array, Dtype};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -14,12 +18,46 @@ use crate::{
     error::EngineError,
     models::{
         parse_args,
-        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, NormLayout},
+        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, NormLayout},
     },
-    nn::{Activation, AttentionShape},
+    nn::{self, scalar_like, Activation, AttentionShape},
     rope::rope_from_config,
     weights::Weights,
 };
+
+/// Gemma 3's own computations, as mlx-lm's gemma3_text.py does them.
+pub struct Gemma3 {
+    hidden_size: i32,
+}
+
+impl Family for Gemma3 {
+    /// Norms are stored as `w` and applied as `1 + w` (mlx-lm's Gemma `RMSNorm`: `1.0 + weight`,
+    /// a Python float, so in the weight's dtype), computed here once instead of on every call.
+    fn norm_weight(&self, stored: Array) -> nn::Result<Array> {
+        scalar_like(1.0, &stored)?.add(&stored)
+    }
+
+    /// `h *= mx.array(hidden_size**0.5, mx.bfloat16).astype(h.dtype)`.
+    fn scale_embeddings(&self, h: Array) -> nn::Result<Array> {
+        let s = Array::from_f32((self.hidden_size as f64).sqrt() as f32)
+            .as_dtype(Dtype::Bfloat16)?
+            .as_dtype(h.dtype())?;
+        h.multiply(&s)
+    }
+
+    /// `x + y`; in float16 summed in float32 and clipped to float16's range (mlx-lm's
+    /// `clip_residual`), so that large activations do not overflow to inf.
+    fn residual(&self, x: &Array, y: &Array) -> nn::Result<Array> {
+        if x.dtype() != Dtype::Float16 {
+            return x.add(y);
+        }
+        let bound = Array::from_f32(65504.0);
+        let sum = x
+            .as_dtype(Dtype::Float32)?
+            .add(y.as_dtype(Dtype::Float32)?)?;
+        ops::clip(&sum, (&bound.negative()?, &bound))?.as_dtype(Dtype::Float16)
+    }
+}
 
 #[derive(Debug, Deserialize)]
 struct Args {
@@ -63,7 +101,7 @@ fn default_max_position_embeddings() -> usize {
     32768
 }
 
-pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
+pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma3>, EngineError> {
     let args: Args = parse_args(config)?;
     let c = &args.common;
     // mlx-lm's Gemma 3 ties the head exactly when the checkpoint has none.
@@ -96,17 +134,17 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             qk_norm: true,
             norms: NormLayout::Sandwich,
             activation: Activation::GeluApprox,
-            norm_plus_one: true,
             ..LayerSpec::llama(c.rms_norm_eps, shape, rope)
         });
     }
     let spec = DecoderSpec {
         layers,
         rms_norm_eps: c.rms_norm_eps,
-        norm_plus_one: true,
         tie_word_embeddings,
-        embed_scale: Some((c.hidden_size as f64).sqrt() as f32),
         max_position_embeddings: Some(args.max_position_embeddings),
     };
-    Decoder::load(weights, spec)
+    let family = Gemma3 {
+        hidden_size: c.hidden_size,
+    };
+    Decoder::load(weights, spec, family)
 }

@@ -7,7 +7,7 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     models::{
         parse_args,
-        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec},
+        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, Llama},
     },
     weights::Weights,
 };
@@ -60,7 +60,7 @@ pub fn load(config: &Value, mut weights: Weights, family: &str) -> Result<Decode
         layer.shape.window = window;
     }
     sanitize(&mut weights, args.tie_word_embeddings);
-    Decoder::load(weights, spec)
+    Decoder::load(weights, spec, Llama)
 }
 
 /// Each layer's attention window (`None`: full attention), from `layer_types`.

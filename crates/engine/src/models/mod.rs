@@ -1,6 +1,8 @@
 //! One file per architecture, all the same shape (mlx-lm's habit): `Args` read from
 //! config.json and a `load` that maps it onto the shared decoder (`transformer.rs`: Block,
-//! Decoder, sanitize). Shared layers (Attention, GatedMlp, RmsNorm, Rope) live in `crate::nn`.
+//! Decoder, sanitize), with the family's own computations (a `transformer::Family`, e.g.
+//! Gemma 3's) in its file. Shared layers (Attention, GatedMlp, RmsNorm, Rope) live in
+//! `crate::nn`.
 
 mod gemma3_text;
 mod llama;

@@ -1,15 +1,20 @@
 //! The decoder-only transformer every architecture file here builds: embedding, blocks of
 //! attention + gated MLP with RMS norms, final norm, head. A model file reads its config.json
 //! into a [`LayerSpec`] per layer (what differs between families: fused projections, q/k norms,
-//! norm placement, activation, RoPE) and calls [`Decoder::load`] with its tensor names.
+//! norm placement, activation, attention window, RoPE) and calls [`Decoder::load`] with its
+//! tensor names and its [`Family`]: the few computations a family does its own way (Gemma's
+//! `1 + w` norms, scaled embeddings, clipped residuals), kept in the family's file.
+//!
+//! As in mlx-lm's model files, each forward pass builds one attention mask per kind of layer
+//! (full attention, and each sliding window) and hands every layer the mask of its kind.
 
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
     error::EngineError,
-    kv_cache::KvCache,
+    kv_cache::{KvCache, Mask},
     models::LanguageModel,
     nn::{
         Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, Qkv, Result,
@@ -72,12 +77,37 @@ impl CommonArgs {
     }
 }
 
+/// What a family computes its own way around the shared layers, where mlx-lm's model file for
+/// it differs from Llama's. Every hook defaults to what Llama does; a family overrides the ones
+/// it needs in its own file.
+pub trait Family {
+    /// The RMS-norm scale to apply, from the weight as stored (at load, once per norm).
+    fn norm_weight(&self, stored: Array) -> Result<Array> {
+        Ok(stored)
+    }
+
+    /// The token embeddings as the first block takes them.
+    fn scale_embeddings(&self, h: Array) -> Result<Array> {
+        Ok(h)
+    }
+
+    /// A residual connection: `x + y`.
+    fn residual(&self, x: &Array, y: &Array) -> Result<Array> {
+        x.add(y)
+    }
+}
+
+/// The Llama family's choices: every hook as it defaults.
+pub struct Llama;
+
+impl Family for Llama {}
+
 /// Where a block's norms sit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormLayout {
     /// `h = x + attn(norm(x)); h + mlp(norm(h))` (Llama, Qwen, Mistral, Phi-3).
     PreNorm,
-    /// Gemma 3: also a norm on each sublayer's output before the residual add.
+    /// Also a norm on each sublayer's output before the residual add (Gemma 3).
     Sandwich,
 }
 
@@ -91,8 +121,6 @@ pub struct LayerSpec {
     pub norms: NormLayout,
     pub activation: Activation,
     pub rms_norm_eps: f32,
-    /// Norm weights are stored as `w` and applied as `1 + w` (Gemma).
-    pub norm_plus_one: bool,
     pub shape: AttentionShape,
     pub rope: Rope,
 }
@@ -106,7 +134,6 @@ impl LayerSpec {
             norms: NormLayout::PreNorm,
             activation: Activation::Silu,
             rms_norm_eps,
-            norm_plus_one: false,
             shape,
             rope,
         }
@@ -117,16 +144,13 @@ impl LayerSpec {
 pub struct DecoderSpec {
     pub layers: Vec<LayerSpec>,
     pub rms_norm_eps: f32,
-    pub norm_plus_one: bool,
     /// The output head is the embedding table.
     pub tie_word_embeddings: bool,
-    /// Gemma multiplies embeddings by `sqrt(hidden)` rounded to bfloat16.
-    pub embed_scale: Option<f32>,
     pub max_position_embeddings: Option<usize>,
 }
 
 impl DecoderSpec {
-    /// `n` copies of one layer, final norm as the layers', no embedding scale.
+    /// `n` copies of one layer, final norm as the layers'.
     pub fn uniform(
         layer: LayerSpec,
         n: usize,
@@ -135,17 +159,15 @@ impl DecoderSpec {
     ) -> Self {
         Self {
             rms_norm_eps: layer.rms_norm_eps,
-            norm_plus_one: layer.norm_plus_one,
             layers: vec![layer; n],
             tie_word_embeddings,
-            embed_scale: None,
             max_position_embeddings,
         }
     }
 }
 
 /// Drops the checkpoint's unused tensors, then builds `common.num_hidden_layers` copies of
-/// `layer`: the whole load of a family whose layers are all alike.
+/// `layer`: the whole load of a Llama-like family whose layers are all alike.
 pub fn load_uniform(
     mut weights: Weights,
     common: &CommonArgs,
@@ -160,7 +182,7 @@ pub fn load_uniform(
         tie_word_embeddings,
         max_position_embeddings,
     );
-    Decoder::load(weights, spec)
+    Decoder::load(weights, spec, Llama)
 }
 
 enum Norms {
@@ -180,20 +202,28 @@ struct Block {
     self_attn: Attention,
     mlp: GatedMlp,
     norms: Norms,
+    /// Which of the forward pass's masks this layer takes (an index into
+    /// [`Decoder::mask_sources`]).
+    mask_kind: usize,
 }
 
 impl Block {
-    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    fn forward(
+        &self,
+        family: &impl Family,
+        x: &Array,
+        mask: &Mask,
+        cache: &mut KvCache,
+    ) -> Result<Array> {
+        let attn = |x: &Array, cache: &mut KvCache| self.self_attn.forward(x, mask, cache);
         match &self.norms {
             Norms::PreNorm {
                 input_layernorm,
                 post_attention_layernorm,
             } => {
-                let h = x.add(
-                    self.self_attn
-                        .forward(&input_layernorm.forward(x)?, cache)?,
-                )?;
-                h.add(self.mlp.forward(&post_attention_layernorm.forward(&h)?)?)
+                let h = family.residual(x, &attn(&input_layernorm.forward(x)?, cache)?)?;
+                let r = self.mlp.forward(&post_attention_layernorm.forward(&h)?)?;
+                family.residual(&h, &r)
             }
             Norms::Sandwich {
                 input_layernorm,
@@ -201,53 +231,68 @@ impl Block {
                 pre_feedforward_layernorm,
                 post_feedforward_layernorm,
             } => {
-                let r = self
-                    .self_attn
-                    .forward(&input_layernorm.forward(x)?, cache)?;
-                let h = clip_residual(x, &post_attention_layernorm.forward(&r)?)?;
+                let r = attn(&input_layernorm.forward(x)?, cache)?;
+                let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
                 let r = self.mlp.forward(&pre_feedforward_layernorm.forward(&h)?)?;
-                clip_residual(&h, &post_feedforward_layernorm.forward(&r)?)
+                family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }
         }
     }
 }
 
-/// `x + y`; in float16 summed in float32 and clipped to float16's range, as mlx-lm's Gemma 3
-/// does so that large activations do not overflow to inf.
-fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
-    if x.dtype() != Dtype::Float16 {
-        return x.add(y);
-    }
-    let bound = Array::from_f32(65504.0);
-    let sum = x
-        .as_dtype(Dtype::Float32)?
-        .add(y.as_dtype(Dtype::Float32)?)?;
-    ops::clip(&sum, (&bound.negative()?, &bound))?.as_dtype(Dtype::Float16)
-}
-
-pub struct Decoder {
+pub struct Decoder<F: Family = Llama> {
+    family: F,
     embed_tokens: Embedding,
-    embed_scale: Option<f32>,
     layers: Vec<Block>,
+    /// Per kind of layer (full attention, each sliding window, in order of first appearance):
+    /// the first layer of that kind, whose cache gives the kind's mask (mlx-lm's `fa_idx` /
+    /// `swa_idx`). All caches of one kind hold the same positions, so one mask serves them all.
+    mask_sources: Vec<usize>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
     max_position_embeddings: Option<usize>,
 }
 
-fn norm(weights: &mut Weights, prefix: &str, eps: f32, plus_one: bool) -> LoadResult<RmsNorm> {
+fn norm(
+    weights: &mut Weights,
+    prefix: &str,
+    eps: f32,
+    family: &impl Family,
+) -> LoadResult<RmsNorm> {
     let mut n = weights.rms_norm(prefix, eps)?;
-    if plus_one {
-        n.weight = crate::nn::scalar_like(1.0, &n.weight)
-            .and_then(|one| one.add(&n.weight))
-            .map_err(EngineError::from)?;
-    }
+    n.weight = family.norm_weight(n.weight)?;
     Ok(n)
 }
 
-fn load_block(weights: &mut Weights, p: &str, spec: LayerSpec) -> LoadResult<Block> {
+/// Groups layers by attention window: for each kind, the first layer of that kind; for each
+/// layer, its kind.
+fn mask_kinds(windows: impl IntoIterator<Item = Option<i32>>) -> (Vec<usize>, Vec<usize>) {
+    let mut kinds: Vec<(Option<i32>, usize)> = Vec::new();
+    let layer_kinds = windows
+        .into_iter()
+        .enumerate()
+        .map(
+            |(i, window)| match kinds.iter().position(|(w, _)| *w == window) {
+                Some(kind) => kind,
+                None => {
+                    kinds.push((window, i));
+                    kinds.len() - 1
+                }
+            },
+        )
+        .collect();
+    (kinds.into_iter().map(|(_, i)| i).collect(), layer_kinds)
+}
+
+fn load_block(
+    weights: &mut Weights,
+    p: &str,
+    spec: LayerSpec,
+    family: &impl Family,
+    mask_kind: usize,
+) -> LoadResult<Block> {
     let eps = spec.rms_norm_eps;
-    let plus_one = spec.norm_plus_one;
-    let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, plus_one);
+    let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, family);
     let norms = match spec.norms {
         NormLayout::PreNorm => Norms::PreNorm {
             input_layernorm: load_norm("input_layernorm")?,
@@ -301,35 +346,30 @@ fn load_block(weights: &mut Weights, p: &str, spec: LayerSpec) -> LoadResult<Blo
             activation: spec.activation,
         },
         norms,
+        mask_kind,
     })
 }
 
-impl Decoder {
+impl<F: Family> Decoder<F> {
     /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
-    pub fn load(mut weights: Weights, spec: DecoderSpec) -> LoadResult<Self> {
+    pub fn load(mut weights: Weights, spec: DecoderSpec, family: F) -> LoadResult<Self> {
+        let (mask_sources, layer_kinds) = mask_kinds(spec.layers.iter().map(|l| l.shape.window));
         let mut layers = Vec::with_capacity(spec.layers.len());
-        for (i, layer) in spec.layers.into_iter().enumerate() {
-            layers.push(load_block(
-                &mut weights,
-                &format!("model.layers.{i}"),
-                layer,
-            )?);
+        for ((i, layer), kind) in spec.layers.into_iter().enumerate().zip(layer_kinds) {
+            let p = format!("model.layers.{i}");
+            layers.push(load_block(&mut weights, &p, layer, &family, kind)?);
         }
         Ok(Self {
             embed_tokens: weights.embedding("model.embed_tokens")?,
-            embed_scale: spec.embed_scale,
             layers,
-            norm: norm(
-                &mut weights,
-                "model.norm",
-                spec.rms_norm_eps,
-                spec.norm_plus_one,
-            )?,
+            mask_sources,
+            norm: norm(&mut weights, "model.norm", spec.rms_norm_eps, &family)?,
             lm_head: match spec.tie_word_embeddings {
                 true => None,
                 false => Some(weights.linear("lm_head")?),
             },
             max_position_embeddings: spec.max_position_embeddings,
+            family,
         })
     }
 }
@@ -352,17 +392,28 @@ pub fn sanitize(weights: &mut Weights, tie_word_embeddings: bool) {
     }
 }
 
-impl LanguageModel for Decoder {
+impl<F: Family> LanguageModel for Decoder<F> {
     fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(tokens)?;
-        if let Some(s) = self.embed_scale {
-            let s = Array::from_f32(s)
-                .as_dtype(Dtype::Bfloat16)?
-                .as_dtype(h.dtype())?;
-            h = h.multiply(&s)?;
+        if caches.len() != self.layers.len() {
+            return Err(mlx_rs::error::Exception::custom(format!(
+                "{} layers need one KV cache each, got {}",
+                self.layers.len(),
+                caches.len()
+            )));
         }
+        let mut h = self
+            .family
+            .scale_embeddings(self.embed_tokens.forward(tokens)?)?;
+        // mlx-lm's `create_attention_mask`, once per kind of layer, asked of that kind's first
+        // cache before any layer adds this pass's positions.
+        let n = h.dim(1);
+        let masks = self
+            .mask_sources
+            .iter()
+            .map(|&i| caches[i].mask(n))
+            .collect::<Result<Vec<Mask>>>()?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            h = layer.forward(&h, cache)?;
+            h = layer.forward(&self.family, &h, &masks[layer.mask_kind], cache)?;
         }
         let h = self.norm.forward(&h)?;
         match &self.lm_head {
@@ -408,5 +459,27 @@ impl LanguageModel for Decoder {
 
     fn max_position_embeddings(&self) -> Option<usize> {
         self.max_position_embeddings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_kinds;
+
+    #[test]
+    fn one_mask_per_kind_of_layer_from_its_first_layer() {
+        // Gemma 3's pattern: five sliding layers, then a global one.
+        let (w, g) = (Some(512), None);
+        let (sources, kinds) = mask_kinds([w, w, w, w, w, g, w, w]);
+        assert_eq!(sources, [0, 5]);
+        assert_eq!(kinds, [0, 0, 0, 0, 0, 1, 0, 0]);
+        // Llama with `layer_types`: full first.
+        let (sources, kinds) = mask_kinds([g, Some(16), g, Some(16)]);
+        assert_eq!(sources, [0, 1]);
+        assert_eq!(kinds, [0, 1, 0, 1]);
+        // All alike: one mask.
+        let (sources, kinds) = mask_kinds([g, g, g]);
+        assert_eq!(sources, [0]);
+        assert_eq!(kinds, [0, 0, 0]);
     }
 }
