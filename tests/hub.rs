@@ -260,11 +260,9 @@ fn repo_of(dir: &Path, token: Option<&'static str>) -> HubRepo {
 
 /// A content hash as the blob name (the hub uses sha256 for LFS files, git's sha1 for others).
 fn etag(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for &b in bytes {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
-    }
-    format!("{h:016x}{:016x}", bytes.len())
+    use sha2::Digest;
+    // The hub's ETag of a file stored with Git LFS is its sha256, which names its blob.
+    format!("{:x}", sha2::Sha256::digest(bytes))
 }
 
 /// The worker with a hub endpoint and HF_HOME, the HF variables of this process cleared.

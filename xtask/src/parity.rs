@@ -216,7 +216,8 @@ fn adapter_of(dir: &Path) -> Option<PathBuf> {
 fn engine_example() -> anyhow::Result<PathBuf> {
     eprintln!("parity: building the engine's parity example");
     run_checked(
-        cargo().args(["build", "-p", "mlx-engine", "--example", "parity"]),
+        // --workspace: the features `cargo test --workspace` resolves, so its build is reused.
+        cargo().args(["build", "--workspace", "--example", "parity"]),
         "cargo build --example parity",
     )?;
     Ok(target_dir().join("debug/examples/parity"))
