@@ -40,8 +40,10 @@ pub enum LineError {
 }
 
 impl LineError {
-    /// The error response the contract prescribes (`-32600` for too long, `-32700` for bad
-    /// UTF-8, `-32603` for I/O), with a null id.
+    /// The error response the contract prescribes, with a null id:
+    /// [`InvalidRequest`](crate::ErrorCode::InvalidRequest) for too long,
+    /// [`ParseError`](crate::ErrorCode::ParseError) for bad UTF-8,
+    /// [`InternalError`](crate::ErrorCode::InternalError) for I/O.
     pub fn to_response(&self) -> Response {
         let error = match self {
             LineError::TooLong { limit } => ResponseError::line_too_long(*limit),
@@ -190,8 +192,9 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
 }
 
 /// Decodes one line into a [`Message`], or into the error [`Response`] to send back:
-/// not JSON -> `-32700` (id null); a batch, a non-object, no method, a bad id -> `-32600`
-/// (with the id when it could be read).
+/// not JSON -> [`ParseError`](crate::ErrorCode::ParseError) (id null); a batch, a non-object,
+/// no method, a bad id -> [`InvalidRequest`](crate::ErrorCode::InvalidRequest) (with the id
+/// when it could be read).
 pub fn decode_message(line: &str) -> Result<Message, Response> {
     let value: serde_json::Value = serde_json::from_str(line)
         .map_err(|e| Response::err(None, ResponseError::parse_error(e)))?;

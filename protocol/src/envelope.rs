@@ -83,9 +83,10 @@ impl Request {
         }
     }
 
-    /// Decodes `params` into `P`, reporting a bad field as `-32602` with `data {field, reason}`.
-    /// Absent or `null` params decode as `{}`, so methods whose params are all optional accept
-    /// a bare request.
+    /// Decodes `params` into `P`, reporting a bad field as
+    /// [`InvalidParams`](crate::ErrorCode::InvalidParams) with `data {field, reason}`. Absent or
+    /// `null` params decode as `{}`, so methods whose params are all optional accept a bare
+    /// request.
     pub fn parse_params<P: DeserializeOwned>(&self) -> Result<P, ResponseError> {
         crate::params::parse_params(&self.params)
     }
@@ -154,7 +155,8 @@ impl Notification {
         }
     }
 
-    /// Decodes `params` into `P`, reporting a bad field as `-32602` with `data {field, reason}`.
+    /// Decodes `params` into `P`, reporting a bad field as
+    /// [`InvalidParams`](crate::ErrorCode::InvalidParams) with `data {field, reason}`.
     pub fn parse_params<P: DeserializeOwned>(&self) -> Result<P, ResponseError> {
         crate::params::parse_params(&self.params)
     }
@@ -189,7 +191,8 @@ impl From<Notification> for Message {
     }
 }
 
-/// Why a JSON value is not a [`Message`]: always an invalid request (`-32600`).
+/// Why a JSON value is not a [`Message`]: always an invalid request
+/// ([`InvalidRequest`](crate::ErrorCode::InvalidRequest)).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{reason}")]
 pub struct InvalidMessage {
@@ -207,7 +210,8 @@ impl InvalidMessage {
         }
     }
 
-    /// The `-32600` error response the receiver sends back.
+    /// The [`InvalidRequest`](crate::ErrorCode::InvalidRequest) error response the receiver
+    /// sends back.
     pub fn into_response(self) -> Response {
         Response::err(
             self.id,

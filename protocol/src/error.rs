@@ -7,64 +7,80 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Every error code of the contract, with its number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorCode {
-    /// `-32700`: the line is not valid UTF-8 or not valid JSON. The response's id is null.
-    ParseError,
-    /// `-32600`: not an object, no method, a batch, or a line over the length limit.
-    InvalidRequest,
-    /// `-32601`: no such method.
-    MethodNotFound,
-    /// `-32602`: a parameter is missing or wrong; `data` is [`InvalidParamsData`].
-    InvalidParams,
-    /// `-32603`: a fault inside the worker.
-    InternalError,
-    /// `-32001`: no model is loaded, or the named model is not resident.
-    NoModel,
-    /// `-32002`: a `load` failed; `data` is [`LoadFailedData`]. Resident models are untouched.
-    LoadFailed,
-    /// `-32003`: the queue is full; `data` is [`BusyData`]. Retry later.
-    Busy,
-    /// `-32004`: the prompt is longer than the context limit; `data` is [`ContextOverflowData`].
-    ContextOverflow,
-    /// `-32005`: generation failed inside MLX; `data` is [`GenerationFailedData`].
-    GenerationFailed,
-    /// `-32800`: a request other than `generate` was cancelled before it ran.
-    RequestCancelled,
+/// The schema of an error's `data` type, or `None` for a code without data.
+macro_rules! data_schema {
+    ($generator:ident) => {
+        None
+    };
+    ($generator:ident, $data:ty) => {
+        Some($generator.subschema_for::<$data>())
+    };
+}
+
+/// Declares [`ErrorCode`] from one table: each code's variant, number, `data` type and meaning.
+/// Its number is written in code here and nowhere else: [`ErrorCode::code`], [`ErrorCode::ALL`],
+/// the variants' docs and the schema's `errors` index all come from this table. (The `data`
+/// types' doc comments name their code too: they are the schema's descriptions for hosts.)
+macro_rules! error_codes {
+    ($($(#[doc = $doc:literal])* $name:ident = $code:literal $(, data: $data:ty)?;)*) => {
+        /// Every error code of the contract, with its number.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(i64)]
+        pub enum ErrorCode {
+            $(
+                #[doc = concat!("`", stringify!($code), "`:")]
+                $(#[doc = $doc])*
+                $(#[doc = concat!("`data` is [`", stringify!($data), "`].")])?
+                $name = $code,
+            )*
+        }
+
+        impl ErrorCode {
+            /// Every code, in the order of the contract's table.
+            pub const ALL: [ErrorCode; [$(ErrorCode::$name),*].len()] = [$(ErrorCode::$name),*];
+
+            /// The schema of this code's `data`, if it carries any.
+            pub(crate) fn data_schema(
+                self,
+                generator: &mut schemars::SchemaGenerator,
+            ) -> Option<schemars::Schema> {
+                match self {
+                    $(ErrorCode::$name => data_schema!(generator $(, $data)?),)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    /// the line is not valid UTF-8 or not valid JSON. The response's id is null.
+    ParseError = -32700;
+    /// not an object, no method, a batch, or a line over the length limit.
+    InvalidRequest = -32600;
+    /// no such method.
+    MethodNotFound = -32601;
+    /// a parameter is missing or wrong.
+    InvalidParams = -32602, data: InvalidParamsData;
+    /// a fault inside the worker.
+    InternalError = -32603;
+    /// no model is loaded, or the named model is not resident.
+    NoModel = -32001;
+    /// a `load` failed. Resident models are untouched.
+    LoadFailed = -32002, data: LoadFailedData;
+    /// the queue is full. Retry later.
+    Busy = -32003, data: BusyData;
+    /// the prompt is longer than the context limit.
+    ContextOverflow = -32004, data: ContextOverflowData;
+    /// generation failed inside MLX.
+    GenerationFailed = -32005, data: GenerationFailedData;
+    /// a request other than `generate` was cancelled before it ran.
+    RequestCancelled = -32800;
 }
 
 impl ErrorCode {
-    /// Every code, in the order of the contract's table.
-    pub const ALL: [ErrorCode; 11] = [
-        ErrorCode::ParseError,
-        ErrorCode::InvalidRequest,
-        ErrorCode::MethodNotFound,
-        ErrorCode::InvalidParams,
-        ErrorCode::InternalError,
-        ErrorCode::NoModel,
-        ErrorCode::LoadFailed,
-        ErrorCode::Busy,
-        ErrorCode::ContextOverflow,
-        ErrorCode::GenerationFailed,
-        ErrorCode::RequestCancelled,
-    ];
-
     /// The number on the wire.
     pub const fn code(self) -> i64 {
-        match self {
-            ErrorCode::ParseError => -32700,
-            ErrorCode::InvalidRequest => -32600,
-            ErrorCode::MethodNotFound => -32601,
-            ErrorCode::InvalidParams => -32602,
-            ErrorCode::InternalError => -32603,
-            ErrorCode::NoModel => -32001,
-            ErrorCode::LoadFailed => -32002,
-            ErrorCode::Busy => -32003,
-            ErrorCode::ContextOverflow => -32004,
-            ErrorCode::GenerationFailed => -32005,
-            ErrorCode::RequestCancelled => -32800,
-        }
+        self as i64
     }
 
     /// The code with this number, if the contract defines one.
@@ -116,15 +132,15 @@ impl ResponseError {
         ErrorCode::from_code(self.code)
     }
 
-    /// Decodes `data` as `T` (e.g. [`LoadFailedData`] for a `-32002`); `None` if absent or of
-    /// another shape.
+    /// Decodes `data` as `T` (e.g. [`LoadFailedData`] for a [`ErrorCode::LoadFailed`]); `None`
+    /// if absent or of another shape.
     pub fn data_as<T: DeserializeOwned>(&self) -> Option<T> {
         self.data
             .as_ref()
             .and_then(|d| serde_json::from_value(d.clone()).ok())
     }
 
-    /// `-32700`: the line is not valid UTF-8 or not JSON; `detail` says where.
+    /// [`ErrorCode::ParseError`]: the line is not valid UTF-8 or not JSON; `detail` says where.
     pub fn parse_error(detail: impl fmt::Display) -> Self {
         Self::new(
             ErrorCode::ParseError,
@@ -132,7 +148,7 @@ impl ResponseError {
         )
     }
 
-    /// `-32600` for a line longer than `limit` bytes.
+    /// [`ErrorCode::InvalidRequest`] for a line longer than `limit` bytes.
     pub fn line_too_long(limit: usize) -> Self {
         Self::new(
             ErrorCode::InvalidRequest,
@@ -143,7 +159,7 @@ impl ResponseError {
         )
     }
 
-    /// `-32601` for an unknown method.
+    /// [`ErrorCode::MethodNotFound`] for an unknown method.
     pub fn method_not_found(method: &str) -> Self {
         Self::new(
             ErrorCode::MethodNotFound,
@@ -151,7 +167,8 @@ impl ResponseError {
         )
     }
 
-    /// `-32602` for a bad parameter: `field` is its JSON path (e.g. `messages[0].role`).
+    /// [`ErrorCode::InvalidParams`] for a bad parameter: `field` is its JSON path (e.g.
+    /// `messages[0].role`).
     pub fn invalid_params(field: impl Into<String>, reason: impl Into<String>) -> Self {
         let data = InvalidParamsData {
             field: field.into(),
@@ -164,7 +181,7 @@ impl ResponseError {
         .with_data(data)
     }
 
-    /// `-32603`: a fault inside the worker.
+    /// [`ErrorCode::InternalError`]: a fault inside the worker.
     pub fn internal(detail: impl fmt::Display) -> Self {
         Self::new(
             ErrorCode::InternalError,
@@ -172,7 +189,7 @@ impl ResponseError {
         )
     }
 
-    /// `-32001`: no model loaded, or `model` is not resident.
+    /// [`ErrorCode::NoModel`]: no model loaded, or `model` is not resident.
     pub fn no_model(model: Option<&str>) -> Self {
         let message = match model {
             Some(m) => format!("model `{m}` is not resident; `load` it first"),
@@ -181,7 +198,7 @@ impl ResponseError {
         Self::new(ErrorCode::NoModel, message)
     }
 
-    /// `-32002`: a `load` failed for reason `kind`.
+    /// [`ErrorCode::LoadFailed`]: a `load` failed for reason `kind`.
     pub fn load_failed(kind: LoadErrorKind, detail: impl Into<String>) -> Self {
         let data = LoadFailedData {
             kind,
@@ -194,7 +211,7 @@ impl ResponseError {
         .with_data(data)
     }
 
-    /// `-32003`: the queue already holds `max_queue` requests.
+    /// [`ErrorCode::Busy`]: the queue already holds `max_queue` requests.
     pub fn busy(max_queue: usize) -> Self {
         Self::new(
             ErrorCode::Busy,
@@ -203,7 +220,7 @@ impl ResponseError {
         .with_data(BusyData { max_queue })
     }
 
-    /// `-32004`: the prompt has more tokens than the context allows.
+    /// [`ErrorCode::ContextOverflow`]: the prompt has more tokens than the context allows.
     pub fn context_overflow(prompt_tokens: u64, context_length: u64) -> Self {
         Self::new(
             ErrorCode::ContextOverflow,
@@ -218,7 +235,7 @@ impl ResponseError {
         })
     }
 
-    /// `-32005`: MLX failed while generating.
+    /// [`ErrorCode::GenerationFailed`]: MLX failed while generating.
     pub fn generation_failed(detail: impl Into<String>) -> Self {
         let data = GenerationFailedData {
             detail: detail.into(),
@@ -230,7 +247,7 @@ impl ResponseError {
         .with_data(data)
     }
 
-    /// `-32800`: the request was cancelled before it ran.
+    /// [`ErrorCode::RequestCancelled`]: the request was cancelled before it ran.
     pub fn request_cancelled() -> Self {
         Self::new(
             ErrorCode::RequestCancelled,
@@ -238,6 +255,9 @@ impl ResponseError {
         )
     }
 }
+
+// The doc comments of the `data` types below are their descriptions in `schema.json`, for
+// hosts, so they name the code by its number; `tests/schema.rs` checks that each names its own.
 
 /// `data` of `-32602 invalid params`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -1,4 +1,5 @@
-//! Decoding `params` into typed structs, with bad fields reported as `-32602 {field, reason}`.
+//! Decoding `params` into typed structs, with bad fields reported as
+//! [`InvalidParams`](crate::ErrorCode::InvalidParams) `{field, reason}`.
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -9,8 +10,9 @@ use crate::error::ResponseError;
 /// Decodes a request's or notification's `params` into `P`.
 ///
 /// Absent (`null`) params decode as `{}`. Positional (array) params are refused. A serde error
-/// becomes `-32602` whose `data.field` is the JSON path of the offending field (`.` for the
-/// params as a whole) and `data.reason` serde's explanation. Unknown fields are ignored.
+/// becomes [`InvalidParams`](crate::ErrorCode::InvalidParams) whose `data.field` is the JSON
+/// path of the offending field (`.` for the params as a whole) and `data.reason` serde's
+/// explanation. Unknown fields are ignored.
 pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ResponseError> {
     let empty;
     let params = match params {
@@ -47,4 +49,14 @@ fn field_of(path: &str, reason: &str) -> String {
         (Some(name), parent) => format!("{parent}.{name}"),
         (None, path) => path.to_owned(),
     }
+}
+
+/// Params with the `required` fields given and every other field at the contract's default: the
+/// serde defaults a request without those fields gets, so constructors such as
+/// [`GenerateParams::new`](crate::methods::GenerateParams::new) restate none of them.
+///
+/// # Panics
+/// Panics if `required` is not valid params of `P`: a bug in the calling constructor.
+pub(crate) fn with_defaults<P: DeserializeOwned>(required: Value) -> P {
+    parse_params(&required).expect("required fields plus defaults are valid params")
 }

@@ -5,10 +5,7 @@ use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
 use crate::envelope::Message;
-use crate::error::{
-    BusyData, ContextOverflowData, GenerationFailedData, InvalidParamsData, LoadFailedData,
-    ResponseError,
-};
+use crate::error::{ErrorCode, ResponseError};
 use crate::methods::*;
 
 /// The protocol's JSON Schema (draft 2020-12): `$defs` holds every type; `methods` maps each
@@ -32,7 +29,7 @@ pub fn protocol_schema() -> Value {
             notifications.insert(<$n>::NAME.into(), json!({ "params": params }));
         )*};
     }
-    methods!(Initialize, Load, Generate, Cancel, Unload, Reset, Status, Tokenize, Shutdown);
+    crate::for_each_method!(methods);
     notifications!(
         LoadProgressNotification,
         GenerateDeltaNotification,
@@ -42,19 +39,13 @@ pub fn protocol_schema() -> Value {
 
     let message = generator.subschema_for::<Message>();
     let error = generator.subschema_for::<ResponseError>();
-    let errors = json!({
-        "-32700": null,
-        "-32600": null,
-        "-32601": null,
-        "-32602": generator.subschema_for::<InvalidParamsData>(),
-        "-32603": null,
-        "-32001": null,
-        "-32002": generator.subschema_for::<LoadFailedData>(),
-        "-32003": generator.subschema_for::<BusyData>(),
-        "-32004": generator.subschema_for::<ContextOverflowData>(),
-        "-32005": generator.subschema_for::<GenerationFailedData>(),
-        "-32800": null,
-    });
+    let errors: Map<String, Value> = ErrorCode::ALL
+        .into_iter()
+        .map(|code| {
+            let data = code.data_schema(&mut generator);
+            (code.code().to_string(), json!(data))
+        })
+        .collect();
     let defs = generator.take_definitions(true);
 
     json!({

@@ -127,6 +127,26 @@ fn wrong_types_and_ranges_name_the_field() {
 }
 
 #[test]
+fn sampler_settings_must_survive_narrowing_to_f32() {
+    // The engine samples in f32: what it would refuse (infinite, or rounded to 0 where 0 is out
+    // of range) is refused here, where the error can name the field.
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (field, value) in [
+        ("temperature", 1e300),
+        ("top_p", 1e-50),
+        ("repetition_penalty", 1e300),
+        ("repetition_penalty", 1e-50),
+    ] {
+        let data = bad_field::<Generate>(json!({"messages": msgs, field: value}));
+        assert_eq!(data.field, field, "{data:?}");
+        assert!(data.reason.contains("f32"), "{data:?}");
+    }
+    // A tiny temperature rounds to 0, which is in range (greedy).
+    let p = Generate::parse_params(&json!({"messages": msgs, "temperature": 1e-50})).unwrap();
+    assert_eq!(p.temperature as f32, 0.0);
+}
+
+#[test]
 fn absent_params_mean_empty_object() {
     let r = Request::new(1.into(), "status", Value::Null);
     assert_eq!(r.parse_params::<StatusParams>().unwrap(), StatusParams {});

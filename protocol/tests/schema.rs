@@ -46,3 +46,17 @@ fn schema_indexes_every_method_and_notification() {
         "{generate}"
     );
 }
+
+#[test]
+fn error_data_descriptions_name_their_code() {
+    let schema = protocol::schema::protocol_schema();
+    for code in protocol::ErrorCode::ALL {
+        let number = code.code().to_string();
+        let Some(reference) = schema["errors"][&number]["$ref"].as_str() else {
+            continue;
+        };
+        let name = reference.rsplit('/').next().unwrap();
+        let description = schema["$defs"][name]["description"].as_str().unwrap();
+        assert!(description.contains(&number), "{name}: {description}");
+    }
+}

@@ -11,17 +11,6 @@ pub enum WeightDtype {
     Bfloat16,
 }
 
-impl WeightDtype {
-    /// The name used in configs and in the protocol ("float32", ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Float32 => "float32",
-            Self::Float16 => "float16",
-            Self::Bfloat16 => "bfloat16",
-        }
-    }
-}
-
 /// A request to make a model resident.
 #[derive(Debug, Clone, Default)]
 pub struct LoadRequest {
@@ -122,18 +111,20 @@ pub struct DeviceInfo {
     pub cpu_blas: String,
 }
 
-/// Sampling settings; defaults are the protocol's (and the seed's).
+/// Sampling settings. The caller checks the ranges noted below (the sampler only asserts them):
+/// the worker does so in the protocol layer, where a bad value becomes a JSON-RPC error naming
+/// its field.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerParams {
-    /// 0 means greedy (argmax).
+    /// 0 means greedy (argmax); finite, >= 0.
     pub temperature: f32,
-    /// 1.0 disables.
+    /// In (0, 1]; 1.0 disables.
     pub top_p: f32,
     /// 0 or negative disables.
     pub top_k: i32,
-    /// 0 disables.
+    /// In [0, 1]; 0 disables.
     pub min_p: f32,
-    /// 1.0 disables.
+    /// Finite, > 0; 1.0 disables.
     pub repetition_penalty: f32,
     pub repetition_context_size: usize,
     pub presence_penalty: f32,
@@ -143,12 +134,16 @@ pub struct SamplerParams {
     pub seed: Option<u64>,
 }
 
+/// mlx-lm's defaults (`make_sampler`, `make_logits_processors`): greedy, no filter, no penalty
+/// (`top_p` 1.0 is this struct's spelling of mlx-lm's "off"). For the engine's tests and
+/// examples only: the worker sets every field from the request, whose defaults are the
+/// protocol's (`GenerateParams` in `protocol/src/methods/generate.rs`, their one home).
 impl Default for SamplerParams {
     fn default() -> Self {
         Self {
-            temperature: 0.7,
-            top_p: 0.9,
-            top_k: 40,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
             min_p: 0.0,
             repetition_penalty: 1.0,
             repetition_context_size: 20,
@@ -213,18 +208,6 @@ pub enum FinishReason {
     Length,
     StopSequence,
     Cancelled,
-}
-
-impl FinishReason {
-    /// The protocol's name for it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Stop => "stop",
-            Self::Length => "length",
-            Self::StopSequence => "stop_sequence",
-            Self::Cancelled => "cancelled",
-        }
-    }
 }
 
 /// Token counts.

@@ -29,31 +29,39 @@ fn neg_inf_like(like: &Array) -> Result<Array> {
 
 impl Sampler {
     /// Checks the settings against the vocabulary and seeds the random key.
+    ///
+    /// # Panics
+    /// If a setting is outside the range [`SamplerParams`] documents. Ranges are the caller's
+    /// to check: the worker checks them in the protocol layer (`Generate::validate`), the one
+    /// place that answers a bad one with `-32602` and its field, so these asserts cannot be
+    /// reached from the wire. Only the vocabulary, which only the engine knows, is checked here.
     pub fn new(params: SamplerParams, vocab: usize) -> std::result::Result<Self, EngineError> {
-        let bad = |field: &str, reason: String| {
-            Err(EngineError::InvalidParams {
-                field: field.into(),
-                reason,
-            })
-        };
         let p = &params;
-        if !(p.temperature >= 0.0 && p.temperature.is_finite()) {
-            return bad("temperature", "must be a finite number >= 0".into());
-        }
-        if !(p.top_p > 0.0 && p.top_p <= 1.0) {
-            return bad("top_p", "must be in (0, 1]".into());
-        }
-        if !(0.0..=1.0).contains(&p.min_p) {
-            return bad("min_p", "must be in [0, 1]".into());
-        }
-        if !(p.repetition_penalty > 0.0 && p.repetition_penalty.is_finite()) {
-            return bad("repetition_penalty", "must be > 0 (1.0 disables)".into());
-        }
+        assert!(
+            p.temperature >= 0.0 && p.temperature.is_finite(),
+            "temperature {} is not a finite number >= 0",
+            p.temperature
+        );
+        assert!(
+            p.top_p > 0.0 && p.top_p <= 1.0,
+            "top_p {} is not in (0, 1]",
+            p.top_p
+        );
+        assert!(
+            (0.0..=1.0).contains(&p.min_p),
+            "min_p {} is not in [0, 1]",
+            p.min_p
+        );
+        assert!(
+            p.repetition_penalty > 0.0 && p.repetition_penalty.is_finite(),
+            "repetition_penalty {} is not a finite number > 0",
+            p.repetition_penalty
+        );
         if let Some(&(id, _)) = p.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
-            return bad(
-                "logit_bias",
-                format!("token id {id} is outside the vocabulary ({vocab})"),
-            );
+            return Err(EngineError::InvalidParams {
+                field: "logit_bias".into(),
+                reason: format!("token id {id} is outside the vocabulary ({vocab})"),
+            });
         }
         let seed = p.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -411,39 +419,35 @@ mod tests {
     }
 
     #[test]
-    fn out_of_range_settings_are_refused_with_the_field() {
+    fn a_token_id_outside_the_vocabulary_is_refused_with_the_field() {
         let _mlx = fixtures::mlx_test_lock();
-        let field = |p: SamplerParams| match Sampler::new(p, 10) {
-            Err(EngineError::InvalidParams { field, .. }) => field,
-            other => panic!("expected InvalidParams, got {:?}", other.err()),
+        let params = SamplerParams {
+            logit_bias: vec![(99, 1.0)],
+            ..greedy()
         };
-        assert_eq!(
-            field(SamplerParams {
-                top_p: 1.5,
-                ..greedy()
-            }),
-            "top_p"
-        );
-        assert_eq!(
-            field(SamplerParams {
-                temperature: -1.0,
-                ..greedy()
-            }),
-            "temperature"
-        );
-        assert_eq!(
-            field(SamplerParams {
-                min_p: 2.0,
-                ..greedy()
-            }),
-            "min_p"
-        );
-        assert_eq!(
-            field(SamplerParams {
-                logit_bias: vec![(99, 1.0)],
-                ..greedy()
-            }),
-            "logit_bias"
-        );
+        match Sampler::new(params, 10) {
+            Err(EngineError::InvalidParams { field, .. }) => assert_eq!(field, "logit_bias"),
+            other => panic!("expected InvalidParams, got {:?}", other.err()),
+        }
+    }
+
+    /// What `Sampler::new` panics with for greedy settings changed by `change`.
+    fn panic_message(change: impl FnOnce(&mut SamplerParams)) -> String {
+        let mut params = greedy();
+        change(&mut params);
+        // The asserts come before any MLX call.
+        let panic = std::panic::catch_unwind(|| Sampler::new(params, 10).map(|_| ()))
+            .expect_err("out-of-range settings should panic");
+        *panic.downcast::<String>().expect("a formatted message")
+    }
+
+    #[test]
+    fn out_of_range_settings_are_bugs_of_the_caller() {
+        assert!(panic_message(|p| p.top_p = 1.5).starts_with("top_p"));
+        assert!(panic_message(|p| p.top_p = 0.0).starts_with("top_p"));
+        assert!(panic_message(|p| p.temperature = -1.0).starts_with("temperature"));
+        assert!(panic_message(|p| p.temperature = f32::INFINITY).starts_with("temperature"));
+        assert!(panic_message(|p| p.min_p = 2.0).starts_with("min_p"));
+        assert!(panic_message(|p| p.repetition_penalty = 0.0).starts_with("repetition_penalty"));
     }
 }

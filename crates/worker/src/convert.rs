@@ -54,6 +54,9 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
         model: p.model.clone(),
         prompt: Prompt::Chat { messages, options },
         max_new_tokens: p.max_new_tokens as usize,
+        // Every field from the request, whose defaults are the protocol's (their one home), and
+        // never `..Default::default()`: the engine's defaults are mlx-lm's, for its own tests.
+        // The ranges were checked by `Generate::validate`, f32 narrowing included.
         sampler: SamplerParams {
             temperature: p.temperature as f32,
             top_p: p.top_p as f32,

@@ -12,10 +12,11 @@ use protocol::methods::{
     Cancel, CancelRequestNotification, CancelRequestParams, CancelResult, CancelledNotification,
     CancelledParams, Capabilities, FinishReason, Generate, GenerateResult, Initialize,
     InitializeResult, Load, Method, NotificationMethod, ProgramInfo, QueueInfo, Reset, Shutdown,
-    ShutdownResult, Status, StatusResult, Timings, Tokenize, Unload, Usage, WorkerState,
-    PROTOCOL_VERSION,
+    ShutdownResult, Status, StatusResult, Timings, Tokenize, TokenizeParams, Unload, Usage,
+    WorkerState, PROTOCOL_VERSION,
 };
 use protocol::{ErrorCode, Message, Notification, Request, RequestId, Response, ResponseError};
+use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
@@ -152,63 +153,21 @@ impl Dispatcher {
     fn on_request(&mut self, request: Request) {
         let Request { id, method, params } = request;
         tracing::debug!(%id, %method, "request");
-        let work = match method.as_str() {
-            Initialize::NAME => {
-                return match Initialize::parse_params(&params) {
-                    Ok(p) => {
-                        if let Some(version) = p.protocol_version.filter(|v| v != PROTOCOL_VERSION)
-                        {
-                            tracing::warn!(%version, "host speaks another protocol version; answering with {PROTOCOL_VERSION}");
-                        }
-                        self.waiting_initialize.push(id);
-                        self.answer_initialize();
-                    }
-                    Err(e) => self.answer(Response::err(Some(id), e)),
-                };
-            }
-            Status::NAME => {
-                return match Status::parse_params(&params) {
-                    Ok(_) => {
-                        let status = self.status();
-                        self.answer(Response::ok(id, status))
-                    }
-                    Err(e) => self.answer(Response::err(Some(id), e)),
-                };
-            }
-            Cancel::NAME => {
-                return match Cancel::parse_params(&params) {
-                    Ok(p) => {
-                        let cancelled = self.cancel(&p.request_id);
-                        self.answer(Response::ok(id, CancelResult { cancelled }))
-                    }
-                    Err(e) => self.answer(Response::err(Some(id), e)),
-                };
-            }
-            Tokenize::NAME => return self.tokenize(id, &params),
-            Shutdown::NAME => {
-                return match Shutdown::parse_params(&params) {
-                    Ok(_) => {
-                        self.answer(Response::ok(id, ShutdownResult {}));
-                        self.stop(StopReason::Shutdown);
-                    }
-                    Err(e) => self.answer(Response::err(Some(id), e)),
-                };
-            }
-            Load::NAME => Load::parse_params(&params).map(|p| {
-                if p.trust_remote_code {
-                    tracing::warn!("trust_remote_code is accepted but no remote code ever runs");
-                }
-                Work::Load(Box::new(p))
-            }),
-            Generate::NAME => Generate::parse_params(&params).map(|p| Work::Generate(Box::new(p))),
-            Unload::NAME => Unload::parse_params(&params).map(Work::Unload),
-            Reset::NAME => Reset::parse_params(&params).map(|_| Work::Reset),
-            other => Err(ResponseError::method_not_found(other)),
-        };
-        match work {
-            Ok(work) => self.enqueue(id, work),
+        self.route(id, &method, &params);
+    }
+
+    /// Decodes and checks `params` as `M`'s, then hands them to `M`'s handler; a bad param is
+    /// answered here.
+    fn call<M: Handler>(&mut self, id: RequestId, params: &Value) {
+        match M::parse_params(params) {
+            Ok(params) => M::handle(self, id, params),
             Err(e) => self.answer(Response::err(Some(id), e)),
         }
+    }
+
+    /// Answers `id` with `M`'s result type.
+    fn reply<M: Method>(&mut self, id: RequestId, result: M::Result) {
+        self.answer(Response::ok(id, result));
     }
 
     fn on_notification(&mut self, notification: Notification) {
@@ -382,11 +341,7 @@ impl Dispatcher {
 
     /// Tokenizes with the resident model's tokenizer, off the dispatcher (templating can take a
     /// while) and off the MLX thread (which may be generating).
-    fn tokenize(&mut self, id: RequestId, params: &serde_json::Value) {
-        let params = match Tokenize::parse_params(params) {
-            Ok(p) => p,
-            Err(e) => return self.answer(Response::err(Some(id), e)),
-        };
+    fn tokenize(&mut self, id: RequestId, params: TokenizeParams) {
         if let Some(reason) = &self.engine_failed {
             let error = ResponseError::internal(format!("the engine could not start: {reason}"));
             return self.answer(Response::err(Some(id), error));
@@ -414,6 +369,100 @@ impl Dispatcher {
     fn answer(&mut self, response: Response) {
         self.served += 1;
         self.outbox.send(response);
+    }
+}
+
+/// What the dispatcher does with a request to one method once its params are decoded and
+/// checked: answer it at once, or queue it for the MLX thread.
+trait Handler: Method {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params);
+}
+
+/// `Dispatcher::route`, generated from the protocol's one list of methods
+/// ([`protocol::for_each_method!`]): a method there without a [`Handler`] does not compile.
+macro_rules! router {
+    ($($m:ty),*) => {
+        impl Dispatcher {
+            /// Runs a request to `method` through its handler; an unknown method is answered
+            /// `method not found`.
+            fn route(&mut self, id: RequestId, method: &str, params: &Value) {
+                match method {
+                    $(<$m as Method>::NAME => self.call::<$m>(id, params),)*
+                    other => {
+                        let error = ResponseError::method_not_found(other);
+                        self.answer(Response::err(Some(id), error))
+                    }
+                }
+            }
+        }
+    };
+}
+protocol::for_each_method!(router);
+
+impl Handler for Initialize {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        if let Some(version) = params.protocol_version.filter(|v| v != PROTOCOL_VERSION) {
+            tracing::warn!(
+                %version,
+                "host speaks another protocol version; answering with {PROTOCOL_VERSION}"
+            );
+        }
+        d.waiting_initialize.push(id);
+        d.answer_initialize();
+    }
+}
+
+impl Handler for Status {
+    fn handle(d: &mut Dispatcher, id: RequestId, _: Self::Params) {
+        let status = d.status();
+        d.reply::<Self>(id, status);
+    }
+}
+
+impl Handler for Cancel {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        let cancelled = d.cancel(&params.request_id);
+        d.reply::<Self>(id, CancelResult { cancelled });
+    }
+}
+
+impl Handler for Tokenize {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        d.tokenize(id, params);
+    }
+}
+
+impl Handler for Shutdown {
+    fn handle(d: &mut Dispatcher, id: RequestId, _: Self::Params) {
+        d.reply::<Self>(id, ShutdownResult {});
+        d.stop(StopReason::Shutdown);
+    }
+}
+
+impl Handler for Load {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        if params.trust_remote_code {
+            tracing::warn!("trust_remote_code is accepted but no remote code ever runs");
+        }
+        d.enqueue(id, Work::Load(Box::new(params)));
+    }
+}
+
+impl Handler for Generate {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        d.enqueue(id, Work::Generate(Box::new(params)));
+    }
+}
+
+impl Handler for Unload {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        d.enqueue(id, Work::Unload(params));
+    }
+}
+
+impl Handler for Reset {
+    fn handle(d: &mut Dispatcher, id: RequestId, _: Self::Params) {
+        d.enqueue(id, Work::Reset);
     }
 }
 

@@ -29,7 +29,8 @@ pub struct Residents {
 pub type SharedResidents = Arc<Mutex<Residents>>;
 
 impl Residents {
-    /// The tokenizer of `model`, or of the active model; `-32001` when it is not resident.
+    /// The tokenizer of `model`, or of the active model;
+    /// [`NoModel`](protocol::ErrorCode::NoModel) when it is not resident.
     pub fn tokenizer(&self, model: Option<&str>) -> Result<Arc<ModelTokenizer>, ResponseError> {
         let id = model.or(self.active_model.as_deref());
         id.and_then(|id| self.tokenizers.get(id))

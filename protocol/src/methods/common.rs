@@ -4,6 +4,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// The serde default of the boolean params that default to `true`.
+pub(super) fn default_true() -> bool {
+    true
+}
+
 /// MLX memory figures, in bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryInfo {

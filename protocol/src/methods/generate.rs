@@ -4,11 +4,12 @@ use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use super::{notification, ChatMessage, Method};
+use super::{default_true, notification, ChatMessage, Method};
 use crate::envelope::RequestId;
 use crate::error::ResponseError;
+use crate::params::with_defaults;
 
 /// `generate`: runs one completion; deltas stream while it runs.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +20,8 @@ impl Method for Generate {
     type Params = GenerateParams;
     type Result = GenerateResult;
 
+    /// The one check of the sampler settings that produces a wire error; the engine's sampler
+    /// only asserts what is checked here (it cannot name a field to the host).
     fn validate(p: &GenerateParams) -> Result<(), ResponseError> {
         let bad = |field: &str, reason: String| Err(ResponseError::invalid_params(field, reason));
         if p.messages.is_empty() {
@@ -30,9 +33,11 @@ impl Method for Generate {
                 format!("must be >= 0, not {}", p.temperature),
             );
         }
+        fits_f32("temperature", p.temperature, false)?;
         if !(p.top_p > 0.0 && p.top_p <= 1.0) {
             return bad("top_p", format!("must be in (0, 1], not {}", p.top_p));
         }
+        fits_f32("top_p", p.top_p, true)?;
         if p.top_k < -1 {
             return bad("top_k", format!("must be >= -1, not {}", p.top_k));
         }
@@ -45,6 +50,7 @@ impl Method for Generate {
                 format!("must be > 0, not {}", p.repetition_penalty),
             );
         }
+        fits_f32("repetition_penalty", p.repetition_penalty, true)?;
         if !p.presence_penalty.is_finite() {
             return bad("presence_penalty", "must be a finite number".into());
         }
@@ -72,9 +78,25 @@ impl Method for Generate {
     }
 }
 
+/// The engine's sampler computes in `f32`, as mlx-lm does: a setting that is in range as an
+/// `f64` must stay so once narrowed (finite, and above 0 where `positive`).
+fn fits_f32(field: &str, value: f64, positive: bool) -> Result<(), ResponseError> {
+    let narrowed = value as f32;
+    if narrowed.is_infinite() || (positive && narrowed <= 0.0) {
+        return Err(ResponseError::invalid_params(
+            field,
+            format!("{value:e} is out of the range of f32, in which the sampler computes"),
+        ));
+    }
+    Ok(())
+}
+
 /// The largest `logprobs` a request may ask for.
 pub const MAX_LOGPROBS: u8 = 20;
 
+// The contract's defaults of `generate`, sampler settings included: their one home. The worker
+// passes every field to the engine (`crates/worker/src/convert.rs`), so the engine's own
+// `SamplerParams::default` (mlx-lm's, for its tests) never decides a wire request.
 fn default_max_new_tokens() -> u32 {
     256
 }
@@ -92,9 +114,6 @@ fn default_repetition_penalty() -> f64 {
 }
 fn default_repetition_context_size() -> u32 {
     20
-}
-fn default_true() -> bool {
-    true
 }
 
 /// Params of `generate`. Absent fields take the contract's defaults.
@@ -171,28 +190,8 @@ impl GenerateParams {
     /// Params for `messages` with every other field at its default.
     pub fn new(messages: Vec<ChatMessage>) -> Self {
         GenerateParams {
-            model: None,
             messages,
-            system_prompt: String::new(),
-            image: None,
-            max_new_tokens: default_max_new_tokens(),
-            temperature: default_temperature(),
-            top_p: default_top_p(),
-            top_k: default_top_k(),
-            min_p: 0.0,
-            repetition_penalty: default_repetition_penalty(),
-            repetition_context_size: default_repetition_context_size(),
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: None,
-            logit_bias: BTreeMap::new(),
-            stop: Vec::new(),
-            use_adapter: None,
-            logprobs: 0,
-            enable_thinking: None,
-            tools: None,
-            add_generation_prompt: true,
-            continue_final_message: false,
+            ..with_defaults(json!({ "messages": [] }))
         }
     }
 }

@@ -2,10 +2,12 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use super::{notification, Dtype, MemoryInfo, Method, ModelInfo};
 use crate::envelope::RequestId;
 use crate::error::ResponseError;
+use crate::params::with_defaults;
 use crate::secret::Secret;
 
 /// `load`: loads a model; the last one loaded is the active one.
@@ -89,22 +91,7 @@ pub struct LoadParams {
 impl LoadParams {
     /// Params for `model` with every other field at its default.
     pub fn new(model: impl Into<String>) -> Self {
-        LoadParams {
-            model: model.into(),
-            revision: default_revision(),
-            adapter: None,
-            max_seq_length: 0,
-            load_in_4bit: false,
-            dtype: None,
-            hf_token: None,
-            trust_remote_code: false,
-            is_vision: None,
-            is_lora: None,
-            is_gguf: None,
-            chat_template_override: None,
-            kv_bits: None,
-            force: false,
-        }
+        with_defaults(json!({ "model": model.into() }))
     }
 }
 

@@ -3,7 +3,7 @@
 //! A method is a zero-sized type implementing [`Method`] (e.g. [`Generate`]); a notification one
 //! implementing [`NotificationMethod`] (e.g. [`GenerateDeltaNotification`]). Defaults of the
 //! contract are applied by serde when a field is absent; unknown fields are ignored; a field of
-//! the wrong type is an error (`-32602`).
+//! the wrong type is an error ([`InvalidParams`](crate::ErrorCode::InvalidParams)).
 
 mod cancel;
 mod common;
@@ -43,7 +43,8 @@ pub trait Method {
     /// The `result` of a successful response.
     type Result: Serialize + DeserializeOwned + JsonSchema + std::fmt::Debug + Send + 'static;
 
-    /// Checks what serde cannot (ranges, one-of rules); the error is `-32602 {field, reason}`.
+    /// Checks what serde cannot (ranges, one-of rules); the error is
+    /// [`InvalidParams`](crate::ErrorCode::InvalidParams) `{field, reason}`.
     fn validate(_params: &Self::Params) -> Result<(), ResponseError> {
         Ok(())
     }
@@ -64,18 +65,36 @@ pub trait NotificationMethod {
     type Params: Serialize + DeserializeOwned + JsonSchema + std::fmt::Debug + Send + 'static;
 }
 
-/// Names of the methods, as on the wire.
-pub const METHOD_NAMES: [&str; 9] = [
-    Initialize::NAME,
-    Load::NAME,
-    Generate::NAME,
-    Cancel::NAME,
-    Unload::NAME,
-    Reset::NAME,
-    Status::NAME,
-    Tokenize::NAME,
-    Shutdown::NAME,
-];
+/// The contract's methods, in the contract's order: the one list of them. Calls
+/// `$callback! { Initialize, Load, ... }` with every method's type (as `$m:ty` fragments), so
+/// that what lists the methods is generated from here: [`METHOD_NAMES`], the schema's `methods`
+/// index ([`crate::schema`]) and the worker's dispatcher (which does not compile until it
+/// handles every method listed here).
+#[macro_export]
+macro_rules! for_each_method {
+    ($callback:ident) => {
+        $callback! {
+            $crate::methods::Initialize,
+            $crate::methods::Load,
+            $crate::methods::Generate,
+            $crate::methods::Cancel,
+            $crate::methods::Unload,
+            $crate::methods::Reset,
+            $crate::methods::Status,
+            $crate::methods::Tokenize,
+            $crate::methods::Shutdown
+        }
+    };
+}
+
+macro_rules! method_names {
+    ($($m:ty),*) => {
+        /// Names of the methods, as on the wire, in the order of [`crate::for_each_method!`].
+        pub const METHOD_NAMES: [&str; [$(<$m as Method>::NAME),*].len()] =
+            [$(<$m as Method>::NAME),*];
+    };
+}
+for_each_method!(method_names);
 
 /// Declares a method's zero-sized type and its [`Method`] impl without a `validate` override.
 macro_rules! method {

@@ -2,9 +2,11 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
-use super::{ChatMessage, Method};
+use super::{default_true, ChatMessage, Method};
 use crate::error::ResponseError;
+use crate::params::with_defaults;
 
 /// `tokenize`: answered at once, even during a generation.
 #[derive(Debug, Clone, Copy)]
@@ -30,10 +32,6 @@ impl Method for Tokenize {
     }
 }
 
-fn default_true() -> bool {
-    true
-}
-
 /// Params of `tokenize`: exactly one of `text` and `messages`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TokenizeParams {
@@ -54,12 +52,7 @@ pub struct TokenizeParams {
 impl TokenizeParams {
     /// Params to tokenize `text` with the active model.
     pub fn text(text: impl Into<String>) -> Self {
-        TokenizeParams {
-            model: None,
-            text: Some(text.into()),
-            messages: None,
-            add_generation_prompt: true,
-        }
+        with_defaults(json!({ "text": text.into() }))
     }
 }
 
