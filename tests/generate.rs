@@ -2,7 +2,9 @@
 //! Llamas (`fixtures`): load, generate, tokenize, stop sequences and every error a
 //! model request can get.
 
-use crate::support::{greedy, model_id, rpc_error, tiny_model, within, worker, worker_with_tiny_model};
+use crate::support::{
+    greedy, model_id, rpc_error, tiny_model, within, worker, worker_with_tiny_model,
+};
 use fixtures::{TinyLlama, FIRST_BYTE_ID, VOCAB_SIZE};
 use protocol::error::{ContextOverflowData, InvalidParamsData, LoadFailedData};
 use protocol::methods::*;

@@ -3,7 +3,6 @@
 // `resolve` with ETag / X-Repo-Commit / Range, gated repos, X-Error-Code) into a temporary
 // HF_HOME, in the standard cache layout, then loads offline from that cache.
 
-
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{greedy, model_id, rpc_error, within, worker_with_tiny_model};
+use crate::support::{greedy, model_id, rpc_error, within, within_for, worker_with_tiny_model};
 use fixtures::FIRST_BYTE_ID;
 use protocol::error::BusyData;
 use protocol::methods::*;
@@ -136,38 +136,188 @@ async fn requests_run_in_arrival_order() {
 }
 
 #[tokio::test]
-async fn end_of_stdin_sigterm_and_shutdown_mid_generation_exit_zero_within_a_second() {
-    for how in ["eof", "sigterm", "shutdown"] {
+async fn sigterm_and_sigint_mid_generation_cancel_and_exit_zero_within_a_second() {
+    for sig in ["-TERM", "-INT"] {
         let (w, _dir) = worker_with_tiny_model(&[]).await;
         let mut g = w.generate(&gen(LONG)).unwrap();
+        let queued = w.generate(&gen(LONG)).unwrap();
         within(g.next_delta()).await.unwrap();
         let t = Instant::now();
-        match how {
-            "eof" => w.close_stdin(),
-            "sigterm" => {
-                let pid = w.pid().unwrap().to_string();
-                std::process::Command::new("kill")
-                    .args(["-TERM", &pid])
-                    .status()
-                    .unwrap();
-            }
-            _ => {
-                within(w.call::<Shutdown>(&ShutdownParams {}))
-                    .await
-                    .unwrap();
-            }
-        }
-        assert_eq!(within(w.wait()).await.unwrap().code(), Some(0), "{how}");
+        let pid = w.pid().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert_eq!(within(w.wait()).await.unwrap().code(), Some(0), "{sig}");
         assert!(
             t.elapsed() < Duration::from_secs(1),
-            "{how}: {:?}",
+            "{sig}: {:?}",
             t.elapsed()
         );
-        // The running generation still answered, cancelled.
-        assert_eq!(
-            within(g.finish()).await.unwrap().finish_reason,
-            FinishReason::Cancelled,
-            "{how}"
+        // Both still answered, cancelled.
+        for g in [g, queued] {
+            let result = within(g.finish()).await.unwrap();
+            assert_eq!(result.finish_reason, FinishReason::Cancelled, "{sig}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn shutdown_and_end_of_stdin_finish_the_work_received_first() {
+    for how in ["shutdown", "eof"] {
+        let (w, _dir) = worker_with_tiny_model(&[]).await;
+        let mut running = w.generate(&gen(200)).unwrap();
+        let queued = w.generate(&gen(40)).unwrap();
+        within(running.next_delta()).await.unwrap();
+        // Sent at once (a client call would only go out when awaited); answered last.
+        let shutdown = how == "shutdown";
+        if shutdown {
+            w.send_raw("{\"jsonrpc\":\"2.0\",\"id\":\"bye\",\"method\":\"shutdown\"}\n")
+                .unwrap();
+        } else {
+            w.close_stdin();
+        }
+        if shutdown {
+            // While it drains, `status` is still answered and new work is refused.
+            let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
+            assert_eq!(status.state, WorkerState::Generating);
+            let refused = rpc_error(
+                within(w.call::<Generate>(&gen(4))).await,
+                ErrorCode::InvalidRequest,
+            );
+            assert!(
+                refused.message.contains("shutting down"),
+                "{}",
+                refused.message
+            );
+        }
+        let first = within_for(Duration::from_secs(60), running.finish())
+            .await
+            .unwrap();
+        let second = within_for(Duration::from_secs(60), queued.finish())
+            .await
+            .unwrap();
+        assert_eq!(first.finish_reason, FinishReason::Length, "{how}");
+        assert_eq!(first.usage.completion_tokens, 200, "{how}");
+        assert_eq!(second.finish_reason, FinishReason::Length, "{how}");
+        assert_eq!(second.usage.completion_tokens, 40, "{how}");
+        if shutdown {
+            let answer = within(w.next_unmatched()).await.unwrap();
+            assert_eq!(answer.id, Some("bye".into()));
+            assert_eq!(answer.outcome.unwrap(), json!({}));
+        }
+        assert_eq!(within(w.wait()).await.unwrap().code(), Some(0), "{how}");
+    }
+}
+
+/// The worker as a plain child process (no client), with the tiny model's load and a long
+/// generation already written to its stdin.
+fn raw_worker_generating(model: &str) -> std::process::Child {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let load = json!({"jsonrpc": "2.0", "id": 1, "method": "load", "params": {"model": model}});
+    let generate = json!({"jsonrpc": "2.0", "id": 2, "method": "generate",
+        "params": {"messages": [{"role": "user", "content": "hi"}], "max_new_tokens": LONG,
+                   "temperature": 0}});
+    let stdin = child.stdin.as_mut().unwrap();
+    writeln!(stdin, "{load}\n{generate}").unwrap();
+    child
+}
+
+/// Waits up to `limit` for `pid` to end (a zombie, never reaped in some containers, counts).
+fn ended_within(pid: u32, limit: Duration) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('Z')) =>
+            {
+                return true
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    false
+}
+
+#[test]
+fn a_closed_stdout_cancels_and_exits_within_a_second() {
+    use std::io::BufRead;
+    let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
+    let mut child = raw_worker_generating(&model_id(dir.path()));
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    // The load's answer, then deltas: the generation runs.
+    let mut line = String::new();
+    while !line.contains("generate/delta") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "stdout ended early"
         );
     }
+    let t = Instant::now();
+    drop(stdout);
+    assert!(
+        ended_within(child.id(), Duration::from_secs(1)),
+        "still running {:?} after stdout closed",
+        t.elapsed()
+    );
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn a_dead_parent_cancels_and_exits_within_a_second() {
+    use std::io::BufRead;
+    let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
+    // A shell is the worker's parent; the test keeps the pipes open and kills the shell.
+    let mut shell = std::process::Command::new("sh")
+        // Without job control, sh gives a background job /dev/null as its stdin, before any
+        // redirection of fd 0: the pipe goes through fd 3.
+        .args([
+            "-c",
+            "exec 3<&0; \"$0\" <&3 3<&- & echo $!; wait",
+            env!("CARGO_BIN_EXE_mlx-worker"),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(shell.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let worker: u32 = line.trim().parse().unwrap();
+    {
+        use std::io::Write;
+        let load = json!({"jsonrpc": "2.0", "id": 1, "method": "load",
+            "params": {"model": model_id(dir.path())}});
+        let generate = json!({"jsonrpc": "2.0", "id": 2, "method": "generate",
+            "params": {"messages": [{"role": "user", "content": "hi"}],
+                       "max_new_tokens": LONG, "temperature": 0}});
+        writeln!(shell.stdin.as_mut().unwrap(), "{load}\n{generate}").unwrap();
+    }
+    while !line.contains("generate/delta") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "stdout ended early"
+        );
+    }
+    let t = Instant::now();
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+    assert!(
+        ended_within(worker, Duration::from_secs(1)),
+        "the worker still runs {:?} after its parent died",
+        t.elapsed()
+    );
 }

@@ -85,10 +85,10 @@ async fn initialize_reports_the_protocol_and_the_queue() {
 }
 
 #[tokio::test]
-async fn shutdown_answers_then_exits_zero_and_refuses_what_follows() {
+async fn shutdown_answers_then_exits_zero_and_refuses_new_work() {
     let w = worker(&[]);
     w.send_raw(
-        "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"shutdown\"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"status\"}\n",
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"shutdown\"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"reset\"}\n",
     )
     .unwrap();
     let first = within(w.next_unmatched()).await.unwrap();

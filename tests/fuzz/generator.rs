@@ -734,4 +734,3 @@ impl Generator {
         out
     }
 }
-

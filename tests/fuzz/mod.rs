@@ -19,7 +19,6 @@ mod generator;
 mod oracle;
 mod runner;
 
-
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -31,7 +30,6 @@ use protocol::methods::{
 };
 use protocol::{Client, ErrorCode, RequestId, Response, ResponseError};
 use serde_json::{json, Map, Value};
-
 
 use generator::*;
 use oracle::*;

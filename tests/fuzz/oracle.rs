@@ -170,4 +170,3 @@ pub(super) fn assign(requests: &[Pending], answers: &[Response]) -> Option<Vec<u
     )
     .then_some(order)
 }
-

@@ -223,4 +223,3 @@ impl Run {
         self.drain_notifications().await;
     }
 }
-

@@ -18,7 +18,7 @@ use protocol::methods::{
 use protocol::{ErrorCode, Message, Notification, Request, RequestId, Response, ResponseError};
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::engine_adapter::EngineInfo;
 use crate::executor::{Executor, ExecutorEvent, Job, Work};
@@ -26,8 +26,10 @@ use crate::queue::JobQueue;
 use crate::residents::{self, SharedResidents};
 use crate::transport::{Inbound, Outbox};
 
-/// How long a stop waits for the running job to notice its cancellation.
+/// How long a cancelling stop waits for the running job to notice its cancellation.
 const CANCEL_GRACE: Duration = Duration::from_millis(600);
+/// How often the dispatcher looks whether its parent process is still there.
+const PARENT_POLL: Duration = Duration::from_millis(200);
 /// How long a stop then waits for the MLX thread to free memory.
 const FREE_GRACE: Duration = Duration::from_millis(200);
 
@@ -37,13 +39,24 @@ struct Running {
     cancel: CancelToken,
 }
 
-/// Why the worker stops.
-#[derive(Debug, Clone, Copy)]
+/// Why the worker stops (protocol.md, "Lifecycle").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StopReason {
+    /// `shutdown`: what was received before it runs first.
     Shutdown,
+    /// End of stdin: no more requests; what was received runs first.
     EndOfInput,
     Sigterm,
     Sigint,
+    /// stdout closed or the parent process died: nobody reads the answers.
+    HostGone,
+}
+
+impl StopReason {
+    /// Whether the work already received still runs (else it is cancelled).
+    fn drains(self) -> bool {
+        matches!(self, StopReason::Shutdown | StopReason::EndOfInput)
+    }
 }
 
 /// The dispatcher's state.
@@ -60,6 +73,8 @@ pub struct Dispatcher {
     started: Instant,
     served: u64,
     stopping: Option<StopReason>,
+    /// `shutdown` requests, answered once the work before them is done.
+    shutdowns: Vec<RequestId>,
 }
 
 impl Dispatcher {
@@ -83,19 +98,24 @@ impl Dispatcher {
             started: Instant::now(),
             served: 0,
             stopping: None,
+            shutdowns: Vec::new(),
         }
     }
 
-    /// Serves until `shutdown`, end of stdin, SIGTERM or SIGINT; then cancels, frees and
-    /// returns within about a second.
+    /// Serves until `shutdown` or end of stdin (after finishing what was received), or until
+    /// SIGTERM, SIGINT or the host going away (cancelling everything, within about a second);
+    /// then frees MLX memory and returns.
     pub async fn run(
         mut self,
         mut inbound: mpsc::UnboundedReceiver<Inbound>,
         mut events: mpsc::UnboundedReceiver<ExecutorEvent>,
+        mut stdout_gone: oneshot::Receiver<()>,
     ) {
         let mut sigterm = signal(SignalKind::terminate()).expect("install a SIGTERM handler");
         let mut sigint = signal(SignalKind::interrupt()).expect("install a SIGINT handler");
-        let mut input_open = true;
+        let parent = std::os::unix::process::parent_id();
+        let mut parent_poll = tokio::time::interval(PARENT_POLL);
+        let (mut input_open, mut stdout_open) = (true, true);
         let mut deadline = None;
 
         loop {
@@ -110,19 +130,35 @@ impl Dispatcher {
                 Some(event) = events.recv() => self.on_event(event),
                 _ = sigterm.recv() => self.stop(StopReason::Sigterm),
                 _ = sigint.recv() => self.stop(StopReason::Sigint),
+                _ = &mut stdout_gone, if stdout_open => {
+                    stdout_open = false;
+                    self.stop(StopReason::HostGone);
+                }
+                // Orphans are re-parented (to init or a subreaper): the parent is gone. Polled,
+                // so that it works alike on Linux and macOS.
+                _ = parent_poll.tick() => {
+                    if std::os::unix::process::parent_id() != parent {
+                        self.stop(StopReason::HostGone);
+                    }
+                }
                 _ = sleep_until(deadline) => {
                     tracing::warn!("the running job did not stop in time; exiting anyway");
                     break;
                 }
             }
-            if self.stopping.is_some() {
-                deadline.get_or_insert_with(|| tokio::time::Instant::now() + CANCEL_GRACE);
-                if self.running.is_none() {
+            if let Some(reason) = self.stopping {
+                if !reason.drains() {
+                    deadline.get_or_insert_with(|| tokio::time::Instant::now() + CANCEL_GRACE);
+                }
+                if self.running.is_none() && self.queue.is_empty() {
                     break;
                 }
             }
         }
 
+        for id in std::mem::take(&mut self.shutdowns) {
+            self.reply::<Shutdown>(id, ShutdownResult {});
+        }
         if !self.executor.quit(FREE_GRACE).await {
             tracing::warn!("the MLX thread did not free in time; exiting anyway");
         }
@@ -133,10 +169,14 @@ impl Dispatcher {
     fn handle(&mut self, message: Message) {
         match message {
             Message::Request(request) => {
-                if self.stopping.is_some() {
+                // While stopping, `status`, `cancel` and the other answers-at-once still work;
+                // new work is refused.
+                let new_work = [Load::NAME, Generate::NAME, Unload::NAME, Reset::NAME]
+                    .contains(&request.method.as_str());
+                if self.stopping.is_some() && new_work {
                     let error = ResponseError::new(
                         ErrorCode::InvalidRequest,
-                        "the worker is shutting down and takes no more requests; start a new one",
+                        "the worker is shutting down and takes no more work; start a new one",
                     );
                     self.answer(Response::err(Some(request.id), error));
                 } else {
@@ -234,7 +274,7 @@ impl Dispatcher {
                 if self.running.as_ref().is_some_and(|r| r.id == id) {
                     self.running = None;
                 }
-                if self.stopping.is_none() {
+                if self.stopping.is_none_or(StopReason::drains) {
                     if let Some(next) = self.queue.pop() {
                         self.start(next);
                     }
@@ -275,12 +315,23 @@ impl Dispatcher {
         self.answer(response);
     }
 
+    /// Stops taking work; a draining stop lets what was received run, any other cancels it (and
+    /// overrides a drain in progress).
     fn stop(&mut self, reason: StopReason) {
-        if self.stopping.is_some() {
+        match self.stopping {
+            Some(current) if !current.drains() || reason.drains() => return,
+            _ => {}
+        }
+        self.stopping = Some(reason);
+        if reason.drains() {
+            tracing::info!(
+                ?reason,
+                queued = self.queue.len(),
+                "stopping after the work received"
+            );
             return;
         }
         tracing::info!(?reason, "stopping: cancelling running and queued work");
-        self.stopping = Some(reason);
         if let Some(running) = &self.running {
             running.cancel.cancel();
         }
@@ -433,8 +484,9 @@ impl Handler for Tokenize {
 }
 
 impl Handler for Shutdown {
+    /// Answered once the work received before it is done (see [`Dispatcher::run`]).
     fn handle(d: &mut Dispatcher, id: RequestId, _: Self::Params) {
-        d.reply::<Self>(id, ShutdownResult {});
+        d.shutdowns.push(id);
         d.stop(StopReason::Shutdown);
     }
 }

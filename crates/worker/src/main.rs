@@ -49,13 +49,13 @@ fn main() {
 }
 
 async fn serve(cli: cli::Cli) {
-    let outbox = transport::spawn_writer();
+    let (outbox, stdout_gone) = transport::spawn_writer();
     let (events_tx, events) = mpsc::unbounded_channel();
     let residents = SharedResidents::default();
     let executor = Executor::spawn(outbox.clone(), events_tx, residents.clone());
     let inbound = transport::spawn_reader(cli.max_line_bytes, outbox.clone());
     Dispatcher::new(outbox, executor, residents, cli.max_queue)
-        .run(inbound, events)
+        .run(inbound, events, stdout_gone)
         .await;
 }
 

@@ -30,16 +30,18 @@ impl Outbox {
     }
 }
 
-/// Starts the task that owns stdout.
-pub fn spawn_writer() -> Outbox {
+/// Starts the task that owns stdout. The receiver fires when a write fails: the host is gone.
+pub fn spawn_writer() -> (Outbox, oneshot::Receiver<()>) {
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let (gone_tx, gone) = oneshot::channel();
     tokio::spawn(async move {
         let mut writer = MessageWriter::new(tokio::io::stdout());
         while let Some(item) = rx.recv().await {
             match item {
                 Outgoing::Message(message) => {
                     if let Err(e) = writer.write(&message).await {
-                        tracing::warn!("stdout is gone ({e}); dropping further output");
+                        tracing::warn!("stdout is gone ({e}): the host is gone");
+                        let _ = gone_tx.send(());
                         break;
                     }
                 }
@@ -49,14 +51,14 @@ pub fn spawn_writer() -> Outbox {
             }
         }
     });
-    Outbox(tx)
+    (Outbox(tx), gone)
 }
 
 /// What the reader task hands to the dispatcher.
 pub enum Inbound {
     /// A well-formed message.
     Message(Message),
-    /// End of stdin (or a read error): the parent is gone.
+    /// End of stdin (or a read error): no more requests; what was received still runs.
     Closed,
 }
 

@@ -1,4 +1,4 @@
-//! `shutdown`: answer `{}`, cancel, free, exit 0.
+//! `shutdown`: finish the work received before it, answer `{}`, free, exit 0.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use super::method;
 
 method!(
-    /// `shutdown`: the worker answers `{}` and exits 0; later requests get an error.
+    /// `shutdown`: the requests received before it run and are answered first (`status` and
+    /// `cancel` still work meanwhile; new work gets an error), then the worker answers `{}`,
+    /// frees MLX memory and exits 0.
     Shutdown,
     "shutdown",
     ShutdownParams,
