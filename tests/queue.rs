@@ -210,23 +210,25 @@ async fn shutdown_and_end_of_stdin_finish_the_work_received_first() {
     }
 }
 
-/// The worker as a plain child process (no client), with the tiny model's load and a long
-/// generation already written to its stdin.
-fn raw_worker_generating(model: &str) -> std::process::Child {
-    use std::io::Write;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+/// A `load` of `model` and a long greedy `generate`, as lines for a worker's stdin.
+fn load_and_generate_lines(model: &str) -> String {
     let load = json!({"jsonrpc": "2.0", "id": 1, "method": "load", "params": {"model": model}});
     let generate = json!({"jsonrpc": "2.0", "id": 2, "method": "generate",
         "params": {"messages": [{"role": "user", "content": "hi"}], "max_new_tokens": LONG,
                    "temperature": 0}});
-    let stdin = child.stdin.as_mut().unwrap();
-    writeln!(stdin, "{load}\n{generate}").unwrap();
-    child
+    format!("{load}\n{generate}\n")
+}
+
+/// Reads `stdout` until a `generate/delta` shows that the generation runs.
+fn read_until_a_delta(stdout: &mut impl std::io::BufRead) {
+    let mut line = String::new();
+    while !line.contains("generate/delta") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "stdout ended early"
+        );
+    }
 }
 
 /// Waits up to `limit` for `pid` to end (a zombie, never reaped in some containers, counts).
@@ -251,19 +253,19 @@ fn ended_within(pid: u32, limit: Duration) -> bool {
 
 #[test]
 fn a_closed_stdout_cancels_and_exits_within_a_second() {
-    use std::io::BufRead;
+    use std::io::Write;
     let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
-    let mut child = raw_worker_generating(&model_id(dir.path()));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = load_and_generate_lines(&model_id(dir.path()));
+    let stdin = child.stdin.as_mut().unwrap();
+    stdin.write_all(lines.as_bytes()).unwrap();
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    // The load's answer, then deltas: the generation runs.
-    let mut line = String::new();
-    while !line.contains("generate/delta") {
-        line.clear();
-        assert!(
-            stdout.read_line(&mut line).unwrap() > 0,
-            "stdout ended early"
-        );
-    }
+    read_until_a_delta(&mut stdout);
     let t = Instant::now();
     drop(stdout);
     assert!(
@@ -276,7 +278,7 @@ fn a_closed_stdout_cancels_and_exits_within_a_second() {
 
 #[test]
 fn a_dead_parent_cancels_and_exits_within_a_second() {
-    use std::io::BufRead;
+    use std::io::{BufRead, Write};
     let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
     // A shell is the worker's parent; the test keeps the pipes open and kills the shell.
     let mut shell = std::process::Command::new("sh")
@@ -296,22 +298,10 @@ fn a_dead_parent_cancels_and_exits_within_a_second() {
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
     let worker: u32 = line.trim().parse().unwrap();
-    {
-        use std::io::Write;
-        let load = json!({"jsonrpc": "2.0", "id": 1, "method": "load",
-            "params": {"model": model_id(dir.path())}});
-        let generate = json!({"jsonrpc": "2.0", "id": 2, "method": "generate",
-            "params": {"messages": [{"role": "user", "content": "hi"}],
-                       "max_new_tokens": LONG, "temperature": 0}});
-        writeln!(shell.stdin.as_mut().unwrap(), "{load}\n{generate}").unwrap();
-    }
-    while !line.contains("generate/delta") {
-        line.clear();
-        assert!(
-            stdout.read_line(&mut line).unwrap() > 0,
-            "stdout ended early"
-        );
-    }
+    let lines = load_and_generate_lines(&model_id(dir.path()));
+    let stdin = shell.stdin.as_mut().unwrap();
+    stdin.write_all(lines.as_bytes()).unwrap();
+    read_until_a_delta(&mut stdout);
     let t = Instant::now();
     shell.kill().unwrap();
     shell.wait().unwrap();

@@ -105,3 +105,28 @@ fn publish_beside_binaries(dist: &Path, out_dir: &Path) {
     #[cfg(unix)]
     std::os::unix::fs::symlink(dist, &link).expect("link the MLX distribution into the target dir");
 }
+
+/// mlx-c's CMake, set to build the static `mlxc` against the distribution's libmlx.
+pub fn mlx_c_config(mlx_c: &Path, dist: &Path) -> cmake::Config {
+    let mut config = cmake::Config::new(mlx_c);
+    config
+        .profile("Release")
+        .define("MLX_C_USE_SYSTEM_MLX", "ON")
+        .define("MLX_DIR", dist.join("mlx/share/cmake/MLX"))
+        .define("MLX_C_BUILD_EXAMPLES", "OFF")
+        .define("BUILD_SHARED_LIBS", "OFF")
+        .build_target("mlxc");
+    config
+}
+
+/// Links `libmlxc.a` (built in `build`), the distribution's libmlx, and the C++ runtime `cxx`.
+pub fn link(build: &Path, dist: &Path, cxx: &str) {
+    println!("cargo:rustc-link-search=native={}", build.display());
+    println!("cargo:rustc-link-lib=static=mlxc");
+    println!(
+        "cargo:rustc-link-search=native={}",
+        dist.join("mlx/lib").display()
+    );
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    println!("cargo:rustc-link-lib=dylib={cxx}");
+}

@@ -8,20 +8,14 @@ use std::{
 /// Builds `libmlxc.a`, emits the link lines, and returns extra clang args for bindgen.
 pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
     let compat = compat_dir();
-    let mut config = cmake::Config::new(mlx_c);
+    let mut config = crate::dist::mlx_c_config(mlx_c, dist);
     config
-        .profile("Release")
-        .define("MLX_C_USE_SYSTEM_MLX", "ON")
-        .define("MLX_DIR", dist.join("mlx/share/cmake/MLX"))
-        .define("MLX_C_BUILD_EXAMPLES", "OFF")
-        .define("BUILD_SHARED_LIBS", "OFF")
         .cxxflag(format!(
             "-include {}",
             compat.join("format_compat.h").display()
         ))
         // Gives x86 the float16_t/bfloat16_t storage types mlx-c declares only on ARM.
-        .cxxflag(format!("-include {}", compat.join("half_cxx.h").display()))
-        .build_target("mlxc");
+        .cxxflag(format!("-include {}", compat.join("half_cxx.h").display()));
     let build = config.build().join("build");
 
     // OpenBLAS as a direct dependency of the binary comes before the wheel's reference BLAS (a
@@ -36,14 +30,7 @@ pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
              BLAS. Install it with `apt-get install libopenblas-dev`"
         );
     }
-    println!("cargo:rustc-link-search=native={}", build.display());
-    println!("cargo:rustc-link-lib=static=mlxc");
-    println!(
-        "cargo:rustc-link-search=native={}",
-        dist.join("mlx/lib").display()
-    );
-    println!("cargo:rustc-link-lib=dylib=mlx");
-    println!("cargo:rustc-link-lib=dylib=stdc++");
+    crate::dist::link(&build, dist, "stdc++");
     half_bindgen_args()
 }
 

@@ -21,23 +21,8 @@ pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
         // Apple's clang takes `__bf16` on arm64 as is; Debian's libclang wants the feature named.
         return vec!["-march=armv8.6-a+bf16".into()];
     }
-    let build = cmake::Config::new(mlx_c)
-        .profile("Release")
-        .define("MLX_C_USE_SYSTEM_MLX", "ON")
-        .define("MLX_DIR", dist.join("mlx/share/cmake/MLX"))
-        .define("MLX_C_BUILD_EXAMPLES", "OFF")
-        .define("BUILD_SHARED_LIBS", "OFF")
-        .build_target("mlxc")
-        .build()
-        .join("build");
-    println!("cargo:rustc-link-search=native={}", build.display());
-    println!("cargo:rustc-link-lib=static=mlxc");
-    println!(
-        "cargo:rustc-link-search=native={}",
-        dist.join("mlx/lib").display()
-    );
-    println!("cargo:rustc-link-lib=dylib=mlx");
-    println!("cargo:rustc-link-lib=dylib=c++");
+    let build = crate::dist::mlx_c_config(mlx_c, dist).build().join("build");
+    crate::dist::link(&build, dist, "c++");
     Vec::new()
 }
 
