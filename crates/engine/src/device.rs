@@ -108,3 +108,19 @@ pub fn synchronize() {
         mlx_sys::mlx_synchronize_default();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_is_the_default_devices() {
+        // (default device is a GPU, Metal available, CUDA available)
+        assert_eq!(backend_of(true, true, false), Backend::Metal);
+        assert_eq!(backend_of(true, false, true), Backend::Cuda);
+        assert_eq!(backend_of(false, false, false), Backend::Cpu);
+        // A GPU left unused is reported as what runs: the CPU (and a warning is logged).
+        assert_eq!(backend_of(false, true, false), Backend::Cpu);
+        assert_eq!(backend_of(false, false, true), Backend::Cpu);
+    }
+}
