@@ -41,7 +41,7 @@ fn main() {
         }
         "macos" => {
             let dist = dist::mlx_dist(&wheel, &out_dir);
-            macos::build_and_link(&mlx_c, &dist)
+            macos::build_and_link(&mlx_c, &dist, target.macos)
         }
         _ => {
             let dist = dist::mlx_dist(&wheel, &out_dir);

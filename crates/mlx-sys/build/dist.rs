@@ -78,6 +78,11 @@ pub fn mlx_dist(wheel: &Wheel, out_dir: &Path) -> PathBuf {
             })
         }
     };
+    // A deleted cache must rebuild the link and the wheel, not leave binaries without libmlx.
+    println!(
+        "cargo:rerun-if-changed={}",
+        dist.join("mlx/lib").join(wheel.library()).display()
+    );
     publish_beside_binaries(&dist, out_dir);
     println!("cargo::metadata=lib_dir={}", dist.join("mlx/lib").display());
     println!(

@@ -11,7 +11,7 @@ use std::{env, path::Path};
 /// zig supplies macOS's C headers) there is no macOS SDK to compile mlx-c with: the wheel is
 /// still fetched and verified, the bindings are made for the target, and linking is left
 /// undone, which `cargo check` never needs. A warning says so.
-pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
+pub fn build_and_link(mlx_c: &Path, dist: &Path, macos: Option<(u32, u32)>) -> Vec<String> {
     if !cfg!(target_os = "macos") {
         println!(
             "cargo:warning=mlx-sys: checking for macOS on a {} host: mlx-c is not compiled (no \
@@ -21,6 +21,10 @@ pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
         // Apple's clang takes `__bf16` on arm64 as is; Debian's libclang wants the feature named.
         return vec!["-march=armv8.6-a+bf16".into()];
     }
+    // mlx-c for the macOS the wheel was chosen for, not for the SDK's (newer) version, which
+    // the C compiler would take otherwise: `libmlxc.a` must run wherever libmlx runs.
+    let (major, minor) = macos.unwrap_or((14, 0));
+    std::env::set_var("MACOSX_DEPLOYMENT_TARGET", format!("{major}.{minor}"));
     let build = crate::dist::mlx_c_config(mlx_c, dist).build().join("build");
     crate::dist::link(&build, dist, "c++");
     Vec::new()

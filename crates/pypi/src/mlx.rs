@@ -220,7 +220,17 @@ pub fn verify_layout(dist: &Path, backend: Backend) -> Result<()> {
         .map(|p| p.display().to_string())
         .collect();
     if missing.is_empty() {
-        Ok(())
+        match cmake_package_version(dist).as_deref() {
+            Some(MLX_VERSION) => Ok(()),
+            found => Err(Error::file(
+                dist,
+                format!(
+                    "holds MLX {}, not {MLX_VERSION}, which mlx-c 0.7.0 (mlx-rs 0.33) is built \
+                     for: point MLX_DIR at MLX {MLX_VERSION}, or unset it",
+                    found.unwrap_or("of an unknown version (no MLXConfigVersion.cmake)")
+                ),
+            )),
+        }
     } else {
         Err(Error::file(
             dist,
@@ -234,6 +244,16 @@ pub fn verify_layout(dist: &Path, backend: Backend) -> Result<()> {
 
 #[cfg(test)]
 mod tests;
+
+/// The version in `mlx/share/cmake/MLX/MLXConfigVersion.cmake` (`set(PACKAGE_VERSION "0.32.2")`).
+fn cmake_package_version(dist: &Path) -> Option<String> {
+    let text =
+        std::fs::read_to_string(dist.join("mlx/share/cmake/MLX/MLXConfigVersion.cmake")).ok()?;
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("set(PACKAGE_VERSION "))?;
+    Some(line.split('"').nth(1)?.to_owned())
+}
 
 /// Where MLX wheels are cached, downloaded and unpacked: `MLX_SYS_CACHE`, else
 /// `<user cache>/mlx-sys` (see [`crate::user_cache_dir`]).

@@ -4,6 +4,8 @@
 //! while the MLX thread generates. `load`, `generate`, `unload` and `reset` have their params
 //! checked here, then wait in the bounded queue and run one at a time on the MLX thread.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx_engine::CancelToken;
@@ -18,7 +20,7 @@ use protocol::methods::{
 use protocol::{ErrorCode, Message, Notification, Request, RequestId, Response, ResponseError};
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::engine_adapter::EngineInfo;
 use crate::executor::{Executor, ExecutorEvent, Job, Work};
@@ -26,10 +28,11 @@ use crate::queue::JobQueue;
 use crate::residents::{self, SharedResidents};
 use crate::transport::{Inbound, Outbox};
 
-/// How long a cancelling stop waits for the running job to notice its cancellation.
-const CANCEL_GRACE: Duration = Duration::from_millis(600);
+/// How long a cancelling stop waits for the running job to notice its cancellation. With the
+/// parent poll, the MLX thread's release and the last flush, the exit stays within a second.
+const CANCEL_GRACE: Duration = Duration::from_millis(450);
 /// How often the dispatcher looks whether its parent process is still there.
-const PARENT_POLL: Duration = Duration::from_millis(200);
+const PARENT_POLL: Duration = Duration::from_millis(100);
 /// How long a stop then waits for the MLX thread to free memory.
 const FREE_GRACE: Duration = Duration::from_millis(200);
 
@@ -75,6 +78,10 @@ pub struct Dispatcher {
     stopping: Option<StopReason>,
     /// `shutdown` requests, answered once the work before them is done.
     shutdowns: Vec<RequestId>,
+    /// `tokenize` requests being answered off the dispatcher (a stop waits for them).
+    tokenizing: Arc<AtomicUsize>,
+    /// Signalled when one of those is answered.
+    tokenized: Arc<Notify>,
 }
 
 impl Dispatcher {
@@ -99,6 +106,8 @@ impl Dispatcher {
             served: 0,
             stopping: None,
             shutdowns: Vec::new(),
+            tokenizing: Arc::default(),
+            tokenized: Arc::default(),
         }
     }
 
@@ -117,6 +126,7 @@ impl Dispatcher {
         let mut parent_poll = tokio::time::interval(PARENT_POLL);
         let (mut input_open, mut stdout_open) = (true, true);
         let mut deadline = None;
+        let tokenized = self.tokenized.clone();
 
         loop {
             tokio::select! {
@@ -127,7 +137,15 @@ impl Dispatcher {
                         self.stop(StopReason::EndOfInput);
                     }
                 },
-                Some(event) = events.recv() => self.on_event(event),
+                event = events.recv() => match event {
+                    Some(event) => self.on_event(event),
+                    None => {
+                        tracing::error!("the MLX thread is gone; exiting");
+                        break;
+                    }
+                },
+                // A `tokenize` was answered: look again whether a stop may end.
+                _ = tokenized.notified() => {}
                 _ = sigterm.recv() => self.stop(StopReason::Sigterm),
                 _ = sigint.recv() => self.stop(StopReason::Sigint),
                 _ = &mut stdout_gone, if stdout_open => {
@@ -150,7 +168,7 @@ impl Dispatcher {
                 if !reason.drains() {
                     deadline.get_or_insert_with(|| tokio::time::Instant::now() + CANCEL_GRACE);
                 }
-                if self.running.is_none() && self.queue.is_empty() {
+                if self.idle() {
                     break;
                 }
             }
@@ -164,6 +182,15 @@ impl Dispatcher {
         }
         let _ = tokio::time::timeout(FREE_GRACE, self.outbox.flush()).await;
         tracing::info!(reason = ?self.stopping, served = self.served, "stopped");
+    }
+
+    /// Nothing received is left unanswered: no job running or queued, no `initialize` waiting
+    /// for the engine, no `tokenize` in flight.
+    fn idle(&self) -> bool {
+        self.running.is_none()
+            && self.queue.is_empty()
+            && self.waiting_initialize.is_empty()
+            && self.tokenizing.load(Ordering::SeqCst) == 0
     }
 
     fn handle(&mut self, message: Message) {
@@ -408,12 +435,16 @@ impl Dispatcher {
         };
         self.served += 1;
         let outbox = self.outbox.clone();
+        let (tokenizing, tokenized) = (self.tokenizing.clone(), self.tokenized.clone());
+        tokenizing.fetch_add(1, Ordering::SeqCst);
         tokio::task::spawn_blocking(move || {
             let response = match residents::tokenize(&tokenizer, &params) {
                 Ok(result) => Response::ok(id, result),
                 Err(e) => Response::err(Some(id), e),
             };
             outbox.send(response);
+            tokenizing.fetch_sub(1, Ordering::SeqCst);
+            tokenized.notify_one();
         });
     }
 

@@ -10,18 +10,12 @@ use safetensors::SafeTensors;
 use serde_json::Value;
 
 /// The real GGUF `file_name`: from `env_var` if set, else from the `cargo xtask setup` cache
-/// (`$XDG_CACHE_HOME` or `~/.cache`, then `mlx-worker/gguf/`). `None` (with a note) when it
+/// (`<cache>/gguf/`, `model_store::cache_root`). `None` (with a note) when it
 /// is missing, unless `MLX_WORKER_REQUIRE_MODELS=1`, which makes that a panic.
 pub fn real_gguf(env_var: &str, file_name: &str) -> Option<PathBuf> {
     let path = match std::env::var_os(env_var) {
         Some(p) => PathBuf::from(p),
-        None => {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
-            cache.join("mlx-worker").join("gguf").join(file_name)
-        }
+        None => model_store::cache_root().ok()?.join("gguf").join(file_name),
     };
     if path.is_file() {
         return Some(path);

@@ -161,6 +161,16 @@ fn a_distribution_missing_the_metallib_is_refused_by_name() {
     let err = verify_layout(&dir, Backend::Metal).unwrap_err().to_string();
     assert!(err.contains("mlx/lib/mlx.metallib"), "{err}");
     std::fs::write(dir.join("mlx/lib/mlx.metallib"), b"").unwrap();
+    // Another MLX release (an MLX_DIR from some other environment) is refused by version.
+    let version = dir.join("mlx/share/cmake/MLX/MLXConfigVersion.cmake");
+    std::fs::write(&version, "set(PACKAGE_VERSION \"0.29.1\")\n").unwrap();
+    let err = verify_layout(&dir, Backend::Metal).unwrap_err().to_string();
+    assert!(err.contains("holds MLX 0.29.1, not 0.32.2"), "{err}");
+    std::fs::write(
+        &version,
+        format!("set(PACKAGE_VERSION \"{MLX_VERSION}\")\n"),
+    )
+    .unwrap();
     verify_layout(&dir, Backend::Metal).unwrap();
     assert_eq!(
         dist_root(&dir.join("mlx/share/cmake/MLX"), Backend::Metal),
