@@ -186,3 +186,47 @@ async fn runs_from_another_directory_with_an_empty_environment() {
     assert_eq!(init.mlx.backend, protocol::methods::Backend::Cpu);
     within(w.shutdown()).await.unwrap();
 }
+
+#[test]
+fn piped_requests_are_all_answered_before_the_exit_at_end_of_stdin() {
+    use std::io::{Read, Write};
+    // `initialize` waits for the engine to start; end of stdin comes right after it.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\"}\n\
+              {\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tokenize\",\"params\":{\"text\":\"hi\"}}\n",
+        )
+        .unwrap();
+    drop(stdin);
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let answers: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 2, "{out}");
+    let initialize = answers
+        .iter()
+        .find(|a| a["id"] == 1)
+        .expect("initialize answered");
+    assert_eq!(initialize["result"]["protocol_version"], "1", "{out}");
+    // No model is loaded: tokenize is answered with an error, but answered.
+    let tokenize = answers
+        .iter()
+        .find(|a| a["id"] == 2)
+        .expect("tokenize answered");
+    assert!(tokenize["error"]["code"].is_i64(), "{out}");
+}
