@@ -255,12 +255,7 @@ fn ended_within(pid: u32, limit: Duration) -> bool {
 fn a_closed_stdout_cancels_and_exits_within_a_second() {
     use std::io::Write;
     let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = crate::support::raw_worker();
     let lines = load_and_generate_lines(&model_id(dir.path()));
     let stdin = child.stdin.as_mut().unwrap();
     stdin.write_all(lines.as_bytes()).unwrap();

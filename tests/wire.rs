@@ -191,12 +191,7 @@ async fn runs_from_another_directory_with_an_empty_environment() {
 fn piped_requests_are_all_answered_before_the_exit_at_end_of_stdin() {
     use std::io::{Read, Write};
     // `initialize` waits for the engine to start; end of stdin comes right after it.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = crate::support::raw_worker();
     let mut stdin = child.stdin.take().unwrap();
     stdin
         .write_all(

@@ -19,6 +19,17 @@ pub fn worker(args: &[&str]) -> Client {
     Client::spawn_command(command, options).expect("start mlx-worker")
 }
 
+/// `mlx-worker` as a plain child process with piped stdin and stdout (stderr dropped), for
+/// tests that need the raw pipes rather than a client.
+pub fn raw_worker() -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start mlx-worker")
+}
+
 /// Awaits `f`, failing the test after 10 s.
 pub async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
     within_for(Duration::from_secs(10), f).await

@@ -29,7 +29,7 @@ pub fn run() -> anyhow::Result<()> {
     )?;
 
     eprintln!("check-macos: feature resolution for {TARGET}");
-    let tree = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let tree = cargo()
         .args([
             "tree",
             "-e",
@@ -41,7 +41,6 @@ pub fn run() -> anyhow::Result<()> {
             "-i",
             "mlx-sys",
         ])
-        .current_dir(crate::workspace_root())
         .output()
         .context("running cargo tree")?;
     ensure!(
