@@ -12,4 +12,5 @@ mod lora;
 mod prompt_cache;
 mod queue;
 mod smollm2;
+mod vision;
 mod wire;

@@ -7,6 +7,10 @@
 //! example (`crates/engine/examples/parity.rs`, built by cargo in the test profile, where
 //! `cargo test` has built MLX already): it reads the same request and answers in the same
 //! shape, and xtask compares the prompt ids and the generated ids exactly.
+//!
+//! Vision-language models (a "vision" spec) are compared with mlx-vlm the same way, on the
+//! file's `vision_cases` (messages with image parts): `make_vision_fixtures.py` builds them with
+//! mlx-vlm's classes (and the case images), `vision_reference.py` answers for mlx-vlm.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,6 +26,9 @@ use crate::{cargo, run_checked, setup, target_dir, venv, workspace_root};
 struct CasesFile {
     max_new_tokens: usize,
     cases: Vec<Case>,
+    /// Cases for vision models: image parts name files of the fixtures' `images/`.
+    #[serde(default)]
+    vision_cases: Vec<Case>,
     models: Vec<ModelSpec>,
 }
 
@@ -40,6 +47,9 @@ struct ModelSpec {
     /// A fixture spec for make_fixtures.py.
     #[serde(default)]
     fixture: Option<Value>,
+    /// A vision-language fixture spec for make_vision_fixtures.py (compared with mlx-vlm).
+    #[serde(default)]
+    vision: Option<Value>,
     /// Overrides the file's `max_new_tokens` for this model.
     #[serde(default)]
     max_new_tokens: Option<usize>,
@@ -94,7 +104,7 @@ pub struct Options {
     max_new_tokens: Option<usize>,
     /// Another cases file.
     #[arg(long, default_value_os_t = workspace_root().join("xtask/parity/cases.json"))]
-    cases: PathBuf,
+    pub cases: PathBuf,
 }
 
 impl Default for Options {
@@ -149,11 +159,20 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             bail!("make_fixtures.py failed ({status}); see its output above");
         }
     }
+    if selected.iter().any(|s| s.vision.is_some()) {
+        make_vision_fixtures(&opts.cases)?;
+    }
+    let vision_cases = with_image_paths(&file.vision_cases, &fixtures.join("images"));
 
     let engine = engine_example()?;
     let mut rows = Vec::new();
     for spec in selected {
+        let (cases, script) = match spec.vision {
+            Some(_) => (&vision_cases, "vision_reference.py"),
+            None => (&file.cases, "reference.py"),
+        };
         let dir = match (&spec.source, &spec.fixture) {
+            _ if spec.vision.is_some() => fixtures.join(&spec.name),
             (Some(s), None) if s == "default" => smollm2.clone(),
             (Some(s), None) if s == "gemma3-270m" => setup::gemma3_270m_dir()
                 .context("Gemma 3 270M is missing: run `cargo xtask setup`")?,
@@ -170,7 +189,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         eprintln!(
             "parity: {} ({} cases, {max_new_tokens} new tokens)",
             spec.name,
-            file.cases.len()
+            cases.len()
         );
         let request = json!({
             "model_dir": dir,
@@ -178,9 +197,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             "kv_bits": spec.kv_bits,
             "chat_template": spec.chat_template,
             "max_new_tokens": max_new_tokens,
-            "cases": file.cases,
+            "cases": cases,
         });
-        let reference = reference(&python, &request, &dir, file.cases.len())?;
+        let reference = reference(&python, script, &request, &dir, cases.len())?;
         if cfg!(target_os = "linux") && !reference.blas.iter().any(|b| b.contains("openblas")) {
             bail!(
                 "mlx-lm did not load {} (its BLAS: {:?})",
@@ -188,8 +207,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 reference.blas
             );
         }
-        let ours = answer(&mut Command::new(&engine), &request, &dir, file.cases.len())?;
-        rows.extend(compare(spec, &file.cases, &reference, &ours));
+        let ours = answer(&mut Command::new(&engine), &request, &dir, cases.len())?;
+        rows.extend(compare(spec, cases, &reference, &ours));
     }
 
     print_table(&rows);
@@ -205,6 +224,25 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         rows.len()
     );
     Ok(())
+}
+
+/// Builds the vision-language fixtures of `cases` (and their images) with mlx-vlm's classes
+/// into `<target>/parity-fixtures/`; returns that directory. Current ones are left alone.
+pub fn make_vision_fixtures(cases: &Path) -> anyhow::Result<PathBuf> {
+    let python = venv::reference_python()?;
+    let gemma3 = setup::gemma3_270m_dir().context(
+        "Gemma 3 270M (whose tokenizer the vision fixtures use) is missing: run `cargo xtask setup`",
+    )?;
+    let fixtures = target_dir().join("parity-fixtures");
+    run_checked(
+        Command::new(&python)
+            .arg(workspace_root().join("xtask/parity/make_vision_fixtures.py"))
+            .arg(cases)
+            .arg(&gemma3)
+            .arg(&fixtures),
+        "make_vision_fixtures.py",
+    )?;
+    Ok(fixtures)
 }
 
 /// A fixture's LoRA adapter (`<dir>/adapter/`, written when its spec has one).
@@ -223,8 +261,31 @@ fn engine_example() -> anyhow::Result<PathBuf> {
     Ok(target_dir().join("debug/examples/parity"))
 }
 
-/// mlx-lm's prompt ids and greedy tokens for every case.
-fn reference(python: &Path, request: &Value, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
+/// `cases` with each image part's file name made a path into `images`.
+fn with_image_paths(cases: &[Case], images: &Path) -> Vec<Case> {
+    let mut cases = cases.to_vec();
+    let parts = cases
+        .iter_mut()
+        .flat_map(|c| c.messages.iter_mut())
+        .filter_map(|m| m.get_mut("content")?.as_array_mut())
+        .flatten();
+    for part in parts {
+        if let Some(name) = part.get("image").and_then(Value::as_str) {
+            part["image"] = json!(images.join(name));
+        }
+    }
+    cases
+}
+
+/// The reference's (mlx-lm's, or mlx-vlm's with `vision_reference.py`) prompt ids and greedy
+/// tokens for every case.
+fn reference(
+    python: &Path,
+    script: &str,
+    request: &Value,
+    dir: &Path,
+    cases: usize,
+) -> anyhow::Result<Answer> {
     let mut command = Command::new(python);
     // The worker computes with Debian's OpenBLAS; MLX's wheel bundles another BLAS, whose
     // matmuls round differently (enough to flip a KV-cache quantization level now and then).
@@ -239,7 +300,7 @@ fn reference(python: &Path, request: &Value, dir: &Path, cases: usize) -> anyhow
         command.env("LD_PRELOAD", venv::DEBIAN_OPENBLAS);
     }
     command
-        .arg(workspace_root().join("xtask/parity/reference.py"))
+        .arg(workspace_root().join("xtask/parity").join(script))
         .env("HF_HUB_OFFLINE", "1")
         .env("TRANSFORMERS_OFFLINE", "1");
     answer(&mut command, request, dir, cases)

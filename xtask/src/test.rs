@@ -9,6 +9,7 @@ pub fn run() -> anyhow::Result<()> {
     let gemma3_gguf = setup::gemma3_gguf()?;
     let gemma3 = setup::gemma3_270m_dir()?;
     venv::reference_python()?;
+    let vision = parity::make_vision_fixtures(&parity::Options::default().cases)?;
     eprintln!("test: cargo test --workspace (real models required)");
     run_checked(
         cargo()
@@ -17,7 +18,8 @@ pub fn run() -> anyhow::Result<()> {
             .env("MLX_WORKER_SMOLLM2_DIR", &model)
             .env("MLX_WORKER_SMOLLM2_GGUF", setup::smollm2_gguf()?)
             .env("MLX_WORKER_GEMMA3_GGUF", &gemma3_gguf)
-            .env("MLX_WORKER_GEMMA3_DIR", &gemma3),
+            .env("MLX_WORKER_GEMMA3_DIR", &gemma3)
+            .env("MLX_WORKER_VISION_FIXTURES", &vision),
         "cargo test --workspace",
     )?;
     // On a Mac the native build above is the real thing; elsewhere, check the Mac's.

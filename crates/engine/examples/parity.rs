@@ -9,7 +9,7 @@
 use std::io::Read;
 
 use mlx_engine::{
-    prompt_ids, text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams,
+    text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::io::stdin().read_to_string(&mut input)?;
     let request: Request = serde_json::from_str(&input)?;
     let mut engine = Engine::new();
-    let loaded = engine.load(
+    engine.load(
         &LoadRequest {
             model: request.model_dir.clone(),
             adapter: request.adapter_dir.clone(),
@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             messages: case.messages,
             options: text::RenderOptions::default(),
         };
-        let ids = prompt_ids(&loaded.tokenizer, &prompt)?;
+        let ids = engine.prompt_ids(None, &prompt)?;
         let generate = GenerateRequest {
             model: None,
             prompt,

@@ -12,8 +12,10 @@ use crate::{
     lora::AdapterSwitch,
     memory,
     models::{self, LanguageModel},
+    prompt,
     prompt_cache::PromptCache,
     request::*,
+    vision::{self, VisionModel},
     CancelToken,
 };
 
@@ -21,6 +23,8 @@ use crate::{
 struct Resident {
     info: ModelInfo,
     model: Box<dyn LanguageModel>,
+    /// The vision side of a vision-language model.
+    vision: Option<Box<dyn VisionModel>>,
     tokenizer: Arc<ModelTokenizer>,
     /// The load that made it (without the token): which options it runs with.
     load: LoadRequest,
@@ -79,9 +83,15 @@ impl Engine {
         &self.device
     }
 
-    /// The `model_type`s this build runs.
-    pub fn architectures() -> &'static [&'static str] {
-        models::ARCHITECTURES
+    /// The `model_type`s this build runs: text models, then vision-language models.
+    pub fn architectures() -> Vec<&'static str> {
+        let all = models::ARCHITECTURES.iter().chain(vision::ARCHITECTURES);
+        all.copied().collect()
+    }
+
+    /// The `model_type`s of vision-language models this build runs (images in).
+    pub fn vision_architectures() -> &'static [&'static str] {
+        vision::ARCHITECTURES
     }
 
     /// MLX memory now.
@@ -126,12 +136,13 @@ impl Engine {
         let mut built = load::build(&files, &config, req, progress)?;
         let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
         let info = load::describe(req, &files, &config, &tokenizer, &built);
-        let model = built.model;
+        let (model, vision) = (built.model, built.vision);
         let tokenizer = Arc::new(tokenizer);
         self.models.retain(|r| r.info.model_id != model_id);
         self.models.push(Resident {
             info: info.clone(),
             model,
+            vision,
             tokenizer: tokenizer.clone(),
             load: LoadRequest {
                 hf_token: None,
@@ -165,16 +176,17 @@ impl Engine {
             }
         }
         let resident = &mut self.models[i];
-        let prompt_ids = prompt_ids(&resident.tokenizer, &req.prompt)?;
-        let context = resident.info.context_length;
-        if prompt_ids.len() > context {
+        let vision = resident.vision.as_deref();
+        let prompt = prompt::prompt_inputs(&resident.tokenizer, vision, &req.prompt)?;
+        let (n, context) = (prompt.ids.len(), resident.info.context_length);
+        if n > context {
             return Err(EngineError::ContextOverflow {
-                prompt_tokens: prompt_ids.len(),
+                prompt_tokens: n,
                 context_length: context,
             });
         }
         let mut req = req.clone();
-        req.max_new_tokens = req.max_new_tokens.min(context - prompt_ids.len());
+        req.max_new_tokens = req.max_new_tokens.min(context - n);
         let adapter_on = resident.adapter.is_some() && req.use_adapter != Some(false);
         if let Some(switch) = &resident.adapter {
             switch.set(adapter_on);
@@ -182,6 +194,7 @@ impl Engine {
         let eos = resident.tokenizer.eos_token_ids().clone();
         let ctx = GenerationContext {
             model: resident.model.as_ref(),
+            vision,
             tokenizer: &resident.tokenizer,
             eos: &eos,
             vocab_size: resident.info.vocab_size.max(1),
@@ -193,13 +206,20 @@ impl Engine {
             },
         };
         let cache = &mut resident.prompt_cache;
-        let result = generate(&ctx, &req, &prompt_ids, cache, on_delta, cancel, started);
+        let result = generate(&ctx, &req, &prompt, cache, on_delta, cancel, started);
         if result.is_err() {
             // An MLX error mid-graph can leave work and buffers behind; start the next clean.
             device::synchronize();
             let _ = mlx_rs::memory::clear_cache();
         }
         result
+    }
+
+    /// The token ids a resident model would generate from for `prompt`: its chat template,
+    /// images decoded and their placeholders expanded for a vision model.
+    pub fn prompt_ids(&self, model: Option<&str>, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        let r = self.find(model)?;
+        Ok(prompt::prompt_inputs(&r.tokenizer, r.vision.as_deref(), prompt)?.ids)
     }
 
     /// Unloads one model, or all (`None`). Returns the ids unloaded.
@@ -249,19 +269,5 @@ impl Engine {
                     .join(", ")
             )),
         })
-    }
-}
-
-/// Token ids of a prompt with this model's tokenizer and chat template.
-pub fn prompt_ids(tokenizer: &ModelTokenizer, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
-    match prompt {
-        Prompt::Tokens(ids) => Ok(ids.clone()),
-        Prompt::Text(text) => tokenizer
-            .encode(text, true)
-            .map_err(|e| EngineError::Template(e.to_string())),
-        Prompt::Chat { messages, options } => tokenizer
-            .render_and_encode(messages, options)
-            .map(|r| r.ids)
-            .map_err(|e| EngineError::Template(e.to_string())),
     }
 }

@@ -4,15 +4,17 @@
 
 use std::time::Instant;
 
-use mlx_rs::{ops, transforms, Array};
+use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
 use text::{StopMatcher, StreamingDetokenizer};
 
 use crate::{
     kv_cache::KvCache,
     models::LanguageModel,
+    prompt::PromptInputs,
     prompt_cache::PromptCache,
     request::{Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage},
     sampler::{log_softmax, Sampler},
+    vision::VisionModel,
     CancelToken, EngineError,
 };
 
@@ -29,6 +31,8 @@ const CLEAR_CACHE_EVERY: usize = 256;
 /// A model and what generating with it needs.
 pub(crate) struct GenerationContext<'a> {
     pub model: &'a dyn LanguageModel,
+    /// The vision side, for a vision-language model.
+    pub vision: Option<&'a dyn VisionModel>,
     pub tokenizer: &'a text::ModelTokenizer,
     pub eos: &'a std::collections::BTreeSet<u32>,
     pub vocab_size: usize,
@@ -69,12 +73,14 @@ impl Decoder<'_> {
         Ok(())
     }
 
-    /// Runs `tokens` `(L,)` through the model and samples from the last position.
-    fn step(&mut self, tokens: &Array) -> Result<Step> {
-        let logits = self
-            .ctx
-            .model
-            .forward(&tokens.reshape(&[1, -1])?, &mut self.caches)?;
+    /// Runs `tokens` `(L,)` (or their input embeddings `(1, L, D)`, when images are merged
+    /// into them) through the model and samples from the last position.
+    fn step(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Step> {
+        let model = self.ctx.model;
+        let logits = match embeds {
+            Some(h) => model.forward_embeddings(h, &mut self.caches)?,
+            None => model.forward(&tokens.reshape(&[1, -1])?, &mut self.caches)?,
+        };
         self.quantize_caches()?;
         let last = logits.dim(1) - 1;
         let logits = logits.take_axis(Array::from_int(last), 1)?;
@@ -95,17 +101,18 @@ impl Decoder<'_> {
     }
 }
 
-/// Generates a completion for `prompt_ids`, calling `on_delta` with each piece of new text.
+/// Generates a completion for `prompt`, calling `on_delta` with each piece of new text.
 /// Starts from what `cache` holds of the prompt, and leaves this generation's caches there.
 pub(crate) fn generate(
     ctx: &GenerationContext<'_>,
     req: &GenerateRequest,
-    prompt_ids: &[u32],
+    prompt: &PromptInputs,
     cache: &mut PromptCache,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
     started: Instant,
 ) -> Result<Completion> {
+    let prompt_ids = &prompt.ids[..];
     if prompt_ids.is_empty() {
         return Err(EngineError::InvalidParams {
             field: "messages".into(),
@@ -125,7 +132,8 @@ pub(crate) fn generate(
     if !reuse {
         cache.clear();
     }
-    let (caches, reused) = cache.take(prompt_ids, ctx.adapter_on, || ctx.model.make_caches());
+    let keys = &prompt.cache_keys;
+    let (caches, reused) = cache.take(keys, ctx.adapter_on, || ctx.model.make_caches());
     let mut dec = Decoder {
         ctx,
         caches,
@@ -133,25 +141,26 @@ pub(crate) fn generate(
         recent,
         sampled: Vec::new(),
     };
-    let result = run(&mut dec, req, prompt_ids, reused, on_delta, cancel, started);
+    let result = run(&mut dec, req, prompt, reused, on_delta, cancel, started);
     if result.is_ok() && reuse {
         let caches = std::mem::take(&mut dec.caches);
-        cache.keep(caches, prompt_ids, &dec.sampled, ctx.adapter_on);
+        cache.keep(caches, keys, &dec.sampled, ctx.adapter_on);
     }
     result
 }
 
-/// Prefills `prompt_ids[reused..]` and decodes.
+/// Prefills the prompt from `reused` on and decodes.
 fn run(
     dec: &mut Decoder<'_>,
     req: &GenerateRequest,
-    prompt_ids: &[u32],
+    prompt: &PromptInputs,
     reused: usize,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
     started: Instant,
 ) -> Result<Completion> {
     let ctx = dec.ctx;
+    let prompt_ids = &prompt.ids[..];
     let mut out = Output::new(
         ctx.tokenizer.detokenizer(),
         &req.stop,
@@ -164,17 +173,36 @@ fn run(
         cached_tokens: reused,
     };
 
-    // Prefill: all but the last prompt token, in chunks, checking for cancellation between them.
+    // With images: the input embeddings of the rest of the prompt, image features merged in
+    // (the encoder runs here, once per image still to prefill).
     let prefill_start = Instant::now();
+    let mut embeds = match (ctx.vision, &prompt.images) {
+        (Some(vision), Some(_)) => {
+            if cancel.is_cancelled() {
+                return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
+            }
+            Some(crate::prompt::merged_embeddings(ctx.model, vision, prompt, reused)?)
+        }
+        _ => None,
+    };
+    // Prefill: all but the last prompt token, in chunks, checking for cancellation between them.
     let mut rest = &prompt_ids[reused..];
     while rest.len() > 1 {
         if cancel.is_cancelled() {
             return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
         }
         let n = ctx.prefill_chunk.min(rest.len() - 1);
-        let chunk = Array::from_slice(&rest[..n], &[n as i32]);
-        ctx.model
-            .forward(&chunk.reshape(&[1, -1])?, &mut dec.caches)?;
+        match embeds.take() {
+            Some(h) => {
+                ctx.model
+                    .forward_embeddings(h.index((.., ..n as i32)), &mut dec.caches)?;
+                embeds = Some(h.index((.., n as i32..)));
+            }
+            None => {
+                let chunk = Array::from_slice(&rest[..n], &[1, n as i32]);
+                ctx.model.forward(&chunk, &mut dec.caches)?;
+            }
+        }
         dec.quantize_caches()?;
         transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
         rest = &rest[n..];
@@ -185,13 +213,13 @@ fn run(
         prompt_n: prompt_ids.len() - reused,
         ..Timings::default()
     };
-    let mut step = dec.step(&Array::from_slice(rest, &[rest.len() as i32]))?;
+    let mut step = dec.step(&Array::from_slice(rest, &[rest.len() as i32]), embeds)?;
     transforms::async_eval([&step.token, &step.logprobs])?;
     let mut decode_start = Instant::now();
     let mut n = 0usize;
     let finish = loop {
         let next = if n < req.max_new_tokens && !cancel.is_cancelled() {
-            let next = dec.step(&step.token)?;
+            let next = dec.step(&step.token, None)?;
             transforms::async_eval([&next.token, &next.logprobs])?;
             Some(next)
         } else {

@@ -17,14 +17,16 @@ mod lora;
 mod memory;
 mod models;
 mod nn;
+mod prompt;
 mod prompt_cache;
 mod request;
 mod rope;
 mod sampler;
+mod vision;
 mod weights;
 
 pub use cancel::CancelToken;
-pub use engine::{prompt_ids, Engine, Loaded};
+pub use engine::{Engine, Loaded};
 pub use error::{EngineError, LoadErrorKind};
 pub use request::*;
 pub use text;

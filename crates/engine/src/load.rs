@@ -15,6 +15,7 @@ use crate::{
     lora::{self, Adapter, AdapterSwitch},
     models::{self, LanguageModel},
     request::*,
+    vision::{self, VisionModel},
     weights::Weights,
     CancelToken,
 };
@@ -31,6 +32,8 @@ pub(crate) struct Files {
 /// A model built from its weights, before quantize-on-load and adapters.
 pub(crate) struct Built {
     pub model: Box<dyn LanguageModel>,
+    /// The vision side of a vision-language model.
+    pub vision: Option<Box<dyn VisionModel>>,
     pub dtype: WeightDtype,
     pub num_parameters: u64,
     pub quantization: Option<Quantization>,
@@ -113,8 +116,10 @@ pub(crate) fn build(
         .map(from_mlx)
         .unwrap_or(WeightDtype::Float32);
     let num_parameters = weights.num_parameters();
+    let (vision, text_config) = vision::split(&files.path, config, &mut weights)?;
     Ok(Built {
-        model: models::build(config, weights)?,
+        model: models::build(&text_config, weights)?,
+        vision,
         dtype,
         num_parameters,
         quantization: quantization_of(config),
@@ -179,7 +184,7 @@ pub(crate) fn describe(
         path: files.path.clone(),
         architecture: model_type.clone(),
         model_type,
-        is_vision: false,
+        is_vision: built.vision.is_some(),
         is_lora: files.adapter.is_some(),
         is_gguf: files.is_gguf,
         dtype: built.dtype,

@@ -123,6 +123,20 @@ impl RmsNorm {
     }
 }
 
+/// Layer normalisation with a learned scale and offset (`mx.fast.layer_norm`): vision towers.
+#[derive(Debug)]
+pub struct LayerNorm {
+    pub weight: Array,
+    pub bias: Array,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        fast::layer_norm(x, Some(&self.weight), Some(&self.bias), self.eps)
+    }
+}
+
 /// Rotary position embedding over the first `dims` features of each head.
 #[derive(Debug, Clone)]
 pub struct Rope {
@@ -198,7 +212,7 @@ impl Activation {
 
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, in mlx's operation order, constants in
 /// `x`'s dtype.
-fn gelu_approx(x: &Array) -> Result<Array> {
+pub fn gelu_approx(x: &Array) -> Result<Array> {
     let c = |v: f64| scalar_like(v as f32, x);
     let cubic = x.add(c(0.044715)?.multiply(x.power(c(3.0)?)?)?)?;
     let inner = ops::tanh(c((2.0 / std::f64::consts::PI).sqrt())?.multiply(&cubic)?)?;

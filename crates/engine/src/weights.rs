@@ -10,13 +10,16 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::{Embedding, Linear, Quantized, RmsNorm},
+    nn::{Embedding, LayerNorm, Linear, Quantized, RmsNorm},
 };
 
 /// Tensors of a checkpoint, taken out one by one by the model being built.
 pub struct Weights {
     tensors: HashMap<String, Array>,
     quantization: Option<Value>,
+    /// What was cut off these names by [`Weights::split_off`]: config.json's per-layer
+    /// quantization overrides name layers by their full checkpoint path.
+    path_prefix: String,
 }
 
 type LoadResult<T> = Result<T, EngineError>;
@@ -54,6 +57,7 @@ impl Weights {
         Ok(Self {
             tensors,
             quantization: config.get("quantization").cloned(),
+            path_prefix: String::new(),
         })
     }
 
@@ -63,6 +67,7 @@ impl Weights {
         Self {
             tensors,
             quantization: config.get("quantization").cloned(),
+            path_prefix: String::new(),
         }
     }
 
@@ -90,7 +95,8 @@ impl Weights {
                 "`{prefix}.scales` exists but config.json has no `quantization`"
             ))
         })?;
-        let layer = q.get(prefix).filter(|v| v.is_object()).unwrap_or(q);
+        let path = format!("{}{prefix}", self.path_prefix);
+        let layer = q.get(&path).filter(|v| v.is_object()).unwrap_or(q);
         let get =
             |k: &str, default: i64| layer.get(k).and_then(Value::as_i64).unwrap_or(default) as i32;
         Ok((get("group_size", 64), get("bits", 4)))
@@ -132,6 +138,52 @@ impl Weights {
             weight: self.take(&format!("{prefix}.weight"))?,
             eps,
         })
+    }
+
+    pub fn layer_norm(&mut self, prefix: &str, eps: f32) -> LoadResult<LayerNorm> {
+        Ok(LayerNorm {
+            weight: self.take(&format!("{prefix}.weight"))?,
+            bias: self.take(&format!("{prefix}.bias"))?,
+            eps,
+        })
+    }
+
+    /// Renames every tensor that starts with `from` to start with `to` instead (checkpoint
+    /// layouts that put a model's parts under other prefixes).
+    pub fn rename_prefix(&mut self, from: &str, to: &str) {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|n| n.starts_with(from))
+            .cloned()
+            .collect();
+        for name in names {
+            let t = self.tensors.remove(&name).expect("listed above");
+            self.tensors.insert(format!("{to}{}", &name[from.len()..]), t);
+        }
+    }
+
+    /// Moves the tensors under `prefix` into their own `Weights`, without the prefix (a
+    /// vision-language checkpoint's vision tower, its language model).
+    pub fn split_off(&mut self, prefix: &str) -> Weights {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|n| n.starts_with(prefix))
+            .cloned()
+            .collect();
+        let tensors = names
+            .into_iter()
+            .map(|n| {
+                let t = self.tensors.remove(&n).expect("listed above");
+                (n[prefix.len()..].to_owned(), t)
+            })
+            .collect();
+        Weights {
+            tensors,
+            quantization: self.quantization.clone(),
+            path_prefix: format!("{}{prefix}", self.path_prefix),
+        }
     }
 
     /// Casts every floating tensor, except quantization scales and biases, to `dtype`.

@@ -11,10 +11,6 @@ use protocol::methods::{
 use protocol::ResponseError;
 use serde_json::{json, Map, Value};
 
-/// Why an image is refused: no model the engine runs takes images yet.
-const NO_VISION: &str = "this worker cannot read images yet (capabilities.vision is false); \
-                         send text only";
-
 /// The engine's load request for `load` params.
 pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
     Ok(LoadRequest {
@@ -39,10 +35,11 @@ pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
 /// The engine's generate request for `generate` params: the system prompt prepended, the
 /// template switches as render options, the sampler settings, the adapter switch.
 pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseError> {
-    if p.image.is_some() {
-        return Err(ResponseError::invalid_params("image", NO_VISION));
+    let mut messages = messages(&p.messages)?;
+    if let Some(image) = &p.image {
+        attach_image(&mut messages, image)?;
     }
-    let messages = text::prepend_system_prompt(&p.system_prompt, &messages(&p.messages)?);
+    let messages = text::prepend_system_prompt(&p.system_prompt, &messages);
     let options = text::RenderOptions {
         add_generation_prompt: p.add_generation_prompt,
         continue_final_message: p.continue_final_message,
@@ -80,35 +77,58 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
     })
 }
 
-/// Chat messages as the chat template sees them. Image parts are refused (no vision yet).
+/// The seed's `image`: the first part of the last user message, before its text. The part
+/// names its field, so that an error about the image names `image`.
+fn attach_image(messages: &mut [text::Message], image: &str) -> Result<(), ResponseError> {
+    let last_user = messages.iter_mut().rev().find(|m| m.role == "user");
+    let Some(message) = last_user else {
+        return Err(ResponseError::invalid_params(
+            "image",
+            "there is no user message to attach the image to",
+        ));
+    };
+    let part = json!({"type": "image", "image": image, "field": "image"});
+    let parts = match message.content.take() {
+        None => vec![part],
+        Some(text::MessageContent::Text(s)) => vec![part, json!({"type": "text", "text": s})],
+        Some(text::MessageContent::Parts(parts)) => {
+            if parts.iter().any(|p| p["type"] == "image" || p["type"] == "image_url") {
+                return Err(ResponseError::invalid_params(
+                    "image",
+                    "the last user message already has an image part; give the image either \
+                     as `image` or as a content part",
+                ));
+            }
+            std::iter::once(part).chain(parts).collect()
+        }
+    };
+    message.content = Some(text::MessageContent::Parts(parts));
+    Ok(())
+}
+
+/// Chat messages as the chat template sees them; image parts go to the engine, which decodes
+/// them for a vision model and refuses them for a text model.
 pub fn messages(messages: &[ChatMessage]) -> Result<Vec<text::Message>, ResponseError> {
-    messages
+    let part = |part: &ContentPart| match part {
+        ContentPart::Text { text } => json!({"type": "text", "text": text}),
+        ContentPart::Image { image } => json!({"type": "image", "image": image}),
+        ContentPart::ImageUrl { image_url } => {
+            json!({"type": "image_url", "image_url": {"url": image_url.url}})
+        }
+    };
+    Ok(messages
         .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let content = match &m.content {
+        .map(|m| text::Message {
+            role: m.role.clone(),
+            content: Some(match &m.content {
                 MessageContent::Text(s) => text::MessageContent::Text(s.clone()),
-                MessageContent::Parts(parts) => text::MessageContent::Parts(
-                    parts
-                        .iter()
-                        .enumerate()
-                        .map(|(j, part)| match part {
-                            ContentPart::Text { text } => Ok(json!({"type": "text", "text": text})),
-                            ContentPart::Image { .. } => Err(ResponseError::invalid_params(
-                                format!("messages[{i}].content[{j}]"),
-                                NO_VISION,
-                            )),
-                        })
-                        .collect::<Result<_, _>>()?,
-                ),
-            };
-            Ok(text::Message {
-                role: m.role.clone(),
-                content: Some(content),
-                extra: m.extra.clone(),
-            })
+                MessageContent::Parts(parts) => {
+                    text::MessageContent::Parts(parts.iter().map(part).collect())
+                }
+            }),
+            extra: m.extra.clone(),
         })
-        .collect()
+        .collect())
 }
 
 fn tools(tools: Option<&Value>) -> Result<Option<Vec<Value>>, ResponseError> {
@@ -298,28 +318,67 @@ mod tests {
     }
 
     #[test]
-    fn images_and_bad_tools_are_invalid_params() {
-        let mut p = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
+    fn the_lone_image_goes_first_in_the_last_user_message() {
+        let mut p = GenerateParams::new(vec![
+            ChatMessage::new("user", "first"),
+            ChatMessage::new("assistant", "ok"),
+            ChatMessage::new("user", "what is this?"),
+        ]);
         p.image = Some("cat.png".into());
-        assert_eq!(field(generate_request(&p).unwrap_err()), "image");
+        let Prompt::Chat { messages, .. } = generate_request(&p).unwrap().prompt else {
+            panic!("a chat prompt")
+        };
+        assert_eq!(messages[0].content, Some(text::MessageContent::Text("first".into())));
+        assert_eq!(
+            messages[2].content,
+            Some(text::MessageContent::Parts(vec![
+                json!({"type": "image", "image": "cat.png", "field": "image"}),
+                json!({"type": "text", "text": "what is this?"}),
+            ]))
+        );
+    }
 
-        let mut p = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
-        p.messages.push(ChatMessage {
+    #[test]
+    fn image_parts_reach_the_engine_in_order() {
+        let p = GenerateParams::new(vec![ChatMessage {
             role: "user".into(),
             content: MessageContent::Parts(vec![
-                ContentPart::Text {
-                    text: "what".into(),
-                },
-                ContentPart::Image {
-                    image: "cat.png".into(),
+                ContentPart::Text { text: "what".into() },
+                ContentPart::Image { image: "a.png".into() },
+                ContentPart::ImageUrl {
+                    image_url: protocol::methods::ImageUrl { url: "b.png".into() },
                 },
             ]),
             extra: Map::new(),
-        });
+        }]);
+        let Prompt::Chat { messages, .. } = generate_request(&p).unwrap().prompt else {
+            panic!("a chat prompt")
+        };
         assert_eq!(
-            field(generate_request(&p).unwrap_err()),
-            "messages[1].content[1]"
+            messages[0].content,
+            Some(text::MessageContent::Parts(vec![
+                json!({"type": "text", "text": "what"}),
+                json!({"type": "image", "image": "a.png"}),
+                json!({"type": "image_url", "image_url": {"url": "b.png"}}),
+            ]))
         );
+    }
+
+    #[test]
+    fn misplaced_images_and_bad_tools_are_invalid_params() {
+        let mut p = GenerateParams::new(vec![ChatMessage::new("system", "hi")]);
+        p.image = Some("cat.png".into());
+        assert_eq!(field(generate_request(&p).unwrap_err()), "image");
+
+        let mut p = GenerateParams::new(vec![ChatMessage {
+            role: "user".into(),
+            content: MessageContent::Parts(vec![ContentPart::Image {
+                image: "a.png".into(),
+            }]),
+            extra: Map::new(),
+        }]);
+        p.image = Some("cat.png".into());
+        assert_eq!(field(generate_request(&p).unwrap_err()), "image");
 
         let mut p = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
         p.tools = Some(json!({"name": "f"}));

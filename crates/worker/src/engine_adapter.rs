@@ -55,7 +55,7 @@ impl EngineAdapter {
                 .iter()
                 .map(|a| a.to_string())
                 .collect(),
-            vision: false,
+            vision: !Engine::vision_architectures().is_empty(),
             lora: true,
             gguf: true,
         }

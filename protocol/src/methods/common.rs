@@ -152,4 +152,17 @@ pub enum ContentPart {
         /// The image.
         image: String,
     },
+    /// OpenAI's `{type: "image_url", image_url: {url}}`: a data URL or a local path.
+    ImageUrl {
+        /// Where the image is.
+        image_url: ImageUrl,
+    },
+}
+
+/// The `image_url` member of an OpenAI image part.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ImageUrl {
+    /// A data URL (`data:image/png;base64,...`), base64 or a local path; `http(s)` URLs are
+    /// refused (the worker does not fetch).
+    pub url: String,
 }

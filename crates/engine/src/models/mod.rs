@@ -25,7 +25,15 @@ use crate::{
 /// A causal language model as the generation loop sees it.
 pub trait LanguageModel {
     /// Logits `(B, L, vocab)` for token ids `(B, L)`, appending to `caches` (one per layer).
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array>;
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        self.forward_embeddings(self.embed(tokens)?, caches)
+    }
+    /// The embedding table's rows for token ids `(B, L)`: `(B, L, hidden)`, before any scaling
+    /// the family applies (a vision model merges image features into these).
+    fn embed(&self, tokens: &Array) -> Result<Array>;
+    /// Logits for input embeddings `(B, L, hidden)` as [`LanguageModel::embed`] gives them
+    /// (mlx-vlm's `inputs_embeds`): the family's embedding scale, the layers, the head.
+    fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array>;
     /// Number of attention layers.
     fn num_layers(&self) -> usize;
     /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).

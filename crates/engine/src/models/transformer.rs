@@ -393,7 +393,11 @@ pub fn sanitize(weights: &mut Weights, tie_word_embeddings: bool) {
 }
 
 impl<F: Family> LanguageModel for Decoder<F> {
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed_tokens.forward(tokens)
+    }
+
+    fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array> {
         if caches.len() != self.layers.len() {
             return Err(mlx_rs::error::Exception::custom(format!(
                 "{} layers need one KV cache each, got {}",
@@ -401,9 +405,7 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 caches.len()
             )));
         }
-        let mut h = self
-            .family
-            .scale_embeddings(self.embed_tokens.forward(tokens)?)?;
+        let mut h = self.family.scale_embeddings(h)?;
         // mlx-lm's `create_attention_mask`, once per kind of layer, asked of that kind's first
         // cache before any layer adds this pass's positions.
         let n = h.dim(1);

@@ -1,0 +1,146 @@
+//! Vision-language models: an image encoder (vision tower and projector) whose features take
+//! the place of the prompt's image tokens, in front of a language model from `models/`.
+//!
+//! A family file (`gemma3.rs`) splits its checkpoint into the vision side, built there, and the
+//! language model's tensors and config, which `models::build` turns into the decoder. Shared
+//! towers live beside it (`siglip.rs`). What a family does to the prompt (its processor's
+//! text-level expansion of image placeholders) lives in its file too.
+
+mod gemma3;
+mod siglip;
+
+use std::path::Path;
+
+use mlx_rs::{ops, Array, Dtype};
+use serde_json::Value;
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    nn,
+    weights::Weights,
+};
+
+/// The vision `model_type`s this build runs, as `capabilities.architectures` lists them.
+pub const ARCHITECTURES: &[&str] = &["gemma3"];
+
+/// A batch of images as the family's encoder takes them.
+pub struct ImageInputs {
+    /// `(images, channels, height, width)`, float32, as the Hugging Face processor makes it.
+    pub pixel_values: Array,
+}
+
+/// A rendered prompt with its image placeholders expanded.
+pub struct PromptTokens {
+    pub text: String,
+    /// Image tokens per image, in prompt order.
+    pub tokens_per_image: Vec<usize>,
+}
+
+/// The vision side of a vision-language model.
+pub trait VisionModel {
+    /// The token id whose embeddings image features replace.
+    fn image_token_id(&self) -> u32;
+    /// Expands each of the `images` placeholders the chat template wrote into the tokens the
+    /// model expects (the processor's step, on text, so tokenization matches it).
+    fn expand_prompt(&self, text: &str, images: usize) -> Result<PromptTokens, EngineError>;
+    /// The images' pixel values, as the family's Hugging Face processor computes them.
+    fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError>;
+    /// Feature rows `(image tokens, text hidden)` for `inputs`, computed in `dtype` (the
+    /// language model's embedding dtype, as mlx-vlm casts the pixels).
+    fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array>;
+    /// The language model's input embeddings `(1, L, hidden)` for `ids`, with `features` (one
+    /// row per image token among `ids`, in order) in the image tokens' places.
+    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array>;
+}
+
+/// Builds the vision side of a vision-language checkpoint and leaves its language model's
+/// tensors in `weights`, returning the config `models::build` takes for it. A text model
+/// comes back as it is, with no vision side.
+pub(crate) fn split(
+    dir: &Path,
+    config: &Value,
+    weights: &mut Weights,
+) -> Result<(Option<Box<dyn VisionModel>>, Value), EngineError> {
+    let model_type = config["model_type"].as_str().unwrap_or_default();
+    match model_type {
+        "gemma3" => {
+            let processor = image_processor(dir, model_type)?;
+            let (vision, text) = gemma3::load(config, weights, processor)?;
+            Ok((Some(Box::new(vision)), text))
+        }
+        _ if config.get("vision_config").is_some_and(|v| !v.is_null()) => {
+            Err(EngineError::load(
+                LoadErrorKind::UnsupportedArchitecture,
+                format!(
+                    "vision model_type `{model_type}` is not supported; supported vision \
+                     families: {}",
+                    ARCHITECTURES.join(", ")
+                ),
+            ))
+        }
+        _ => Ok((None, config.clone())),
+    }
+}
+
+/// The model's Hugging Face image processor, from its processor files.
+fn image_processor(
+    dir: &Path,
+    model_type: &str,
+) -> Result<images::processors::Processor, EngineError> {
+    images::processors::Processor::from_model_dir(dir, model_type).map_err(|e| {
+        EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("image processor of {}: {e}", dir.display()),
+        )
+    })
+}
+
+/// The pixel values `processor` makes of `images`, as an MLX array.
+fn pixel_values(
+    processor: &images::processors::Processor,
+    images: &[images::RgbImage],
+) -> Result<ImageInputs, EngineError> {
+    let processed = processor
+        .preprocess(images)
+        .map_err(|e| EngineError::InvalidParams {
+            field: "messages".into(),
+            reason: format!("preprocessing the images: {e}"),
+        })?;
+    let p = processed.pixel_values;
+    let shape: Vec<i32> = p.shape.iter().map(|&d| d as i32).collect();
+    Ok(ImageInputs {
+        pixel_values: Array::from_slice(&p.data, &shape),
+    })
+}
+
+/// `embeds` `(1, L, D)` with the rows of `image_id` tokens replaced, in order, by the rows of
+/// `features` `(F, D)` (mlx-vlm's `masked_scatter`), as a gather over both.
+pub(crate) fn scatter_rows(
+    ids: &[u32],
+    image_id: u32,
+    embeds: Array,
+    features: &Array,
+) -> nn::Result<Array> {
+    let (l, d) = (ids.len() as i32, embeds.dim(-1));
+    let mut next = l;
+    let rows: Vec<i32> = (0..l)
+        .map(|i| match ids[i as usize] == image_id {
+            true => {
+                next += 1;
+                next - 1
+            }
+            false => i,
+        })
+        .collect();
+    let found = next - l;
+    if found != features.dim(0) {
+        return Err(mlx_rs::error::Exception::custom(format!(
+            "{found} image tokens for {} image feature rows",
+            features.dim(0)
+        )));
+    }
+    let table = ops::concatenate(&[embeds.reshape(&[l, d])?, features.clone()], 0)?;
+    table
+        .take_axis(Array::from_slice(&rows, &[l]), 0)?
+        .reshape(&[1, l, d])
+}

@@ -1,0 +1,253 @@
+//! End-to-end with a vision-language model: the tiny random Gemma 3 (a SigLIP tower, 112 px
+//! images, 16 image tokens) that `cargo xtask parity` builds with mlx-vlm's own classes and checks
+//! token for token against mlx-vlm. Here, through the binary: every way an image can arrive,
+//! several images, the prompt cache across images, and bad images, each a clear -32602 after
+//! which the worker goes on.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use protocol::error::InvalidParamsData;
+use protocol::methods::{
+    ChatMessage, ContentPart, GenerateParams, GenerateResult, ImageUrl, Initialize,
+    InitializeParams, Load, LoadParams, MessageContent,
+};
+use protocol::{Client, ErrorCode};
+use serde_json::Map;
+
+use crate::support::{model_id, rpc_error, tiny_model, within_for, worker};
+
+const LIMIT: Duration = Duration::from_secs(120);
+/// Image tokens per image of the fixture (`mm_tokens_per_image`).
+const IMAGE_TOKENS: u64 = 16;
+
+/// The fixture and the directory of the case images.
+fn fixture() -> Option<(PathBuf, PathBuf)> {
+    let dir = fixtures::vision_fixture("tiny-gemma3-vl")?;
+    let images = dir.parent().expect("a parent").join("images");
+    Some((dir, images))
+}
+
+fn user(parts: Vec<ContentPart>) -> ChatMessage {
+    ChatMessage {
+        role: "user".into(),
+        content: MessageContent::Parts(parts),
+        extra: Map::new(),
+    }
+}
+
+fn image(source: impl Into<String>) -> ContentPart {
+    ContentPart::Image {
+        image: source.into(),
+    }
+}
+
+fn text(t: &str) -> ContentPart {
+    ContentPart::Text { text: t.into() }
+}
+
+fn greedy(messages: Vec<ChatMessage>) -> GenerateParams {
+    let mut p = GenerateParams::new(messages);
+    p.max_new_tokens = 8;
+    p.temperature = 0.0;
+    p
+}
+
+async fn generate(w: &Client, p: &GenerateParams) -> GenerateResult {
+    within_for(LIMIT, w.generate(p).unwrap().finish())
+        .await
+        .expect("generate")
+}
+
+fn base64_of(path: &Path) -> String {
+    base64::engine::general_purpose::STANDARD.encode(std::fs::read(path).expect("read image"))
+}
+
+async fn loaded(w: &Client, dir: &Path) {
+    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(dir))))
+        .await
+        .expect("load the vision fixture");
+    assert!(loaded.info.is_vision);
+    assert_eq!(loaded.info.architecture, "gemma3");
+}
+
+#[tokio::test]
+async fn every_image_source_gives_the_same_answer() {
+    let Some((dir, images)) = fixture() else { return };
+    let w = worker(&[]);
+    let init = within_for(LIMIT, w.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    assert!(init.capabilities.vision);
+    assert!(init.capabilities.architectures.iter().any(|a| a == "gemma3"));
+    loaded(&w, &dir).await;
+
+    let png = images.join("gradient.png");
+    let question = "What is in this picture?";
+    let by_path = generate(&w, &greedy(vec![user(vec![image(model_id(&png)), text(question)])])).await;
+    // The prompt holds the image's tokens, between `<start_of_image>` and `<end_of_image>`.
+    let text_only = generate(&w, &greedy(vec![ChatMessage::new("user", question)])).await;
+    assert_eq!(
+        by_path.usage.prompt_tokens,
+        text_only.usage.prompt_tokens + IMAGE_TOKENS + 3,
+        "16 image tokens, `<start_of_image>`, `<end_of_image>` and a newline token"
+    );
+
+    let b64 = base64_of(&png);
+    let mut sources = vec![
+        ("base64", greedy(vec![user(vec![image(b64.clone()), text(question)])])),
+        (
+            "data URL",
+            greedy(vec![user(vec![image(format!("data:image/png;base64,{b64}")), text(question)])]),
+        ),
+        (
+            "image_url",
+            greedy(vec![user(vec![
+                ContentPart::ImageUrl {
+                    image_url: ImageUrl {
+                        url: format!("data:image/png;base64,{b64}"),
+                    },
+                },
+                text(question),
+            ])]),
+        ),
+    ];
+    // The seed's interface: one `image`, put first in the last user message.
+    let mut lone = greedy(vec![ChatMessage::new("user", question)]);
+    lone.image = Some(model_id(&png));
+    sources.push(("image param", lone));
+    for (what, p) in sources {
+        let r = generate(&w, &p).await;
+        assert_eq!(r.text, by_path.text, "{what}");
+        assert_eq!(r.usage.prompt_tokens, by_path.usage.prompt_tokens, "{what}");
+    }
+
+    // Another image, another answer: the pixels reach the model.
+    let noise = images.join("noise.jpg");
+    let other = generate(&w, &greedy(vec![user(vec![image(model_id(&noise)), text(question)])])).await;
+    assert_ne!(other.text, by_path.text);
+
+    // Two images in one message: both expanded.
+    let two = generate(
+        &w,
+        &greedy(vec![user(vec![image(model_id(&png)), image(model_id(&noise)), text(question)])]),
+    )
+    .await;
+    assert!(two.usage.prompt_tokens >= by_path.usage.prompt_tokens + IMAGE_TOKENS + 2);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_prompt_cache_reuses_an_image_only_for_that_image() {
+    let Some((dir, images)) = fixture() else { return };
+    let w = worker(&[]);
+    loaded(&w, &dir).await;
+    let (a, b) = (images.join("gradient.png"), images.join("noise.jpg"));
+    let turn = |img: &Path, reply: &str| {
+        greedy(vec![
+            user(vec![image(model_id(img)), text("What is this?")]),
+            ChatMessage::new("assistant", reply),
+            ChatMessage::new("user", "Tell me more."),
+        ])
+    };
+    let first = generate(&w, &greedy(vec![user(vec![image(model_id(&a)), text("What is this?")])])).await;
+    // The next turn about the same image reuses its KV, image tokens included.
+    let same = generate(&w, &turn(&a, &first.text)).await;
+    assert!(
+        same.usage.cached_tokens > IMAGE_TOKENS + 4,
+        "{:?}",
+        same.usage
+    );
+    // The same conversation with another image shares only what comes before the image.
+    let other = generate(&w, &turn(&b, &first.text)).await;
+    assert!(other.usage.cached_tokens < 6, "{:?}", other.usage);
+    // And what the cache gave is what a fresh start gives.
+    within_for(LIMIT, w.call::<protocol::methods::Reset>(&Default::default()))
+        .await
+        .unwrap();
+    let fresh = generate(&w, &turn(&b, &first.text)).await;
+    assert_eq!(fresh.usage.cached_tokens, 0);
+    assert_eq!(fresh.text, other.text);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// A PNG whose header claims `side` x `side` pixels (and no image data).
+fn png_claiming(side: u32) -> Vec<u8> {
+    let mut ihdr = b"IHDR".to_vec();
+    ihdr.extend(side.to_be_bytes());
+    ihdr.extend(side.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(13u32.to_be_bytes());
+    png.extend(&ihdr);
+    png.extend(crc32fast::hash(&ihdr).to_be_bytes());
+    png
+}
+
+#[tokio::test]
+async fn bad_images_are_invalid_params_naming_the_part() {
+    let Some((dir, images)) = fixture() else { return };
+    let w = worker(&[]);
+    loaded(&w, &dir).await;
+    let png = images.join("gradient.png");
+    let bomb = base64::engine::general_purpose::STANDARD.encode(png_claiming(100_000));
+    let truncated = {
+        let bytes = std::fs::read(&png).unwrap();
+        base64::engine::general_purpose::STANDARD.encode(&bytes[..bytes.len() / 2])
+    };
+    let cases = [
+        ("bad base64", "this is not an image".to_owned(), ""),
+        ("truncated PNG", truncated, ""),
+        ("unknown scheme", "http://example.com/cat.png".to_owned(), "http"),
+        ("missing file", "/nonexistent/cat.png".to_owned(), "/nonexistent/cat.png"),
+        ("decompression bomb", bomb, "pixels"),
+    ];
+    for (what, source, says) in cases {
+        let p = greedy(vec![
+            ChatMessage::new("user", "hi"),
+            ChatMessage::new("assistant", "hello"),
+            user(vec![text("look:"), image(source)]),
+        ]);
+        let e = rpc_error(
+            within_for(LIMIT, w.generate(&p).unwrap().finish()).await,
+            ErrorCode::InvalidParams,
+        );
+        let data = e.data_as::<InvalidParamsData>().unwrap();
+        assert_eq!(data.field, "messages[2].content[1]", "{what}: {e:?}");
+        assert!(data.reason.contains(says), "{what}: {}", data.reason);
+    }
+    // The seed's `image`: named by its field.
+    let mut p = greedy(vec![ChatMessage::new("user", "hi")]);
+    p.image = Some("/nonexistent/cat.png".into());
+    let e = rpc_error(
+        within_for(LIMIT, w.generate(&p).unwrap().finish()).await,
+        ErrorCode::InvalidParams,
+    );
+    assert_eq!(e.data_as::<InvalidParamsData>().unwrap().field, "image");
+    // The worker goes on, the model still resident.
+    let ok = generate(&w, &greedy(vec![user(vec![image(model_id(&png)), text("hi")])])).await;
+    assert_eq!(ok.usage.completion_tokens, 8);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_image_for_a_text_model_is_refused() {
+    let Some((_, images)) = fixture() else { return };
+    let dir = tiny_model(&Default::default());
+    let w = worker(&[]);
+    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(dir.path()))))
+        .await
+        .unwrap();
+    let p = greedy(vec![user(vec![image(model_id(&images.join("gradient.png"))), text("hi")])]);
+    let e = rpc_error(
+        within_for(LIMIT, w.generate(&p).unwrap().finish()).await,
+        ErrorCode::InvalidParams,
+    );
+    let data = e.data_as::<InvalidParamsData>().unwrap();
+    assert_eq!(data.field, "messages[0].content[0]");
+    assert!(data.reason.contains("not a vision model"), "{}", data.reason);
+    let ok = generate(&w, &greedy(vec![ChatMessage::new("user", "hi")])).await;
+    assert_eq!(ok.usage.completion_tokens, 8);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}

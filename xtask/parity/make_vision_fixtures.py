@@ -1,0 +1,237 @@
+"""Tiny random-weight vision-language checkpoints for `cargo xtask parity`, built by mlx-vlm's
+own model classes, and the test images the vision cases show them.
+
+Usage: python make_vision_fixtures.py CASES_JSON GEMMA3_TOKENIZER_DIR OUT_DIR
+
+For every model in CASES_JSON with a "vision" spec, writes OUT_DIR/<name>/ as a real checkpoint
+of its family is laid out: config.json, model.safetensors (the flattened parameters of
+`mlx_vlm.models.<family>.Model`, mlx-vlm's weight names), the tokenizer (Gemma 3 270M's, from
+GEMMA3_TOKENIZER_DIR, with the family's image token added past its vocabulary as the real
+Gemma 3 4B has it), tokenizer_config.json, chat_template.json, preprocessor_config.json and
+processor_config.json. Writes the case images to OUT_DIR/images/.
+A directory whose spec.json already equals the current spec is left alone.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten, tree_map_with_path
+from PIL import Image
+
+# Gemma 3's chat template (the template of google/gemma-3-4b-it's processor): image parts become
+# `<start_of_image>`, which the processor expands.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n"
+)
+
+# The tiny Gemma 3: two language layers (one sliding, one global), a SigLIP tower of two layers
+# on 112 px images (8x8 patches of 14 px), pooled to 4x4 = 16 image tokens. The vocabulary is the
+# real one (262208), wider than the tokenizer's (262144 + the image token).
+GEMMA3 = {
+    "model_type": "gemma3",
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "image_token_index": 262144,
+    "mm_tokens_per_image": 16,
+    "eos_token_id": [1, 106],
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 512,
+        "sliding_window_pattern": 2,
+        "rope_local_base_freq": 10000.0,
+        "rope_theta": 1000000.0,
+        "mm_tokens_per_image": 16,
+        "vocab_size": 262208,
+        "max_position_embeddings": 32768,
+    },
+    "vision_config": {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "patch_size": 14,
+        "image_size": 112,
+        "layer_norm_eps": 1e-6,
+    },
+}
+
+GEMMA3_PREPROCESSOR = {
+    "image_processor_type": "Gemma3ImageProcessor",
+    "processor_class": "Gemma3Processor",
+    "do_convert_rgb": None,
+    "do_normalize": True,
+    "do_pan_and_scan": None,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "image_seq_length": 16,
+    "resample": 2,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 112, "width": 112},
+}
+
+
+def deep_update(base, over):
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def write_gemma3_tokenizer(src, out):
+    tokenizer = json.loads((src / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append({
+        "id": 262144, "content": "<image_soft_token>", "single_word": False, "lstrip": False,
+        "rstrip": False, "normalized": False, "special": True,
+    })
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config.update({
+        "boi_token": "<start_of_image>",
+        "eoi_token": "<end_of_image>",
+        "image_token": "<image_soft_token>",
+        "extra_special_tokens": {
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
+        },
+        "processor_class": "Gemma3Processor",
+    })
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    shutil.copy(src / "generation_config.json", out / "generation_config.json")
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": GEMMA3_TEMPLATE}, indent=2))
+
+
+def build_gemma3(spec, out, tokenizer_dir):
+    from mlx_vlm.models import gemma3
+
+    config = deep_update(json.loads(json.dumps(GEMMA3)), spec.get("config", {}))
+    mx.random.seed(spec.get("seed", 0))
+    model_config = gemma3.ModelConfig.from_dict(config)
+    model_config.text_config = gemma3.TextConfig.from_dict(config["text_config"])
+    model_config.vision_config = gemma3.VisionConfig.from_dict(config["vision_config"])
+    model = gemma3.Model(model_config)
+    # mlx's default init leaves the blocks' contributions small and greedy decoding repeats one
+    # token; scaled-up block matrices (not norms) make attention and MLP, and so the image
+    # features, change the tokens. The projector is drawn anew: mlx-vlm starts it at ones.
+    scale = spec.get("block_scale", 4.0)
+
+    def scaled(path, p):
+        if path == "multi_modal_projector.mm_input_projection_weight":
+            return mx.random.normal(p.shape) * 0.5
+        if "layers." in path and "norm" not in path and "bias" not in path:
+            return p * scale
+        return p
+
+    model.update(tree_map_with_path(scaled, model.parameters()))
+    dtype = spec.get("dtype", "bfloat16")
+    model.set_dtype(getattr(mx, dtype))
+    config["torch_dtype"] = dtype
+    weights = dict(tree_flatten(model.parameters()))
+    # mlx-vlm always ties Gemma 3's head to the embedding; real checkpoints store none.
+    weights.pop("language_model.lm_head.weight", None)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_gemma3_tokenizer(tokenizer_dir, out)
+    (out / "preprocessor_config.json").write_text(json.dumps(GEMMA3_PREPROCESSOR, indent=2))
+    processor = {"image_seq_length": config["mm_tokens_per_image"], "processor_class": "Gemma3Processor"}
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
+BUILDERS = {"gemma3": build_gemma3}
+
+
+def write_images(out):
+    """The case images: deterministic, in the formats and modes hosts send."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    y, x = np.mgrid[0:300, 0:400]
+    gradient = np.stack([x * 255 // 399, y * 255 // 299, (x + y) * 255 // 698], -1).astype(np.uint8)
+    Image.fromarray(gradient).save(out / "gradient.png")
+    noise = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(out / "noise.jpg", quality=90)
+    rgba = np.concatenate([gradient[:90, :120], rng.integers(0, 256, (90, 120, 1), dtype=np.uint8)], -1)
+    Image.fromarray(rgba, "RGBA").save(out / "rgba.png")
+    Image.fromarray(gradient[:, :, 0]).save(out / "gray.webp", lossless=True)
+
+
+def main():
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    tokenizer_dir, root = Path(sys.argv[2]), Path(sys.argv[3])
+    write_images(root / "images")
+    for model in cases["models"]:
+        spec = model.get("vision")
+        if spec is None:
+            continue
+        out = root / model["name"]
+        spec_text = json.dumps(spec, sort_keys=True)
+        if (out / "spec.json").is_file() and (out / "spec.json").read_text() == spec_text:
+            continue
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        BUILDERS[spec["family"]](spec, tmp, tokenizer_dir)
+        (tmp / "spec.json").write_text(spec_text)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        print(f"fixture {model['name']}: {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
