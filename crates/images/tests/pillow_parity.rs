@@ -24,16 +24,24 @@ const MAX_PIXEL_DIFF: f32 = 1e-6;
 fn venv_python() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let python = root.join(".venv/bin/python");
-    if python.is_file() {
+    let ready = python.is_file()
+        && Command::new(&python)
+            .args(["-c", "import PIL, numpy, transformers, mlx_vlm"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if ready {
         return Some(python);
     }
     assert!(
         std::env::var_os("MLX_WORKER_REQUIRE_MODELS").is_none_or(|v| v != "1"),
-        "{} is missing and MLX_WORKER_REQUIRE_MODELS=1: create the venv (`cargo xtask setup`) \
-         with Pillow, transformers and mlx-vlm",
+        "{} is missing or lacks Pillow, NumPy, transformers or mlx-vlm, and \
+         MLX_WORKER_REQUIRE_MODELS=1: set up the venv (`cargo xtask setup`)",
         python.display()
     );
-    eprintln!("skipped: no venv at {}", python.display());
+    eprintln!(
+        "skipped: no venv with Pillow, transformers and mlx-vlm at {}",
+        python.display()
+    );
     None
 }
 
