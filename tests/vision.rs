@@ -172,16 +172,20 @@ async fn the_prompt_cache_reuses_an_image_only_for_that_image() {
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 
-/// A PNG whose header claims `side` x `side` pixels (and no image data).
+/// A small PNG file whose header claims `side` x `side` pixels.
 fn png_claiming(side: u32) -> Vec<u8> {
-    let mut ihdr = b"IHDR".to_vec();
-    ihdr.extend(side.to_be_bytes());
-    ihdr.extend(side.to_be_bytes());
-    ihdr.extend([8, 2, 0, 0, 0]);
     let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
-    png.extend(13u32.to_be_bytes());
-    png.extend(&ihdr);
-    png.extend(crc32fast::hash(&ihdr).to_be_bytes());
+    let mut chunk = |kind: &[u8], data: &[u8]| {
+        let body = [kind, data].concat();
+        png.extend((data.len() as u32).to_be_bytes());
+        png.extend(&body);
+        png.extend(crc32fast::hash(&body).to_be_bytes());
+    };
+    let header = [side.to_be_bytes(), side.to_be_bytes()].concat();
+    chunk(b"IHDR", &[&header[..], &[8, 2, 0, 0, 0]].concat());
+    // A few zlib-compressed zero bytes: far too little data, never read.
+    chunk(b"IDAT", &[0x78, 0x9c, 0x63, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01]);
+    chunk(b"IEND", &[]);
     png
 }
 

@@ -2,6 +2,7 @@
 own model classes, and the test images the vision cases show them.
 
 Usage: python make_vision_fixtures.py CASES_JSON GEMMA3_TOKENIZER_DIR OUT_DIR
+(CASES_JSON: xtask/parity/cases.json or xtask/bench/vision.json; their "vision" model specs.)
 
 For every model in CASES_JSON with a "vision" spec, writes OUT_DIR/<name>/ as a real checkpoint
 of its family is laid out: config.json, model.safetensors (the flattened parameters of
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_map_with_path
 from PIL import Image
@@ -160,6 +162,7 @@ def write_gemma3_tokenizer(src, out):
 
 def build_gemma3(spec, out, tokenizer_dir):
     from mlx_vlm.models import gemma3
+    from mlx_vlm.utils import skip_multimodal_module
 
     config = deep_update(json.loads(json.dumps(GEMMA3)), spec.get("config", {}))
     mx.random.seed(spec.get("seed", 0))
@@ -183,13 +186,31 @@ def build_gemma3(spec, out, tokenizer_dir):
     dtype = spec.get("dtype", "bfloat16")
     model.set_dtype(getattr(mx, dtype))
     config["torch_dtype"] = dtype
+    # mlx-vlm ties Gemma 3's head to the embedding (its sanitize copies the table over).
+    model.language_model.lm_head.weight = model.language_model.model.embed_tokens.weight
+    if q := spec.get("quantize"):
+        # As `mlx_vlm.convert -q` does: the language model's layers (embedding included)
+        # quantized, the vision tower and projector left as they are.
+        def predicate(path, module):
+            if skip_multimodal_module(path) or not hasattr(module, "to_quantized"):
+                return False
+            return module.weight.size % 64 == 0
+
+        nn.quantize(model, group_size=q["group_size"], bits=q["bits"], class_predicate=predicate)
+        config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
     weights = dict(tree_flatten(model.parameters()))
-    # mlx-vlm always ties Gemma 3's head to the embedding; real checkpoints store none.
-    weights.pop("language_model.lm_head.weight", None)
+    if not spec.get("quantize"):
+        # Hugging Face's layout: no head. A quantized conversion keeps the head `mlx_vlm.convert`
+        # quantized from the tied table, as mlx-community checkpoints do.
+        weights.pop("language_model.lm_head.weight")
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     write_gemma3_tokenizer(tokenizer_dir, out)
-    (out / "preprocessor_config.json").write_text(json.dumps(GEMMA3_PREPROCESSOR, indent=2))
+    # The processor follows the model: the tower's image size, one token per pooled patch.
+    side = config["vision_config"]["image_size"]
+    preprocessor = dict(GEMMA3_PREPROCESSOR, size={"height": side, "width": side})
+    preprocessor["image_seq_length"] = config["mm_tokens_per_image"]
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
     processor = {"image_seq_length": config["mm_tokens_per_image"], "processor_class": "Gemma3Processor"}
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
@@ -209,6 +230,11 @@ def write_images(out):
     rgba = np.concatenate([gradient[:90, :120], rng.integers(0, 256, (90, 120, 1), dtype=np.uint8)], -1)
     Image.fromarray(rgba, "RGBA").save(out / "rgba.png")
     Image.fromarray(gradient[:, :, 0]).save(out / "gray.webp", lossless=True)
+    # What Studio sends: one PNG of at most 800 px (a smooth picture with some texture).
+    y, x = np.mgrid[0:600, 0:800]
+    photo = np.stack([x * 255 // 799, y * 255 // 599, 128 + 64 * np.sin(x / 37.0) * np.cos(y / 23.0)], -1)
+    photo = np.clip(photo + rng.normal(0, 6, photo.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(photo).save(out / "photo_800x600.png")
 
 
 def main():

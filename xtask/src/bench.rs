@@ -28,14 +28,14 @@ struct PromptsFile {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-struct BenchPrompt {
-    name: String,
-    messages: Vec<ChatMessage>,
+pub(crate) struct BenchPrompt {
+    pub name: String,
+    pub messages: Vec<ChatMessage>,
     /// A chat's next turn: before each measured run the worker answers the conversation up to
     /// the last user message but one (unmeasured), so its prompt cache holds that turn, as in a
     /// chat; mlx-lm (`stream_generate`, as Studio's Python backend calls it) prefills it all.
     #[serde(default)]
-    next_turn: bool,
+    pub next_turn: bool,
 }
 
 /// The release mlx-worker (over the protocol) beside mlx-lm, stock and with OpenBLAS preloaded,
@@ -54,17 +54,20 @@ pub struct Options {
     /// Leave out the mlx-lm + OpenBLAS column.
     #[arg(long = "no-openblas", action = clap::ArgAction::SetFalse)]
     openblas: bool,
+    /// Instead: a vision model with one 800 px image beside mlx-vlm (`xtask/bench/vision.json`).
+    #[arg(long)]
+    vision: bool,
 }
 
 /// One measured generation, from either side.
 #[derive(Debug, Clone, Copy)]
-struct Sample {
-    prompt_tokens: u64,
-    generated: u64,
-    prompt_tps: f64,
-    decode_tps: f64,
-    ttft_ms: f64,
-    peak_bytes: u64,
+pub(crate) struct Sample {
+    pub prompt_tokens: u64,
+    pub generated: u64,
+    pub prompt_tps: f64,
+    pub decode_tps: f64,
+    pub ttft_ms: f64,
+    pub peak_bytes: u64,
 }
 
 /// Which sides run.
@@ -76,6 +79,9 @@ enum Side {
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
+    if opts.vision {
+        return crate::bench_vision::run(opts.runs, opts.max_new_tokens);
+    }
     let prompts_path = workspace_root().join("xtask/bench/prompts.json");
     let file: PromptsFile = serde_json::from_str(
         &std::fs::read_to_string(&prompts_path)
@@ -249,7 +255,7 @@ fn print_table(prompt: &BenchPrompt, sides: &[Side], samples: &[Vec<Sample>], ma
     );
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {
@@ -260,12 +266,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The release worker over the protocol, with the model loaded.
-struct Worker {
-    client: Client,
+pub(crate) struct Worker {
+    pub client: Client,
 }
 
 impl Worker {
-    async fn start(bin: &Path, model: &Path) -> anyhow::Result<Self> {
+    pub async fn start(bin: &Path, model: &Path) -> anyhow::Result<Self> {
         let client = Client::spawn(bin, Vec::<String>::new(), [("MLX_WORKER_LOG", "warn")])
             .with_context(|| format!("starting {}", bin.display()))?;
         client
@@ -289,7 +295,7 @@ impl Worker {
         Ok(Self { client })
     }
 
-    async fn generate(&self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {
+    pub async fn generate(&self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {
         // Every run starts from an empty prompt cache, which would otherwise hold all but the
         // last token of the same prompt from the run before.
         self.client

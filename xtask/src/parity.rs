@@ -215,12 +215,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let failed = rows.iter().filter(|r| !r.ok()).count();
     if failed > 0 {
         bail!(
-            "parity: {failed} of {} cases differ from mlx-lm",
+            "parity: {failed} of {} cases differ from the reference (mlx-lm; mlx-vlm for vision models)",
             rows.len()
         );
     }
     println!(
-        "parity: all {} cases match mlx-lm token for token",
+        "parity: all {} cases match the reference (mlx-lm; mlx-vlm for vision models) token for token",
         rows.len()
     );
     Ok(())
@@ -405,7 +405,7 @@ fn window(ids: &[u32], at: usize) -> &[u32] {
 fn print_table(rows: &[Row]) {
     println!();
     println!(
-        "| model | case | prompt tokens (mlx-lm/ours) | prompt equal | generated (mlx-lm/ours) | generated equal | first divergence |"
+        "| model | case | prompt tokens (reference/ours) | prompt equal | generated (reference/ours) | generated equal | first divergence |"
     );
     println!("|---|---|---|---|---|---|---|");
     for r in rows {
