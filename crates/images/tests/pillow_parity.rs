@@ -5,7 +5,8 @@
 //!   lossless WebP (with PIL's colour key); for JPEG and lossy WebP the largest difference is
 //!   reported (different decoders);
 //! - resize: byte-identical to `Image.resize` for all six filters, several sizes each;
-//! - processors: shapes and extras equal, pixel values within `MAX_PIXEL_DIFF` (0 measured).
+//! - processors: shapes and extras equal, pixel values within `MAX_PIXEL_DIFF` (0 measured),
+//!   from PIL's decoded pixels and end to end from the files (except JPEG, reported).
 //!
 //! Without the venv the test is skipped, unless `MLX_WORKER_REQUIRE_MODELS=1` (as `cargo xtask
 //! test` runs), which makes a missing venv a failure. `IMAGES_PARITY_KEEP=1` keeps the files.
@@ -205,6 +206,7 @@ fn matches_pillow_transformers_and_mlx_vlm() {
     // Processors.
     let models = &reference.manifest["models"];
     let mut worst = 0f32;
+    let mut worst_jpeg = 0f32;
     let runs = reference.manifest["processors"].as_array().unwrap();
     for run in runs {
         let model = run["model"].as_str().unwrap();
@@ -249,6 +251,40 @@ fn matches_pillow_transformers_and_mlx_vlm() {
         if max > MAX_PIXEL_DIFF {
             failures.push(format!("{label}: pixel values differ by up to {max}"));
         }
+        // End to end from the files, with our decoder: identical where decoding is; for JPEG
+        // (another decoder than Pillow's libjpeg-turbo) the difference is reported.
+        let from_files: Vec<RgbImage> = run["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                let bytes = reference.read(&format!("inputs/{}", n.as_str().unwrap()));
+                decode(&bytes, &DecodeLimits::default()).unwrap()
+            })
+            .collect();
+        let end_to_end = processor.preprocess(&from_files).unwrap();
+        let e2e_max = end_to_end
+            .pixel_values
+            .data
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let lossy = run["images"].as_array().unwrap().iter().any(|n| {
+            reference.manifest["images"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["name"] == *n && i["exact_decode"] == false)
+        });
+        if lossy {
+            worst_jpeg = worst_jpeg.max(e2e_max);
+            eprintln!("end to end {label} (JPEG, other decoder): largest difference {e2e_max}");
+        } else if e2e_max > MAX_PIXEL_DIFF {
+            failures.push(format!(
+                "{label}: end to end from the file, differs by up to {e2e_max}"
+            ));
+        }
         if let Some(grid) = run.get("image_grid_thw") {
             let grid: Vec<[usize; 3]> = grid
                 .as_array()
@@ -290,7 +326,8 @@ fn matches_pillow_transformers_and_mlx_vlm() {
         }
     }
     eprintln!(
-        "processors: {} runs, largest pixel-value difference {worst:e}",
+        "processors: {} runs, largest pixel-value difference {worst:e} (from PIL's pixels, and \
+         end to end from PNG/GIF/WebP files); end to end from JPEG files {worst_jpeg:e}",
         runs.len()
     );
 

@@ -106,9 +106,16 @@ save("gray_45x33.jpg", Image.fromarray(noise(45, 33, 1)[:, :, 0], "L"), "JPEG", 
 exif = Image.Exif()
 exif[0x0112] = 6  # rotate 90 degrees clockwise to display
 save("exif6_64x48.jpg", Image.fromarray(smooth(64, 48)), "JPEG", exact=False, quality=95, exif=exif.tobytes())
+exif8 = Image.Exif()
+exif8[0x0112] = 8  # rotate 90 degrees counter-clockwise to display
+save("exif8_40x30.png", Image.fromarray(mixed(40, 30)), "PNG", exif=exif8.tobytes())
+save("cmyk_40x30.jpg", Image.fromarray(mixed(40, 30)).convert("CMYK"), "JPEG", exact=False, quality=95)
 save("lossless_80x60.webp", Image.fromarray(mixed(80, 60)), "WEBP", lossless=True)
 save("rgba_lossless_50x40.webp", Image.fromarray(noise(50, 40, 4), "RGBA"), "WEBP", lossless=True)
-save("lossy_80x60.webp", Image.fromarray(mixed(80, 60)), "WEBP", exact=False, quality=80)
+# Lossy WebP: libwebp (Pillow) and image-webp decode VP8 and convert YUV to RGB identically.
+save("lossy_80x60.webp", Image.fromarray(mixed(80, 60)), "WEBP", quality=80)
+save("lossy_799x601.webp", photo, "WEBP", quality=75)
+save("lossy_alpha_50x40.webp", Image.fromarray(noise(50, 40, 4), "RGBA"), "WEBP", quality=60)
 save("palette_40x30.gif", pal, "GIF")
 save("palette_trns_40x30.gif", pal, "GIF", transparency=5)
 frames = [Image.fromarray(noise(33, 21)).quantize(colors=16) for _ in range(2)]
