@@ -118,6 +118,13 @@ fn usizes(v: &Value) -> Vec<usize> {
         .collect()
 }
 
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 #[test]
 fn matches_pillow_transformers_and_mlx_vlm() {
     let Some(python) = venv_python() else { return };
@@ -240,13 +247,7 @@ fn matches_pillow_transformers_and_mlx_vlm() {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
-        let max = ours
-            .pixel_values
-            .data
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let max = max_diff(&ours.pixel_values.data, &theirs);
         worst = worst.max(max);
         if max > MAX_PIXEL_DIFF {
             failures.push(format!("{label}: pixel values differ by up to {max}"));
@@ -263,13 +264,7 @@ fn matches_pillow_transformers_and_mlx_vlm() {
             })
             .collect();
         let end_to_end = processor.preprocess(&from_files).unwrap();
-        let e2e_max = end_to_end
-            .pixel_values
-            .data
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let e2e_max = max_diff(&end_to_end.pixel_values.data, &theirs);
         let lossy = run["images"].as_array().unwrap().iter().any(|n| {
             reference.manifest["images"]
                 .as_array()
