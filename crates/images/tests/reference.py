@@ -77,6 +77,8 @@ save("noise_37x23.png", Image.fromarray(noise(37, 23)), "PNG")
 save("one_1x1.png", Image.fromarray(noise(1, 1)), "PNG")
 save("tall_3x1000.png", Image.fromarray(noise(3, 1000)), "PNG")
 save("wide_1000x3.png", Image.fromarray(mixed(1000, 3)), "PNG")
+save("banner_120x30.png", Image.fromarray(mixed(120, 30)), "PNG")
+save("portrait_29x100.png", Image.fromarray(mixed(29, 100)), "PNG")
 save("photo_799x601.png", Image.fromarray(mixed(799, 601)), "PNG")
 save("rgba_50x40.png", Image.fromarray(noise(50, 40, 4), "RGBA"), "PNG")
 save("gray_45x33.png", Image.fromarray(noise(45, 33, 1)[:, :, 0], "L"), "PNG")
@@ -200,6 +202,10 @@ MODELS = {
         "size": {"height": 896, "width": 896}}, None),
     "gemma3_nested_64": ("gemma3", Gemma3ImageProcessorPil, {"size": {"height": 500, "width": 500}},
                          {"image_processor": {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 64, "width": 48}}}),
+    "gemma3_pan_and_scan": ("gemma3", Gemma3ImageProcessorPil, {
+        "image_processor_type": "Gemma3ImageProcessor", "do_pan_and_scan": True,
+        "pan_and_scan_min_crop_size": 8, "pan_and_scan_max_num_crops": 3,
+        "pan_and_scan_min_ratio_to_activate": 1.2, "size": {"height": 24, "width": 24}}, None),
     "clip_llava": ("llava", CLIPImageProcessorPil, {
         "image_processor_type": "CLIPImageProcessor", "crop_size": {"height": 336, "width": 336},
         "do_center_crop": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True,

@@ -211,7 +211,10 @@ fn processor_configs_refuse_what_is_not_implemented() {
         "gemma3",
     )
     .unwrap_err();
-    assert!(err.to_string().contains("pan and scan"), "{err}");
+    assert!(
+        err.to_string().contains("pan_and_scan_min_crop_size"),
+        "{err}"
+    );
     // Gemma 3's checkpoints write null for pan and scan: off.
     Processor::from_hf_config(
         &config(serde_json::json!({"do_pan_and_scan": null})),
