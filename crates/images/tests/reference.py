@@ -120,6 +120,22 @@ save("lossy_799x601.webp", photo, "WEBP", quality=75)
 save("lossy_alpha_50x40.webp", Image.fromarray(noise(50, 40, 4), "RGBA"), "WEBP", quality=60)
 save("palette_40x30.gif", pal, "GIF")
 save("palette_trns_40x30.gif", pal, "GIF", transparency=5)
+
+
+def gif_on_larger_screen(name, im, screen, offset, **kw):
+    """A GIF whose first frame is smaller than the logical screen and placed at an offset:
+    Pillow's writer makes both the same size, so the two descriptors are patched."""
+    buf = io.BytesIO()
+    im.save(buf, "GIF", **kw)
+    b = bytearray(buf.getvalue())
+    b[6:10] = screen[0].to_bytes(2, "little") + screen[1].to_bytes(2, "little")
+    i = b.index(b",", 13 + 3 * (2 ** ((b[10] & 7) + 1)))  # image descriptor after the colour table
+    b[i + 1:i + 5] = offset[0].to_bytes(2, "little") + offset[1].to_bytes(2, "little")
+    inputs[name] = (bytes(b), True)
+
+
+gif_on_larger_screen("offset_frame_40x30.gif", Image.fromarray(noise(20, 10)).quantize(colors=8), (40, 30), (5, 7))
+gif_on_larger_screen("offset_frame_trns_40x30.gif", Image.fromarray(noise(20, 10)).quantize(colors=8), (40, 30), (12, 3), transparency=2)
 frames = [Image.fromarray(noise(33, 21)).quantize(colors=16) for _ in range(2)]
 buf = io.BytesIO()
 frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:], duration=50)
