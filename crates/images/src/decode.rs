@@ -270,6 +270,11 @@ fn decode_gif(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage> {
     };
     let mut options = gif::DecodeOptions::new();
     options.set_color_output(gif::ColorOutput::Indexed);
+    // One byte per pixel in indexed output: a frame (which may be larger than the screen) gets
+    // the same pixel cap as the screen.
+    if let Some(bytes) = std::num::NonZeroU64::new(limits.max_pixels) {
+        options.set_memory_limit(gif::MemoryLimit::Bytes(bytes));
+    }
     let mut decoder = options.read_info(Cursor::new(bytes)).map_err(gif_err)?;
     let (width, height) = (decoder.width() as u32, decoder.height() as u32);
     check_pixels(width, height, limits)?;
