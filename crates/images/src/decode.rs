@@ -118,6 +118,12 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage> {
             reason: other.to_string(),
         },
     };
+    #[cfg(feature = "turbojpeg")]
+    if format == ImageFormat::Jpeg {
+        if let Some(img) = decode_jpeg_turbo(bytes, limits)? {
+            return Ok(img);
+        }
+    }
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     reader.no_limits();
     let mut decoder = reader.into_decoder().map_err(decode_err)?;
@@ -137,6 +143,40 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage> {
 pub fn load(source: &str, limits: &DecodeLimits) -> Result<RgbImage> {
     let bytes = crate::ImageSource::parse(source)?.into_bytes()?;
     decode(&bytes, limits)
+}
+
+/// JPEG through libjpeg-turbo, the decoder in Pillow's wheels: the same pixels as PIL (IDCT,
+/// chroma upsampling, YCbCr to RGB). `None` for CMYK/YCCK JPEGs, which go through the image
+/// crate (TurboJPEG does not convert them to RGB).
+#[cfg(feature = "turbojpeg")]
+fn decode_jpeg_turbo(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<RgbImage>> {
+    let err = |e: turbojpeg::Error| ImageError::Decode {
+        format: "JPEG".into(),
+        reason: e.to_string(),
+    };
+    let header = turbojpeg::read_header(bytes).map_err(err)?;
+    if matches!(
+        header.colorspace,
+        turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
+    ) {
+        return Ok(None);
+    }
+    let (width, height) = (header.width as u32, header.height as u32);
+    check_pixels(width, height, limits)?;
+    let raw: turbojpeg::Image<Vec<u8>> =
+        turbojpeg::decompress(bytes, turbojpeg::PixelFormat::RGB).map_err(err)?;
+    // The EXIF orientation, read by the image crate from the header.
+    let orientation = image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))
+        .and_then(|mut d| d.orientation())
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let buffer =
+        image::RgbImage::from_raw(width, height, raw.pixels).ok_or_else(|| ImageError::Decode {
+            format: "JPEG".into(),
+            reason: "decoded size does not match the header".into(),
+        })?;
+    let mut img = DynamicImage::ImageRgb8(buffer);
+    img.apply_orientation(orientation);
+    to_rgb_like_pil(img).map(Some)
 }
 
 fn check_pixels(width: u32, height: u32, limits: &DecodeLimits) -> Result<()> {
