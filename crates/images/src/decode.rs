@@ -146,8 +146,8 @@ pub fn load(source: &str, limits: &DecodeLimits) -> Result<RgbImage> {
 }
 
 /// JPEG through libjpeg-turbo, the decoder in Pillow's wheels: the same pixels as PIL (IDCT,
-/// chroma upsampling, YCbCr to RGB). `None` for CMYK/YCCK JPEGs, which go through the image
-/// crate (TurboJPEG does not convert them to RGB).
+/// chroma upsampling, YCbCr to RGB). CMYK/YCCK JPEGs come out as CMYK, which PIL reads inverted
+/// (`CMYK;I`, "Adobe conventions") and converts with its `cmyk2rgb`; so here.
 #[cfg(feature = "turbojpeg")]
 fn decode_jpeg_turbo(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<RgbImage>> {
     let err = |e: turbojpeg::Error| ImageError::Decode {
@@ -155,16 +155,25 @@ fn decode_jpeg_turbo(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<RgbIm
         reason: e.to_string(),
     };
     let header = turbojpeg::read_header(bytes).map_err(err)?;
-    if matches!(
-        header.colorspace,
-        turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
-    ) {
-        return Ok(None);
-    }
     let (width, height) = (header.width as u32, header.height as u32);
     check_pixels(width, height, limits)?;
-    let raw: turbojpeg::Image<Vec<u8>> =
-        turbojpeg::decompress(bytes, turbojpeg::PixelFormat::RGB).map_err(err)?;
+    let cmyk = matches!(
+        header.colorspace,
+        turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
+    );
+    let format = if cmyk {
+        turbojpeg::PixelFormat::CMYK
+    } else {
+        turbojpeg::PixelFormat::RGB
+    };
+    let mut raw: turbojpeg::Image<Vec<u8>> = turbojpeg::decompress(bytes, format).map_err(err)?;
+    if cmyk {
+        raw.pixels = raw
+            .pixels
+            .chunks_exact(4)
+            .flat_map(pil_cmyk_to_rgb)
+            .collect();
+    }
     // The EXIF orientation, read by the image crate from the header.
     let orientation = image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))
         .and_then(|mut d| d.orientation())
@@ -177,6 +186,20 @@ fn decode_jpeg_turbo(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<RgbIm
     let mut img = DynamicImage::ImageRgb8(buffer);
     img.apply_orientation(orientation);
     to_rgb_like_pil(img).map(Some)
+}
+
+/// PIL's `cmyk2rgb` on libjpeg's CMYK, which PIL inverts first (`CMYK;I`):
+/// `255 - k' - c' * (255 - k') / 255` per channel with `x' = 255 - x` and PIL's rounding
+/// `MULDIV255(a, b) = ((a*b + 128) >> 8 + a*b + 128) >> 8`.
+#[cfg(feature = "turbojpeg")]
+fn pil_cmyk_to_rgb(px: &[u8]) -> [u8; 3] {
+    let nk = px[3] as i32; // 255 - (255 - k)
+    let muldiv255 = |a: i32, b: i32| {
+        let t = a * b + 128;
+        ((t >> 8) + t) >> 8
+    };
+    let ch = |c: u8| (nk - muldiv255(255 - c as i32, nk)).clamp(0, 255) as u8;
+    [ch(px[0]), ch(px[1]), ch(px[2])]
 }
 
 fn check_pixels(width: u32, height: u32, limits: &DecodeLimits) -> Result<()> {
