@@ -118,6 +118,12 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage> {
             reason: other.to_string(),
         },
     };
+    #[cfg(feature = "turbojpeg")]
+    if format == ImageFormat::Jpeg {
+        if let Some(img) = decode_jpeg_turbo(bytes, limits)? {
+            return Ok(img);
+        }
+    }
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     reader.no_limits();
     let mut decoder = reader.into_decoder().map_err(decode_err)?;
@@ -137,6 +143,63 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage> {
 pub fn load(source: &str, limits: &DecodeLimits) -> Result<RgbImage> {
     let bytes = crate::ImageSource::parse(source)?.into_bytes()?;
     decode(&bytes, limits)
+}
+
+/// JPEG through libjpeg-turbo, the decoder in Pillow's wheels: the same pixels as PIL (IDCT,
+/// chroma upsampling, YCbCr to RGB). CMYK/YCCK JPEGs come out as CMYK, which PIL reads inverted
+/// (`CMYK;I`, "Adobe conventions") and converts with its `cmyk2rgb`; so here.
+#[cfg(feature = "turbojpeg")]
+fn decode_jpeg_turbo(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<RgbImage>> {
+    let err = |e: turbojpeg::Error| ImageError::Decode {
+        format: "JPEG".into(),
+        reason: e.to_string(),
+    };
+    let header = turbojpeg::read_header(bytes).map_err(err)?;
+    let (width, height) = (header.width as u32, header.height as u32);
+    check_pixels(width, height, limits)?;
+    let cmyk = matches!(
+        header.colorspace,
+        turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
+    );
+    let format = if cmyk {
+        turbojpeg::PixelFormat::CMYK
+    } else {
+        turbojpeg::PixelFormat::RGB
+    };
+    let mut raw: turbojpeg::Image<Vec<u8>> = turbojpeg::decompress(bytes, format).map_err(err)?;
+    if cmyk {
+        raw.pixels = raw
+            .pixels
+            .chunks_exact(4)
+            .flat_map(pil_cmyk_to_rgb)
+            .collect();
+    }
+    // The EXIF orientation, read by the image crate from the header.
+    let orientation = image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))
+        .and_then(|mut d| d.orientation())
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let buffer =
+        image::RgbImage::from_raw(width, height, raw.pixels).ok_or_else(|| ImageError::Decode {
+            format: "JPEG".into(),
+            reason: "decoded size does not match the header".into(),
+        })?;
+    let mut img = DynamicImage::ImageRgb8(buffer);
+    img.apply_orientation(orientation);
+    to_rgb_like_pil(img).map(Some)
+}
+
+/// PIL's `cmyk2rgb` on libjpeg's CMYK, which PIL inverts first (`CMYK;I`):
+/// `255 - k' - c' * (255 - k') / 255` per channel with `x' = 255 - x` and PIL's rounding
+/// `MULDIV255(a, b) = ((a*b + 128) >> 8 + a*b + 128) >> 8`.
+#[cfg(feature = "turbojpeg")]
+fn pil_cmyk_to_rgb(px: &[u8]) -> [u8; 3] {
+    let nk = px[3] as i32; // 255 - (255 - k)
+    let muldiv255 = |a: i32, b: i32| {
+        let t = a * b + 128;
+        ((t >> 8) + t) >> 8
+    };
+    let ch = |c: u8| (nk - muldiv255(255 - c as i32, nk)).clamp(0, 255) as u8;
+    [ch(px[0]), ch(px[1]), ch(px[2])]
 }
 
 fn check_pixels(width: u32, height: u32, limits: &DecodeLimits) -> Result<()> {
@@ -270,6 +333,11 @@ fn decode_gif(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage> {
     };
     let mut options = gif::DecodeOptions::new();
     options.set_color_output(gif::ColorOutput::Indexed);
+    // One byte per pixel in indexed output: a frame (which may be larger than the screen) gets
+    // the same pixel cap as the screen.
+    if let Some(bytes) = std::num::NonZeroU64::new(limits.max_pixels) {
+        options.set_memory_limit(gif::MemoryLimit::Bytes(bytes));
+    }
     let mut decoder = options.read_info(Cursor::new(bytes)).map_err(gif_err)?;
     let (width, height) = (decoder.width() as u32, decoder.height() as u32);
     check_pixels(width, height, limits)?;

@@ -139,7 +139,8 @@ fn sinc(x: f64) -> f64 {
 const PRECISION_BITS: u32 = 32 - 8 - 2;
 
 /// `Image.resize((width, height), resample=filter)` of an RGB image. The colour key
-/// ([`RgbImage::transparency`]) is kept, as PIL keeps `info`.
+/// ([`RgbImage::transparency`]) is kept, as PIL keeps `info`. Panics when `width` or `height` is
+/// 0 (PIL raises); the processors never ask for that.
 pub fn resize(img: &RgbImage, width: u32, height: u32, filter: Filter) -> RgbImage {
     assert!(width > 0 && height > 0, "resize to {width}x{height}");
     let mut out = if (width, height) == (img.width, img.height) {

@@ -2,10 +2,11 @@
 //! workspace venv's python, `<workspace>/.venv`) writes test images and what Python computes
 //! from them; this test recomputes everything in Rust and compares:
 //! - decoding: byte-identical to `exif_transpose(Image.open(f)).convert("RGB")` for PNG, GIF and
-//!   lossless WebP (with PIL's colour key); for JPEG and lossy WebP the largest difference is
-//!   reported (different decoders);
+//!   WebP (with PIL's colour key), and for JPEG with the feature `turbojpeg`; otherwise JPEG's
+//!   largest difference is reported (zune-jpeg is not libjpeg-turbo);
 //! - resize: byte-identical to `Image.resize` for all six filters, several sizes each;
-//! - processors: shapes and extras equal, pixel values within `MAX_PIXEL_DIFF` (0 measured).
+//! - processors: shapes and extras equal, pixel values within `MAX_PIXEL_DIFF` (0 measured),
+//!   from PIL's decoded pixels and end to end from the files (except JPEG, reported).
 //!
 //! Without the venv the test is skipped, unless `MLX_WORKER_REQUIRE_MODELS=1` (as `cargo xtask
 //! test` runs), which makes a missing venv a failure. `IMAGES_PARITY_KEEP=1` keeps the files.
@@ -117,6 +118,19 @@ fn usizes(v: &Value) -> Vec<usize> {
         .collect()
 }
 
+/// Whether our decoder must give PIL's bytes: all but JPEG, and JPEG too with libjpeg-turbo
+/// (feature `turbojpeg`).
+fn exact_decode(meta: &Value) -> bool {
+    meta["exact_decode"].as_bool().unwrap() || cfg!(feature = "turbojpeg")
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 #[test]
 fn matches_pillow_transformers_and_mlx_vlm() {
     let Some(python) = venv_python() else { return };
@@ -155,7 +169,7 @@ fn matches_pillow_transformers_and_mlx_vlm() {
             .map(|(&a, &b)| a.abs_diff(b))
             .max()
             .unwrap_or(0);
-        if meta["exact_decode"].as_bool().unwrap() {
+        if exact_decode(meta) {
             if diffs != 0 || ours.transparency != pil.transparency {
                 failures.push(format!(
                     "decode {name}: {diffs} bytes differ (max {max}); key {:?}, PIL {:?}",
@@ -205,6 +219,7 @@ fn matches_pillow_transformers_and_mlx_vlm() {
     // Processors.
     let models = &reference.manifest["models"];
     let mut worst = 0f32;
+    let mut worst_jpeg = 0f32;
     let runs = reference.manifest["processors"].as_array().unwrap();
     for run in runs {
         let model = run["model"].as_str().unwrap();
@@ -238,16 +253,38 @@ fn matches_pillow_transformers_and_mlx_vlm() {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
-        let max = ours
-            .pixel_values
-            .data
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let max = max_diff(&ours.pixel_values.data, &theirs);
         worst = worst.max(max);
         if max > MAX_PIXEL_DIFF {
             failures.push(format!("{label}: pixel values differ by up to {max}"));
+        }
+        // End to end from the files, with our decoder: identical where decoding is; for JPEG
+        // (another decoder than Pillow's libjpeg-turbo) the difference is reported.
+        let from_files: Vec<RgbImage> = run["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                let bytes = reference.read(&format!("inputs/{}", n.as_str().unwrap()));
+                decode(&bytes, &DecodeLimits::default()).unwrap()
+            })
+            .collect();
+        let end_to_end = processor.preprocess(&from_files).unwrap();
+        let e2e_max = max_diff(&end_to_end.pixel_values.data, &theirs);
+        let lossy = run["images"].as_array().unwrap().iter().any(|n| {
+            reference.manifest["images"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["name"] == *n && !exact_decode(i))
+        });
+        if lossy {
+            worst_jpeg = worst_jpeg.max(e2e_max);
+            eprintln!("end to end {label} (JPEG, other decoder): largest difference {e2e_max}");
+        } else if e2e_max > MAX_PIXEL_DIFF {
+            failures.push(format!(
+                "{label}: end to end from the file, differs by up to {e2e_max}"
+            ));
         }
         if let Some(grid) = run.get("image_grid_thw") {
             let grid: Vec<[usize; 3]> = grid
@@ -289,8 +326,14 @@ fn matches_pillow_transformers_and_mlx_vlm() {
             }
         }
     }
+    let jpeg = if cfg!(feature = "turbojpeg") {
+        "JPEG decoded by libjpeg-turbo, asserted with the rest".to_owned()
+    } else {
+        format!("end to end from JPEG files (zune-jpeg) {worst_jpeg:e}")
+    };
     eprintln!(
-        "processors: {} runs, largest pixel-value difference {worst:e}",
+        "processors: {} runs, largest pixel-value difference {worst:e} (from PIL's pixels, and \
+         end to end from the files); {jpeg}",
         runs.len()
     );
 

@@ -77,6 +77,8 @@ save("noise_37x23.png", Image.fromarray(noise(37, 23)), "PNG")
 save("one_1x1.png", Image.fromarray(noise(1, 1)), "PNG")
 save("tall_3x1000.png", Image.fromarray(noise(3, 1000)), "PNG")
 save("wide_1000x3.png", Image.fromarray(mixed(1000, 3)), "PNG")
+save("banner_120x30.png", Image.fromarray(mixed(120, 30)), "PNG")
+save("portrait_29x100.png", Image.fromarray(mixed(29, 100)), "PNG")
 save("photo_799x601.png", Image.fromarray(mixed(799, 601)), "PNG")
 save("rgba_50x40.png", Image.fromarray(noise(50, 40, 4), "RGBA"), "PNG")
 save("gray_45x33.png", Image.fromarray(noise(45, 33, 1)[:, :, 0], "L"), "PNG")
@@ -106,11 +108,34 @@ save("gray_45x33.jpg", Image.fromarray(noise(45, 33, 1)[:, :, 0], "L"), "JPEG", 
 exif = Image.Exif()
 exif[0x0112] = 6  # rotate 90 degrees clockwise to display
 save("exif6_64x48.jpg", Image.fromarray(smooth(64, 48)), "JPEG", exact=False, quality=95, exif=exif.tobytes())
+exif8 = Image.Exif()
+exif8[0x0112] = 8  # rotate 90 degrees counter-clockwise to display
+save("exif8_40x30.png", Image.fromarray(mixed(40, 30)), "PNG", exif=exif8.tobytes())
+save("cmyk_40x30.jpg", Image.fromarray(mixed(40, 30)).convert("CMYK"), "JPEG", exact=False, quality=95)
 save("lossless_80x60.webp", Image.fromarray(mixed(80, 60)), "WEBP", lossless=True)
 save("rgba_lossless_50x40.webp", Image.fromarray(noise(50, 40, 4), "RGBA"), "WEBP", lossless=True)
-save("lossy_80x60.webp", Image.fromarray(mixed(80, 60)), "WEBP", exact=False, quality=80)
+# Lossy WebP: libwebp (Pillow) and image-webp decode VP8 and convert YUV to RGB identically.
+save("lossy_80x60.webp", Image.fromarray(mixed(80, 60)), "WEBP", quality=80)
+save("lossy_799x601.webp", photo, "WEBP", quality=75)
+save("lossy_alpha_50x40.webp", Image.fromarray(noise(50, 40, 4), "RGBA"), "WEBP", quality=60)
 save("palette_40x30.gif", pal, "GIF")
 save("palette_trns_40x30.gif", pal, "GIF", transparency=5)
+
+
+def gif_on_larger_screen(name, im, screen, offset, **kw):
+    """A GIF whose first frame is smaller than the logical screen and placed at an offset:
+    Pillow's writer makes both the same size, so the two descriptors are patched."""
+    buf = io.BytesIO()
+    im.save(buf, "GIF", **kw)
+    b = bytearray(buf.getvalue())
+    b[6:10] = screen[0].to_bytes(2, "little") + screen[1].to_bytes(2, "little")
+    i = b.index(b",", 13 + 3 * (2 ** ((b[10] & 7) + 1)))  # image descriptor after the colour table
+    b[i + 1:i + 5] = offset[0].to_bytes(2, "little") + offset[1].to_bytes(2, "little")
+    inputs[name] = (bytes(b), True)
+
+
+gif_on_larger_screen("offset_frame_40x30.gif", Image.fromarray(noise(20, 10)).quantize(colors=8), (40, 30), (5, 7))
+gif_on_larger_screen("offset_frame_trns_40x30.gif", Image.fromarray(noise(20, 10)).quantize(colors=8), (40, 30), (12, 3), transparency=2)
 frames = [Image.fromarray(noise(33, 21)).quantize(colors=16) for _ in range(2)]
 buf = io.BytesIO()
 frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:], duration=50)
@@ -193,6 +218,10 @@ MODELS = {
         "size": {"height": 896, "width": 896}}, None),
     "gemma3_nested_64": ("gemma3", Gemma3ImageProcessorPil, {"size": {"height": 500, "width": 500}},
                          {"image_processor": {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 64, "width": 48}}}),
+    "gemma3_pan_and_scan": ("gemma3", Gemma3ImageProcessorPil, {
+        "image_processor_type": "Gemma3ImageProcessor", "do_pan_and_scan": True,
+        "pan_and_scan_min_crop_size": 8, "pan_and_scan_max_num_crops": 3,
+        "pan_and_scan_min_ratio_to_activate": 1.2, "size": {"height": 24, "width": 24}}, None),
     "clip_llava": ("llava", CLIPImageProcessorPil, {
         "image_processor_type": "CLIPImageProcessor", "crop_size": {"height": 336, "width": 336},
         "do_center_crop": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True,

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::hf::{center_crop, Fields, Rescale, Size};
+use super::hf::{center_crop, crop, Fields, Rescale, Size};
 use super::{PixelValues, ProcessedImages};
 use crate::error::{ImageError, Result};
 use crate::resize::{resize, Filter};
@@ -38,6 +38,8 @@ pub struct BasicImageProcessor {
     pub do_center_crop: bool,
     pub crop_size: Size,
     pub rescale: Rescale,
+    /// Gemma 3's pan and scan (`do_pan_and_scan`), off unless the config turns it on.
+    pub pan_and_scan: Option<PanAndScan>,
     /// transformers' `do_convert_rgb`: composite a colour-keyed image onto white
     /// ([`RgbImage::hf_convert_to_rgb`]). Off for `null` (Gemma 3's checkpoints).
     pub do_convert_rgb: bool,
@@ -79,14 +81,25 @@ impl BasicImageProcessor {
                 IMAGENET_STANDARD_STD,
             ),
         };
-        if kind == BasicKind::Gemma3 && f.bool("do_pan_and_scan", false)? {
-            return Err(ImageError::Unsupported {
-                field: "do_pan_and_scan".into(),
-                reason: "pan and scan is not implemented; set it to false or null \
-                         (mlx-vlm's default is off)"
-                    .into(),
-            });
-        }
+        let pan_and_scan = if kind == BasicKind::Gemma3 && f.bool("do_pan_and_scan", false)? {
+            // transformers has no defaults for these (None fails in Python): required.
+            let required = |key: &str| -> Result<f64> {
+                match config.get(key).and_then(Value::as_f64) {
+                    Some(x) => Ok(x),
+                    None => Err(ImageError::Unsupported {
+                        field: key.into(),
+                        reason: "do_pan_and_scan needs a number here".into(),
+                    }),
+                }
+            };
+            Some(PanAndScan {
+                min_crop_size: required("pan_and_scan_min_crop_size")? as u32,
+                max_num_crops: required("pan_and_scan_max_num_crops")? as u32,
+                min_ratio_to_activate: required("pan_and_scan_min_ratio_to_activate")?,
+            })
+        } else {
+            None
+        };
         let mut size = f.size("size", size, square)?;
         // CLIP's `use_square_size`: size becomes shortest_edge x shortest_edge.
         if kind == BasicKind::Clip && f.bool("use_square_size", false)? {
@@ -110,6 +123,7 @@ impl BasicImageProcessor {
         }
         Ok(Self {
             kind,
+            pan_and_scan,
             do_resize: f.bool("do_resize", true)?,
             size,
             resample: f.filter("resample", resample)?,
@@ -128,16 +142,25 @@ impl BasicImageProcessor {
 
     /// One image through the pipeline, as 8 bits (before rescale): what PIL's resize gives.
     pub fn resized(&self, img: &RgbImage) -> Result<RgbImage> {
-        let mut img = if self.do_convert_rgb {
+        self.resize_and_crop(self.converted(img))
+    }
+
+    /// transformers' `convert_to_rgb` when `do_convert_rgb`.
+    fn converted(&self, img: &RgbImage) -> RgbImage {
+        if self.do_convert_rgb {
             img.hf_convert_to_rgb()
         } else {
             img.clone()
-        };
+        }
+    }
+
+    fn resize_and_crop(&self, mut img: RgbImage) -> Result<RgbImage> {
         if self.do_resize {
             let (h, w) = self.size.target(img.height, img.width)?;
             img = resize(&img, w, h, self.resample);
         }
-        if self.do_center_crop {
+        // Gemma 3's `_preprocess` has no center crop.
+        if self.do_center_crop && self.kind != BasicKind::Gemma3 {
             let Size::HeightWidth { height, width } = self.crop_size else {
                 return Err(ImageError::Unsupported {
                     field: "crop_size".into(),
@@ -149,38 +172,96 @@ impl BasicImageProcessor {
         Ok(img)
     }
 
-    /// `pixel_values` of shape `[n_images, 3, H, W]` (all images must come out the same size,
-    /// as transformers' stacking requires) and `num_crops` (all 0: no pan and scan).
+    /// `pixel_values` of shape `[n, 3, H, W]` (all images must come out the same size, as
+    /// transformers' stacking requires) and `num_crops`: with pan and scan, each image is
+    /// followed by its crops (n = images + crops), else n = images and every count is 0.
     pub fn preprocess(&self, images: &[RgbImage]) -> Result<ProcessedImages> {
         let mut data = Vec::new();
         let mut hw = None;
+        let mut num_crops = Vec::with_capacity(images.len());
+        let mut n = 0;
         for img in images {
-            let img = self.resized(img)?;
-            match hw {
-                None => hw = Some((img.height, img.width)),
-                Some(prev) if prev != (img.height, img.width) => {
-                    return Err(ImageError::BadImageSize {
-                        width: img.width,
-                        height: img.height,
-                        reason: format!(
-                            "processed images differ in size ({}x{} and {}x{}); \
-                             process them one at a time",
-                            prev.1, prev.0, img.width, img.height
-                        ),
-                    })
+            let img = self.converted(img);
+            let crops = match &self.pan_and_scan {
+                Some(pas) => pas.crops(&img),
+                None => Vec::new(),
+            };
+            num_crops.push(crops.len());
+            for img in std::iter::once(img).chain(crops) {
+                let img = self.resize_and_crop(img)?;
+                match hw {
+                    None => hw = Some((img.height, img.width)),
+                    Some(prev) if prev != (img.height, img.width) => {
+                        return Err(ImageError::BadImageSize {
+                            width: img.width,
+                            height: img.height,
+                            reason: format!(
+                                "processed images differ in size ({}x{} and {}x{}); \
+                                 process them one at a time",
+                                prev.1, prev.0, img.width, img.height
+                            ),
+                        })
+                    }
+                    _ => {}
                 }
-                _ => {}
+                self.rescale.hf_chw(&img, &mut data);
+                n += 1;
             }
-            self.rescale.hf_chw(&img, &mut data);
         }
         let (h, w) = hw.unwrap_or((0, 0));
         Ok(ProcessedImages {
             pixel_values: PixelValues {
                 data,
-                shape: vec![images.len(), 3, h as usize, w as usize],
+                shape: vec![n, 3, h as usize, w as usize],
             },
-            num_crops: vec![0; images.len()],
+            num_crops,
             ..ProcessedImages::default()
         })
+    }
+}
+
+/// Gemma 3's pan and scan: an image much wider than tall (or taller than wide) is also cut into
+/// 2..=`max_num_crops` equal crops across its long side, each processed like an image.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PanAndScan {
+    pub min_crop_size: u32,
+    pub max_num_crops: u32,
+    pub min_ratio_to_activate: f64,
+}
+
+impl PanAndScan {
+    /// transformers' `Gemma3ImageProcessorPil.pan_and_scan`: the crops, row-major, or none.
+    pub fn crops(&self, img: &RgbImage) -> Vec<RgbImage> {
+        let (w, h) = (img.width as f64, img.height as f64);
+        let min_crop = self.min_crop_size as f64;
+        // int(floor(long / short + 0.5)), at most long // min_crop, then clamped to
+        // [2, max_num_crops].
+        let count = |long: f64, short: f64| -> u32 {
+            let n = ((long / short + 0.5).floor() as u32).min((long / min_crop).floor() as u32);
+            n.max(2).min(self.max_num_crops)
+        };
+        let (cols, rows) = if img.width >= img.height {
+            if w / h < self.min_ratio_to_activate {
+                return Vec::new();
+            }
+            (count(w, h), 1)
+        } else {
+            if h / w < self.min_ratio_to_activate {
+                return Vec::new();
+            }
+            (1, count(h, w))
+        };
+        let crop_w = (w / cols as f64).ceil() as u32;
+        let crop_h = (h / rows as f64).ceil() as u32;
+        if crop_w.min(crop_h) < self.min_crop_size {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity((rows * cols) as usize);
+        for r in 0..rows {
+            for c in 0..cols {
+                out.push(crop(img, c * crop_w, r * crop_h, crop_w, crop_h));
+            }
+        }
+        out
     }
 }

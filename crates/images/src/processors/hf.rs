@@ -222,6 +222,19 @@ pub fn center_crop(img: &RgbImage, crop_h: u32, crop_w: u32) -> RgbImage {
     RgbImage::new((x1 - x0) as u32, (y1 - y0) as u32, pixels)
 }
 
+/// A NumPy slice `image[:, y0:y0+h, x0:x0+w]`: clipped at the image's edges.
+pub fn crop(img: &RgbImage, x0: u32, y0: u32, w: u32, h: u32) -> RgbImage {
+    let x1 = (x0 + w).min(img.width);
+    let y1 = (y0 + h).min(img.height);
+    let (x0, y0) = (x0.min(x1), y0.min(y1));
+    let mut pixels = Vec::with_capacity(((x1 - x0) * (y1 - y0) * 3) as usize);
+    for y in y0..y1 {
+        let row = (y * img.width * 3) as usize;
+        pixels.extend_from_slice(&img.pixels[row + (x0 * 3) as usize..row + (x1 * 3) as usize]);
+    }
+    RgbImage::new(x1 - x0, y1 - y0, pixels)
+}
+
 /// How 8-bit values become floats.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rescale {

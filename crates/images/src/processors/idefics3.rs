@@ -14,7 +14,7 @@
 
 use serde_json::{Map, Value};
 
-use super::hf::{Fields, Rescale, Size};
+use super::hf::{crop, Fields, Rescale, Size};
 use super::{PixelValues, ProcessedImages};
 use crate::error::{ImageError, Result};
 use crate::resize::{resize, Filter};
@@ -226,16 +226,4 @@ pub fn tile_multiple_size(height: u32, width: u32, tile: u32) -> (u32, u32) {
         let w = (w / t).ceil() * t;
         (h as u32, w as u32)
     }
-}
-
-fn crop(img: &RgbImage, x0: u32, y0: u32, w: u32, h: u32) -> RgbImage {
-    // NumPy slicing clips at the edges.
-    let x1 = (x0 + w).min(img.width);
-    let y1 = (y0 + h).min(img.height);
-    let mut pixels = Vec::with_capacity(((x1 - x0) * (y1 - y0) * 3) as usize);
-    for y in y0..y1 {
-        let row = (y * img.width * 3) as usize;
-        pixels.extend_from_slice(&img.pixels[row + (x0 * 3) as usize..row + (x1 * 3) as usize]);
-    }
-    RgbImage::new(x1 - x0, y1 - y0, pixels)
 }
