@@ -1,4 +1,5 @@
-//! The reference Python: mlx-lm in a venv at `<workspace>/.venv` (git-ignored).
+//! The reference Python: mlx-lm in a venv at `<workspace>/.venv` (git-ignored), with pytest for
+//! the Python package's tests.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -7,8 +8,14 @@ use anyhow::Context;
 
 use crate::run_checked as run;
 
-/// Exactly these, so the reference runs the MLX build the worker links.
-const REQUIREMENTS: [&str; 3] = ["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2"];
+/// Exactly these, so the reference runs the MLX build the worker links; pytest runs the Python
+/// package's tests (`protocol/python`, which itself needs nothing beyond the standard library).
+const REQUIREMENTS: [&str; 4] = [
+    "mlx==0.32.2",
+    "mlx-cpu==0.32.2",
+    "mlx-lm==0.32.2",
+    "pytest==9.2.0",
+];
 /// Written after a successful install; holds the requirement list it installed.
 const MARKER: &str = "mlx-worker-requirements.txt";
 

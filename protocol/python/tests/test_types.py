@@ -12,7 +12,9 @@ import mlx_worker
 from mlx_worker import AsyncClient, Client, _codegen, _types
 from mlx_worker.errors import ERROR_CLASSES, LoadFailedError, WorkerError, error_from_response
 
-SCHEMA_PATH, TYPES_PATH = _codegen.default_paths()
+# The checkout's schema, and the types of the package under test (installed or not).
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schema.json"
+TYPES_PATH = Path(_types.__file__)
 SCHEMA = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
@@ -50,5 +52,7 @@ def test_every_error_code_has_its_class():
     assert type(unknown) is WorkerError and unknown.data is None
 
 
-def test_the_schema_is_the_one_beside_the_package():
-    assert SCHEMA_PATH == Path(__file__).resolve().parents[2] / "schema.json"
+def test_the_generator_reads_the_schema_beside_the_package_source():
+    schema, types = _codegen.default_paths()
+    if types.parent.parent.name == "src":  # run from the checkout, not from an install
+        assert (schema, types) == (SCHEMA_PATH, TYPES_PATH)
