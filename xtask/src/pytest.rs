@@ -3,6 +3,7 @@
 //! nothing but PyPI), then pytest against the real worker binary, the real SmolLM2 and Gemma 3
 //! 270M, and the tiny LoRA fixture of `cargo xtask parity`.
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -20,18 +21,13 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
     let python = venv::reference_python()?;
     let package = workspace_root().join("protocol/python");
     eprintln!("test: pip install {}", package.display());
-    run_checked(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(["--no-deps", "--force-reinstall"])
-            .arg(&package),
-        "pip install protocol/python",
+    venv::pip_install(
+        &python,
+        [
+            OsStr::new("--no-deps"),
+            OsStr::new("--force-reinstall"),
+            package.as_os_str(),
+        ],
     )?;
     let worker = match (std::env::var_os("MLX_WORKER_BIN"), built) {
         (Some(path), _) => PathBuf::from(path),

@@ -41,8 +41,18 @@ pub fn reference_python() -> anyhow::Result<PathBuf> {
         REQUIREMENTS.join(" "),
         venv.display()
     );
+    pip_install(&python, REQUIREMENTS)?;
+    std::fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
+    Ok(python)
+}
+
+/// `python -m pip install --quiet <args>`, with its output shown on failure.
+pub fn pip_install<S: AsRef<std::ffi::OsStr>>(
+    python: &std::path::Path,
+    args: impl IntoIterator<Item = S>,
+) -> anyhow::Result<()> {
     run(
-        Command::new(&python)
+        Command::new(python)
             .args([
                 "-m",
                 "pip",
@@ -50,11 +60,9 @@ pub fn reference_python() -> anyhow::Result<PathBuf> {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .args(REQUIREMENTS),
+            .args(args),
         "pip install",
-    )?;
-    std::fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
-    Ok(python)
+    )
 }
 
 /// Debian's OpenBLAS (package libopenblas0-pthread): the BLAS the worker links on Linux
