@@ -425,6 +425,10 @@ _GENERATE_FIELDS = (
 
 _SHUTDOWN = object()
 
+#: While a load runs, the bridge sends a ``status`` reply at least this often (seconds): Studio's
+#: orchestrator gives up on a load after 300 s without one.
+HEARTBEAT_S = 30.0
+
 
 class Bridge:
     """Studio's inference-process protocol on mlx-worker: :meth:`send` command dicts (as the
@@ -523,6 +527,14 @@ class Bridge:
             message = f"{p['stage']}: {p['message']}" if p.get("message") else str(p["stage"])
             self._reply({"type": "status", "message": message})
 
+        loading = threading.Event()
+
+        def keep_alive() -> None:
+            started = time.monotonic()
+            while not loading.wait(HEARTBEAT_S):
+                self._reply({"type": "status", "message": f"loading {c['model_name']} ({time.monotonic() - started:.0f} s)"})
+
+        threading.Thread(target=keep_alive, name="mlx-worker-heartbeat", daemon=True).start()
         try:
             self.backend.load_model(
                 config,
@@ -537,6 +549,8 @@ class Bridge:
         except Exception as e:  # noqa: BLE001
             self._reply({"type": "loaded", "success": False, "error": str(e), "stack": traceback.format_exc()})
             return
+        finally:
+            loading.set()
         model_info = self.backend.models[c["model_name"]]["model_info"]
         self._reply({"type": "loaded", "success": True, "model_info": model_info})
 
