@@ -135,6 +135,13 @@ def test_the_binary_is_found_or_a_clear_error(binary: str, monkeypatch):
     monkeypatch.setenv("MLX_WORKER_BIN", "/nonexistent/mlx-worker")
     with pytest.raises(WorkerNotFoundError, match="MLX_WORKER_BIN"):
         Client()
+    monkeypatch.delenv("MLX_WORKER_BIN")
+    monkeypatch.setenv("PATH", os.path.dirname(binary))
+    with Client() as c:
+        assert os.path.samefile(c.binary, binary)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(WorkerNotFoundError, match="PATH"):
+        Client()
 
 
 def test_async_client_gives_the_same_greedy_text(binary: str, smollm2: str, client: Client):
@@ -156,6 +163,14 @@ def test_async_client_gives_the_same_greedy_text(binary: str, smollm2: str, clie
             with pytest.raises(InvalidParamsError):
                 await (await c.generate(HELLO, temperature=-1.0)).finish()
             assert (await c.status())["state"] == "idle"
+            # A killed worker: a clear error, and the next load starts a fresh one.
+            dying = await c.generate(HELLO, temperature=0.0, max_new_tokens=200)
+            await dying.__anext__()
+            os.kill(c.pid, signal.SIGKILL)
+            with pytest.raises(WorkerDiedError, match="killed by signal 9"):
+                await dying.finish()
+            await c.load(smollm2, **FAST)
+            assert c.alive and (await c.status())["active_model"] == smollm2
             assert await c.shutdown() == 0
 
     asyncio.run(run())
