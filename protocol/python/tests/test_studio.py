@@ -21,8 +21,8 @@ TIMING_KEYS = {
     "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
     "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "cache_n",
 }  # fmt: skip
-# About 700 tokens: two prefill chunks on a CPU.
-LONG = [{"role": "user", "content": "Tell me about the history of computing. " * 85}]
+# About 1500 tokens: three prefill chunks on a CPU (the worker stops at the next boundary).
+LONG = [{"role": "user", "content": "Tell me about the history of computing. " * 180}]
 
 
 def config(identifier: str, **flags) -> SimpleNamespace:
