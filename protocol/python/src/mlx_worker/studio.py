@@ -92,7 +92,7 @@ def _dtype_name(dtype: Any) -> str | None:
     return name if name in ("bfloat16", "float16", "float32") else None
 
 
-def studio_model_info(identifier: str, loaded: t.LoadResult, config: Any) -> dict[str, Any]:
+def studio_model_info(identifier: str, loaded: t.LoadResult, override_requested: bool) -> dict[str, Any]:
     """``model_info`` of Studio's ``loaded`` reply, from a ``load`` result."""
     info = loaded["info"]
     template = info["chat_template"]
@@ -115,7 +115,7 @@ def studio_model_info(identifier: str, loaded: t.LoadResult, config: Any) -> dic
         "mlx_kv_bits_requested": kv.get("requested"),
         "mlx_kv_quant_eligibility": eligibility,
         "mlx_kv_quant_reason": kv.get("reason"),
-        "chat_template_override_requested": getattr(config, "chat_template_override", None) is not None,
+        "chat_template_override_requested": override_requested,
         "chat_template_info": {
             "has_template": template["present"],
             "template": template.get("text"),
@@ -222,6 +222,8 @@ class MLXInferenceBackend:
         base_model = getattr(config, "base_model", None)
         if getattr(config, "is_lora", False) and base_model:
             model, params["adapter"] = base_model, model_name
+        if self._client is not None and not self._client.alive:
+            self._forget_models()  # it died since: the next load starts a fresh one
         self.loading_models.add(model_name)
         try:
             try:
@@ -239,8 +241,7 @@ class MLXInferenceBackend:
             "is_audio": False,
             "audio_type": None,
             "has_audio_input": False,
-            "model_info": studio_model_info(model_name, loaded, SimpleNamespace(
-                chat_template_override=chat_template_override)),
+            "model_info": studio_model_info(model_name, loaded, chat_template_override is not None),
             "load_result": loaded,
         }
         if os.path.isdir(model_name) and model_name not in self.loaded_local_models:
