@@ -49,12 +49,19 @@ async fn load_generate_and_tokenize_a_tiny_model() {
     assert_eq!(info.eos_token_ids, [2]);
     assert!(info.num_parameters > 50_000, "{}", info.num_parameters);
     assert_eq!(
-        info.chat_template,
-        ChatTemplateInfo {
-            present: true,
-            source: ChatTemplateSource::TokenizerConfig
-        }
+        (info.chat_template.present, info.chat_template.source),
+        (true, ChatTemplateSource::TokenizerConfig)
     );
+    let template = info.chat_template.text.as_deref().unwrap();
+    assert!(template.contains("<|im_start|>"), "{template}");
+    assert_eq!(info.special_tokens.eos.as_deref(), Some("<|im_end|>"));
+    assert_eq!(info.special_tokens.pad.as_deref(), Some("<|endoftext|>"));
+    assert_eq!(info.special_tokens.bos, None);
+    assert_eq!(
+        info.display_name,
+        dir.path().file_name().unwrap().to_str().unwrap()
+    );
+    assert_eq!(info.kv_quantization, KvQuantization::default());
     assert!(loaded.memory.active_bytes > 0);
     let mut stages = Vec::new();
     while stages.last() != Some(&LoadStage::Ready) {
@@ -227,12 +234,29 @@ async fn bad_requests_fail_with_their_codes_and_the_resident_model_stays_usable(
     let data: LoadFailedData = e.data_as().unwrap();
     assert_eq!(data.kind, LoadErrorKind::UnsupportedArchitecture);
     assert!(data.detail.contains("mamba"), "{}", data.detail);
-    // kv_bits quantizes heads in groups of 64 features; the tiny model's heads have 16.
+    // kv_bits quantizes heads in groups of 64 features; the tiny model's heads have 16: it
+    // loads with a plain cache and says why; its greedy text is the plain cache's.
+    let plain = within(w.generate(&greedy("hi", 6)).unwrap().finish())
+        .await
+        .unwrap();
     let mut kv = LoadParams::new(model_id(dir.path()));
     kv.kv_bits = Some(8);
-    let e = rpc_error(w.call::<Load>(&kv).await, ErrorCode::InvalidParams);
-    assert!(e.message.contains("multiple of 64"), "{}", e.message);
-    assert_eq!(field(e), "kv_bits");
+    let loaded = within(w.call::<Load>(&kv)).await.unwrap();
+    let q = loaded.info.kv_quantization;
+    assert_eq!((q.requested, q.applied), (Some(8), None));
+    assert!(q.reason.unwrap().contains("multiple of 64"));
+    let r = within(w.generate(&greedy("hi", 6)).unwrap().finish())
+        .await
+        .unwrap();
+    assert_eq!(r.text, plain.text);
+    kv.kv_bits = Some(3);
+    assert_eq!(
+        field(rpc_error(
+            w.call::<Load>(&kv).await,
+            ErrorCode::InvalidParams
+        )),
+        "kv_bits"
+    );
     let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
     assert_eq!(status.active_model, Some(model_id(dir.path())));
     let r = within(w.generate(&greedy("hi", 4)).unwrap().finish())

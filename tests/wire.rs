@@ -45,6 +45,20 @@ async fn every_kind_of_bad_input_gets_its_error_and_the_worker_keeps_serving() {
     let r = within(w.next_unmatched()).await.unwrap();
     let data: InvalidParamsData = r.outcome.unwrap_err().data_as().unwrap();
     assert_eq!(data.field, "model");
+    // Studio's audio commands: method not found, with a message that says why.
+    w.send_raw(&b"{\"jsonrpc\":\"2.0\",\"id\":18,\"method\":\"generate_audio\"}\n"[..])
+        .unwrap();
+    let e = within(w.next_unmatched())
+        .await
+        .unwrap()
+        .outcome
+        .unwrap_err();
+    assert_eq!(e.code, -32601);
+    assert!(
+        e.message.contains("audio is not supported"),
+        "{}",
+        e.message
+    );
     // An over-long line is discarded with -32600, id null, and the next line is served.
     let long = format!(
         "{{\"jsonrpc\":\"2.0\",\"id\":16,\"method\":\"status\",\"pad\":\"{}\"}}\n",

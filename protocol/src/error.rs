@@ -95,6 +95,10 @@ impl fmt::Display for ErrorCode {
     }
 }
 
+/// Studio's audio commands: not methods of this worker, answered `-32601` with a message that
+/// says audio is not supported.
+pub const AUDIO_METHODS: [&str; 2] = ["generate_audio", "generate_audio_input"];
+
 /// The `error` member of a response: `{code, message, data?}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, thiserror::Error)]
 #[error("{message} (JSON-RPC error {code})")]
@@ -159,12 +163,18 @@ impl ResponseError {
         )
     }
 
-    /// [`ErrorCode::MethodNotFound`] for an unknown method.
+    /// [`ErrorCode::MethodNotFound`] for an unknown method; for one of [`AUDIO_METHODS`] the
+    /// message says that audio is not supported.
     pub fn method_not_found(method: &str) -> Self {
-        Self::new(
-            ErrorCode::MethodNotFound,
-            format!("method not found: `{method}`; see protocol.md for the methods"),
-        )
+        let message = if AUDIO_METHODS.contains(&method) {
+            format!(
+                "method not found: `{method}`: audio is not supported; mlx-worker runs text chat \
+                 models (no speech generation, no audio input)"
+            )
+        } else {
+            format!("method not found: `{method}`; see protocol.md for the methods")
+        };
+        Self::new(ErrorCode::MethodNotFound, message)
     }
 
     /// [`ErrorCode::InvalidParams`] for a bad parameter: `field` is its JSON path (e.g.

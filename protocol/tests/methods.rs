@@ -183,6 +183,7 @@ fn load_defaults_and_hf_token_is_redacted() {
 
 fn model_info() -> ModelInfo {
     ModelInfo {
+        display_name: "m".into(),
         architecture: "LlamaForCausalLM".into(),
         model_type: "llama".into(),
         is_vision: false,
@@ -197,6 +198,17 @@ fn model_info() -> ModelInfo {
         chat_template: ChatTemplateInfo {
             present: true,
             source: ChatTemplateSource::ChatTemplateJinja,
+            text: Some("{{ messages }}".into()),
+        },
+        special_tokens: SpecialTokens {
+            bos: Some("<s>".into()),
+            eos: Some("</s>".into()),
+            pad: None,
+        },
+        kv_quantization: KvQuantization {
+            requested: Some(8),
+            applied: None,
+            reason: Some("heads".into()),
         },
     }
 }
@@ -219,11 +231,16 @@ fn results_use_the_contracts_names() {
             "model_id": "m", "load_ms": 3,
             "memory": {"active_bytes": 1, "peak_bytes": 2, "limit_bytes": 3},
             "info": {
+                "display_name": "m",
                 "architecture": "LlamaForCausalLM", "model_type": "llama", "is_vision": false,
                 "is_lora": false, "is_gguf": false, "dtype": "float16", "quantization": null,
                 "context_length": 2048, "num_parameters": 1, "vocab_size": 32000,
                 "eos_token_ids": [2],
-                "chat_template": {"present": true, "source": "chat_template.jinja"}
+                "chat_template": {
+                    "present": true, "source": "chat_template.jinja", "text": "{{ messages }}"
+                },
+                "special_tokens": {"bos": "<s>", "eos": "</s>", "pad": null},
+                "kv_quantization": {"requested": 8, "applied": null, "reason": "heads"}
             }
         })
     );
@@ -425,6 +442,12 @@ fn error_codes_and_data() {
     assert_eq!(ResponseError::request_cancelled().code, -32800);
     assert_eq!(ResponseError::no_model(None).code, -32001);
     assert_eq!(ResponseError::method_not_found("x").code, -32601);
+    let audio = ResponseError::method_not_found("generate_audio_input");
+    assert!(
+        audio.message.contains("audio is not supported"),
+        "{}",
+        audio.message
+    );
     assert_eq!(ResponseError::internal("x").code, -32603);
     // `data` is omitted when absent.
     assert_eq!(

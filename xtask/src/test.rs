@@ -1,8 +1,8 @@
 //! `cargo xtask test`: the README's test command, and what CI runs. Provisions the real models
 //! and the mlx-lm reference, runs every test of the workspace (failing, not skipping, when a
-//! model is missing), then the parity check against mlx-lm.
+//! model is missing), then the parity check against mlx-lm, then the Python package's tests.
 
-use crate::{cargo, check_macos, parity, run_checked, setup, venv};
+use crate::{cargo, check_macos, parity, pytest, run_checked, setup, target_dir, venv};
 
 pub fn run() -> anyhow::Result<()> {
     let model = setup::default_model_dir()?;
@@ -27,5 +27,7 @@ pub fn run() -> anyhow::Result<()> {
         check_macos::run()?;
     }
     eprintln!("test: parity against mlx-lm");
-    parity::run(&parity::Options::default())
+    parity::run(&parity::Options::default())?;
+    // The worker binary the end-to-end tests ran (cargo test builds it for them).
+    pytest::run(Some(target_dir().join("debug/mlx-worker")))
 }

@@ -1,4 +1,5 @@
-//! The reference Python: mlx-lm in a venv at `<workspace>/.venv` (git-ignored).
+//! The reference Python: mlx-lm in a venv at `<workspace>/.venv` (git-ignored), with pytest for
+//! the Python package's tests.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -7,8 +8,14 @@ use anyhow::Context;
 
 use crate::run_checked as run;
 
-/// Exactly these, so the reference runs the MLX build the worker links.
-const REQUIREMENTS: [&str; 3] = ["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2"];
+/// Exactly these, so the reference runs the MLX build the worker links; pytest runs the Python
+/// package's tests (`protocol/python`, which itself needs nothing beyond the standard library).
+const REQUIREMENTS: [&str; 4] = [
+    "mlx==0.32.2",
+    "mlx-cpu==0.32.2",
+    "mlx-lm==0.32.2",
+    "pytest==9.2.0",
+];
 /// Written after a successful install; holds the requirement list it installed.
 const MARKER: &str = "mlx-worker-requirements.txt";
 
@@ -34,8 +41,18 @@ pub fn reference_python() -> anyhow::Result<PathBuf> {
         REQUIREMENTS.join(" "),
         venv.display()
     );
+    pip_install(&python, REQUIREMENTS)?;
+    std::fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
+    Ok(python)
+}
+
+/// `python -m pip install --quiet <args>`, with its output shown on failure.
+pub fn pip_install<S: AsRef<std::ffi::OsStr>>(
+    python: &std::path::Path,
+    args: impl IntoIterator<Item = S>,
+) -> anyhow::Result<()> {
     run(
-        Command::new(&python)
+        Command::new(python)
             .args([
                 "-m",
                 "pip",
@@ -43,11 +60,9 @@ pub fn reference_python() -> anyhow::Result<PathBuf> {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .args(REQUIREMENTS),
+            .args(args),
         "pip install",
-    )?;
-    std::fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
-    Ok(python)
+    )
 }
 
 /// Debian's OpenBLAS (package libopenblas0-pthread): the BLAS the worker links on Linux

@@ -198,7 +198,7 @@ impl Engine {
             tokenizer: &resident.tokenizer,
             eos: &eos,
             vocab_size: resident.info.vocab_size.max(1),
-            kv_bits: resident.load.kv_bits.map(i32::from),
+            kv_bits: resident.info.kv_bits.map(i32::from),
             adapter_on,
             prefill_chunk: match self.device.backend {
                 Backend::Cpu => PREFILL_CHUNK_CPU,

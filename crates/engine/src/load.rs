@@ -37,6 +37,8 @@ pub(crate) struct Built {
     pub dtype: WeightDtype,
     pub num_parameters: u64,
     pub quantization: Option<Quantization>,
+    /// Why the `kv_bits` asked for cannot apply to this model (it then runs a plain cache).
+    pub kv_bits_refused: Option<String>,
 }
 
 /// The model directory and adapter of `req`: a `.gguf` imported, a repo id found or downloaded;
@@ -123,6 +125,7 @@ pub(crate) fn build(
         dtype,
         num_parameters,
         quantization: quantization_of(config),
+        kv_bits_refused: None,
     })
 }
 
@@ -148,7 +151,10 @@ pub(crate) fn quantize(
         });
     }
     if let Some(bits) = req.kv_bits {
-        check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
+        built.kv_bits_refused = check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
+        if let Some(reason) = &built.kv_bits_refused {
+            tracing::warn!(bits, %reason, "loading with a plain KV cache");
+        }
     }
     let adapter = match &files.adapter {
         Some(dir) => Some(Adapter::load(dir)?.attach(dir, model.linears_mut())?),
@@ -202,6 +208,12 @@ pub(crate) fn describe(
             .map_or_else(|| tokenizer.vocab_size(), |v| v as usize),
         eos_token_ids: tokenizer.eos_token_ids().iter().copied().collect(),
         chat_template_present: tokenizer.chat_template().is_some(),
+        chat_template_text: tokenizer.chat_template().map(|t| t.source().to_owned()),
+        special_tokens: tokenizer.special_tokens().clone(),
+        display_name: display_name(&req.model),
+        kv_bits_requested: req.kv_bits,
+        kv_bits: req.kv_bits.filter(|_| built.kv_bits_refused.is_none()),
+        kv_bits_reason: built.kv_bits_refused.clone(),
         chat_template_source: match tokenizer.chat_template_source() {
             // The importer carried the GGUF's own template into tokenizer_config.json.
             text::ChatTemplateSource::TokenizerConfig if files.is_gguf => {
@@ -249,22 +261,33 @@ fn find(
     })?)
 }
 
-/// `kv_bits` quantizes each cached head in groups of [`KV_GROUP_SIZE`] features.
-fn check_kv_bits(bits: u8, head_dims: &[i32]) -> Result<(), EngineError> {
-    let invalid = |reason: String| EngineError::InvalidParams {
-        field: "kv_bits".into(),
-        reason,
-    };
+/// `kv_bits` quantizes each cached head in groups of [`KV_GROUP_SIZE`] features. Bits other
+/// than 4 or 8 are an error; a model whose heads cannot be grouped so gives the reason it runs
+/// a plain cache instead (as Studio's backend does, rather than failing the load).
+fn check_kv_bits(bits: u8, head_dims: &[i32]) -> Result<Option<String>, EngineError> {
     if ![4, 8].contains(&bits) {
-        return Err(invalid(format!("must be 4 or 8, not {bits}")));
+        return Err(EngineError::InvalidParams {
+            field: "kv_bits".into(),
+            reason: format!("must be 4 or 8, not {bits}"),
+        });
     }
-    match head_dims.iter().find(|d| *d % KV_GROUP_SIZE != 0) {
-        Some(d) => Err(invalid(format!(
-            "this model's attention heads have {d} features, not a multiple of {KV_GROUP_SIZE}, \
-             so its KV cache cannot be quantized; load it without kv_bits"
-        ))),
-        None => Ok(()),
-    }
+    Ok(head_dims.iter().find(|d| *d % KV_GROUP_SIZE != 0).map(|d| {
+        format!(
+            "this model's attention heads have {d} features, not a multiple of \
+             {KV_GROUP_SIZE}, so its KV cache cannot be quantized"
+        )
+    }))
+}
+
+/// The model's name for people: the last component of `model` (a `.gguf` without its
+/// extension).
+fn display_name(model: &str) -> String {
+    let last = model
+        .trim_end_matches(['/', '\\'])
+        .rsplit(['/', '\\'])
+        .next()
+        .unwrap_or(model);
+    last.strip_suffix(".gguf").unwrap_or(last).to_owned()
 }
 
 fn read_config(dir: &Path) -> Result<Value, EngineError> {
@@ -301,5 +324,33 @@ fn from_mlx(d: Dtype) -> WeightDtype {
         Dtype::Float16 => WeightDtype::Float16,
         Dtype::Bfloat16 => WeightDtype::Bfloat16,
         _ => WeightDtype::Float32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_are_the_last_component() {
+        for (model, name) in [
+            (
+                "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "SmolLM2-135M-Instruct",
+            ),
+            ("/models/gemma-3-270m/", "gemma-3-270m"),
+            ("/cache/gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m"),
+            ("plain", "plain"),
+        ] {
+            assert_eq!(display_name(model), name);
+        }
+    }
+
+    #[test]
+    fn kv_bits_on_heads_that_cannot_take_them_give_a_reason() {
+        assert_eq!(check_kv_bits(8, &[64, 128]).unwrap(), None);
+        let reason = check_kv_bits(4, &[64, 16]).unwrap().unwrap();
+        assert!(reason.contains("16 features"), "{reason}");
+        assert!(check_kv_bits(3, &[64]).is_err());
     }
 }

@@ -80,6 +80,15 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     pub chat_template_present: bool,
     pub chat_template_source: text::ChatTemplateSource,
+    /// The chat template's raw text (the one used without tools).
+    pub chat_template_text: Option<String>,
+    pub special_tokens: text::SpecialTokens,
+    /// The last component of `model_id` (a `.gguf` without its extension).
+    pub display_name: String,
+    /// `kv_bits` as asked for, as applied (`None`: a plain cache), and why they differ.
+    pub kv_bits_requested: Option<u8>,
+    pub kv_bits: Option<u8>,
+    pub kv_bits_reason: Option<String>,
 }
 
 /// MLX memory, in bytes.

@@ -116,6 +116,8 @@ impl Default for RenderOptions {
 pub struct ChatTemplate {
     env: Environment<'static>,
     names: Vec<String>,
+    /// The raw text of each template, in the order of `names`.
+    sources: Vec<String>,
     special: SpecialTokens,
 }
 
@@ -137,6 +139,7 @@ impl ChatTemplate {
     ) -> Result<Self, ChatTemplateError> {
         let mut env = hf_environment();
         let mut names = Vec::with_capacity(templates.len());
+        let mut sources = Vec::with_capacity(templates.len());
         for (name, source) in templates {
             env.add_template_owned(name.clone(), rewrite_generation_tags(&source))
                 .map_err(|source| ChatTemplateError::Syntax {
@@ -144,12 +147,22 @@ impl ChatTemplate {
                     source,
                 })?;
             names.push(name);
+            sources.push(source);
         }
         Ok(ChatTemplate {
             env,
             names,
+            sources,
             special,
         })
+    }
+
+    /// The raw Jinja text of the template used without tools (the `load` result's
+    /// `chat_template.text`).
+    pub fn source(&self) -> &str {
+        let name = self.pick(false);
+        let i = self.names.iter().position(|n| n == name).unwrap_or(0);
+        &self.sources[i]
     }
 
     /// The special tokens the template sees.
@@ -346,6 +359,26 @@ mod tests {
         assert!(err
             .to_string()
             .contains("Conversation must start with user"));
+    }
+
+    #[test]
+    fn source_is_the_raw_text_used_without_tools() {
+        let named = |names: &[&str]| {
+            let templates = names
+                .iter()
+                .map(|n| (n.to_string(), format!("[{n}]")))
+                .collect();
+            ChatTemplate::with_names(templates, SpecialTokens::default()).unwrap()
+        };
+        assert_eq!(named(&["tool_use", "default"]).source(), "[default]");
+        assert_eq!(named(&["tool_use", "rag"]).source(), "[tool_use]");
+        let generation = "{% generation %}x{% endgeneration %}";
+        let template = ChatTemplate::new(generation, SpecialTokens::default()).unwrap();
+        assert_eq!(
+            template.source(),
+            generation,
+            "as written, not as rewritten"
+        );
     }
 
     #[test]

@@ -4,9 +4,9 @@
 use mlx_engine::{text, GenerateRequest, HfToken, LoadRequest, Prompt, SamplerParams, WeightDtype};
 use protocol::methods::{
     Backend, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo, Dtype,
-    FinishReason, GenerateParams, GenerateResult, LoadParams, LoadStage, MemoryInfo,
-    MessageContent, MlxInfo, ModelInfo, Quantization, ResidentModel, Timings, TokenLogprob,
-    TopLogprob, Usage,
+    FinishReason, GenerateParams, GenerateResult, KvQuantization, LoadParams, LoadStage,
+    MemoryInfo, MessageContent, MlxInfo, ModelInfo, Quantization, ResidentModel, SpecialTokens,
+    Timings, TokenLogprob, TopLogprob, Usage,
 };
 use protocol::ResponseError;
 use serde_json::{json, Map, Value};
@@ -45,7 +45,7 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
         continue_final_message: p.continue_final_message,
         enable_thinking: p.enable_thinking,
         tools: tools(p.tools.as_ref())?,
-        extra: Map::new(),
+        extra: template_variables(p),
     };
     Ok(GenerateRequest {
         model: p.model.clone(),
@@ -131,6 +131,18 @@ pub fn messages(messages: &[ChatMessage]) -> Result<Vec<text::Message>, Response
         .collect())
 }
 
+/// `reasoning_effort` and `preserve_thinking`: template variables only when given.
+fn template_variables(p: &GenerateParams) -> Map<String, Value> {
+    let mut extra = Map::new();
+    if let Some(effort) = &p.reasoning_effort {
+        extra.insert("reasoning_effort".into(), json!(effort));
+    }
+    if let Some(preserve) = p.preserve_thinking {
+        extra.insert("preserve_thinking".into(), json!(preserve));
+    }
+    extra
+}
+
 fn tools(tools: Option<&Value>) -> Result<Option<Vec<Value>>, ResponseError> {
     match tools {
         None | Some(Value::Null) => Ok(None),
@@ -213,6 +225,7 @@ pub fn load_stage(stage: mlx_engine::LoadStage) -> LoadStage {
 /// A resident model's info.
 pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
     ModelInfo {
+        display_name: info.display_name.clone(),
         architecture: info.architecture.clone(),
         model_type: info.model_type.clone(),
         is_vision: info.is_vision,
@@ -243,6 +256,17 @@ pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
                 text::ChatTemplateSource::Override => ChatTemplateSource::Override,
                 text::ChatTemplateSource::None => ChatTemplateSource::None,
             },
+            text: info.chat_template_text.clone(),
+        },
+        special_tokens: SpecialTokens {
+            bos: info.special_tokens.bos_token.clone(),
+            eos: info.special_tokens.eos_token.clone(),
+            pad: info.special_tokens.pad_token.clone(),
+        },
+        kv_quantization: KvQuantization {
+            requested: info.kv_bits_requested,
+            applied: info.kv_bits,
+            reason: info.kv_bits_reason.clone(),
         },
     }
 }
@@ -296,6 +320,8 @@ mod tests {
         p.system_prompt = "Be brief.".into();
         p.tools = Some(json!([{"type": "function"}]));
         p.enable_thinking = Some(false);
+        p.reasoning_effort = Some("high".into());
+        p.preserve_thinking = Some(true);
         p.top_k = -1;
         p.seed = Some(7);
         p.logprobs = 3;
@@ -312,6 +338,8 @@ mod tests {
         );
         assert_eq!(options.tools, Some(vec![json!({"type": "function"})]));
         assert_eq!(options.enable_thinking, Some(false));
+        assert_eq!(options.extra["reasoning_effort"], json!("high"));
+        assert_eq!(options.extra["preserve_thinking"], json!(true));
         assert!(options.add_generation_prompt);
         assert_eq!((r.sampler.top_k, r.sampler.seed), (-1, Some(7)));
         assert_eq!((r.max_new_tokens, r.logprobs), (256, 3));

@@ -71,11 +71,40 @@ pub struct ChatTemplateInfo {
     pub present: bool,
     /// Its origin.
     pub source: ChatTemplateSource,
+    /// The template's raw Jinja text (the one used without tools when a model has several);
+    /// `null` without a template. Hosts classify a model's capabilities from it.
+    pub text: Option<String>,
+}
+
+/// The tokenizer's special tokens, as text (`null` when the model has none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SpecialTokens {
+    /// Beginning of sequence.
+    pub bos: Option<String>,
+    /// End of sequence.
+    pub eos: Option<String>,
+    /// Padding.
+    pub pad: Option<String>,
+}
+
+/// What became of `load`'s `kv_bits`: a model whose attention heads cannot be quantized loads
+/// with a plain KV cache, and says why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KvQuantization {
+    /// `kv_bits` as asked for; `null` when not asked.
+    pub requested: Option<u8>,
+    /// The bits the KV cache is quantized to; `null`: a plain cache.
+    pub applied: Option<u8>,
+    /// Why `applied` differs from `requested`; `null` when they agree.
+    pub reason: Option<String>,
 }
 
 /// What the worker knows about a loaded model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ModelInfo {
+    /// The model's name for people: the last component of `model` (a `.gguf` without its
+    /// extension), e.g. `"SmolLM2-135M-Instruct"`.
+    pub display_name: String,
     /// The architecture class of `config.json`, e.g. `"LlamaForCausalLM"`.
     pub architecture: String,
     /// `model_type` of `config.json`, e.g. `"llama"`.
@@ -100,6 +129,10 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     /// The chat template in use.
     pub chat_template: ChatTemplateInfo,
+    /// The tokenizer's special tokens.
+    pub special_tokens: SpecialTokens,
+    /// The KV cache's quantization (`kv_bits`).
+    pub kv_quantization: KvQuantization,
 }
 
 /// One chat message: `{role, content}`.

@@ -184,6 +184,12 @@ pub struct GenerateParams {
     /// Passed to the chat template; default false.
     #[serde(default)]
     pub continue_final_message: bool,
+    /// Passed to the chat template (e.g. `"low"`, `"medium"`, `"high"`); undefined when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// Passed to the chat template (keep earlier turns' thinking); undefined when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preserve_thinking: Option<bool>,
 }
 
 impl GenerateParams {

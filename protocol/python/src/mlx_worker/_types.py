@@ -1,0 +1,741 @@
+"""The protocol's types, generated from protocol/schema.json by _codegen.py: do not edit.
+
+Objects are ``TypedDict``s (what the client sends and returns are plain JSON dicts), enums are
+``Literal`` aliases. Regenerate with ``python protocol/python/src/mlx_worker/_codegen.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict, Union
+
+PROTOCOL_VERSION = '1'
+
+
+class InitializeParams(TypedDict, total=False):
+    """Params of `initialize`; all optional."""
+    #: Who is calling.
+    client: ProgramInfo | None
+    #: The protocol version the host speaks (`"1"`).
+    protocol_version: str | None
+
+
+class ProgramInfo(TypedDict):
+    """A program's name and version."""
+    #: Its name, e.g. `"unsloth-studio"`.
+    name: str
+    #: Its version.
+    version: str
+
+
+class InitializeResult(TypedDict):
+    """Result of `initialize`."""
+    #: The protocol version the worker speaks ([`PROTOCOL_VERSION`]).
+    protocol_version: str
+    #: The worker's name and version.
+    worker: ProgramInfo
+    #: MLX's version, backend and device.
+    mlx: MlxInfo
+    #: What the worker supports.
+    capabilities: Capabilities
+
+
+class MlxInfo(TypedDict):
+    """MLX's version, backend and device."""
+    #: MLX's version.
+    version: str
+    #: The backend.
+    backend: Backend
+    #: The device.
+    device: DeviceInfo
+
+
+#: The MLX backend in use.
+Backend = Literal['metal', 'cuda', 'cpu']
+
+
+class _DeviceInfoRequired(TypedDict):
+    #: Its name, e.g. `"Apple M2 Max"`.
+    name: str
+    #: Its memory (bytes).
+    memory_bytes: int
+
+
+class DeviceInfo(_DeviceInfoRequired, total=False):
+    """The device MLX computes on."""
+    #: On Metal, the recommended working-set size (bytes).
+    recommended_working_set_bytes: int | None
+
+
+class Capabilities(TypedDict):
+    """What the worker supports."""
+    #: `model_type`s the worker can load, e.g. `["llama", "qwen2"]`.
+    architectures: list[str]
+    #: Image inputs are supported.
+    vision: bool
+    #: LoRA adapters are supported.
+    lora: bool
+    #: GGUF files are supported.
+    gguf: bool
+    #: The queue's capacity (`--max-queue`).
+    max_queue: int
+
+
+class _LoadParamsRequired(TypedDict):
+    #: A Hugging Face repo id (`org/name`), a local model directory, or a `.gguf` file.
+    model: str
+
+
+class LoadParams(_LoadParamsRequired, total=False):
+    """Params of `load`."""
+    #: Hub revision; default `"main"`.
+    #: default: "main"
+    revision: str
+    #: A LoRA adapter directory or repo id applied on top of `model`.
+    adapter: str | None
+    #: Context limit; 0 (the default) means the model's own `max_position_embeddings`.
+    #: default: 0
+    max_seq_length: int
+    #: Quantize on load to affine 4-bit, group 64, unless already quantized.
+    #: default: false
+    load_in_4bit: bool
+    #: Compute dtype for unquantized weights; default from the model's config.
+    dtype: Dtype | None
+    #: Hub token: used for the hub only, never logged or echoed (`Debug` shows `<redacted>`).
+    hf_token: Secret | None
+    #: Accepted for compatibility; no remote code ever runs (a warning is logged when true).
+    #: default: false
+    trust_remote_code: bool
+    #: Hint only; the worker detects it.
+    is_vision: bool | None
+    #: Hint only; the worker detects it.
+    is_lora: bool | None
+    #: Hint only; the worker detects it.
+    is_gguf: bool | None
+    #: A Jinja chat template used instead of the model's.
+    chat_template_override: str | None
+    #: Quantize the KV cache to this many bits (4 or 8).
+    kv_bits: int | None
+    #: Reload even if this model is already resident.
+    #: default: false
+    force: bool
+
+
+#: A compute dtype.
+Dtype = Literal['bfloat16', 'float16', 'float32']
+
+
+#: A credential such as `hf_token`.
+#:
+#: `Debug` and `Display` print `<redacted>`; the value is reached only through
+#: [`Secret::expose`]. It serialises as the plain string so that a host can send it; the worker
+#: never puts one into a response, a notification, a log line or the environment.
+Secret = str
+
+
+class LoadResult(TypedDict):
+    """Result of `load`."""
+    #: The id to name this model by in later requests.
+    model_id: str
+    #: What was loaded.
+    info: ModelInfo
+    #: Wall time of the load (ms).
+    load_ms: int
+    #: Memory after the load.
+    memory: MemoryInfo
+
+
+class _ModelInfoRequired(TypedDict):
+    #: The model's name for people: the last component of `model` (a `.gguf` without its
+    #: extension), e.g. `"SmolLM2-135M-Instruct"`.
+    display_name: str
+    #: The architecture class of `config.json`, e.g. `"LlamaForCausalLM"`.
+    architecture: str
+    #: `model_type` of `config.json`, e.g. `"llama"`.
+    model_type: str
+    #: The model takes images.
+    is_vision: bool
+    #: A LoRA adapter is applied.
+    is_lora: bool
+    #: Loaded from a GGUF file.
+    is_gguf: bool
+    #: The compute dtype.
+    dtype: Dtype
+    #: The context limit in force (tokens).
+    context_length: int
+    #: Parameter count.
+    num_parameters: int
+    #: Vocabulary size.
+    vocab_size: int
+    #: Tokens that end a generation.
+    eos_token_ids: list[int]
+    #: The chat template in use.
+    chat_template: ChatTemplateInfo
+    #: The tokenizer's special tokens.
+    special_tokens: SpecialTokens
+    #: The KV cache's quantization (`kv_bits`).
+    kv_quantization: KvQuantization
+
+
+class ModelInfo(_ModelInfoRequired, total=False):
+    """What the worker knows about a loaded model."""
+    #: The weights' quantization; `null` when unquantized.
+    quantization: Quantization | None
+
+
+class Quantization(TypedDict):
+    """How a model's weights are quantized."""
+    #: Bits per weight, e.g. 4.
+    bits: int
+    #: Weights sharing one scale and bias, e.g. 64.
+    group_size: int
+
+
+class _ChatTemplateInfoRequired(TypedDict):
+    #: True when a template is in use.
+    present: bool
+    #: Its origin.
+    source: ChatTemplateSource
+
+
+class ChatTemplateInfo(_ChatTemplateInfoRequired, total=False):
+    """Whether a model has a chat template, and from where."""
+    #: The template's raw Jinja text (the one used without tools when a model has several);
+    #: `null` without a template. Hosts classify a model's capabilities from it.
+    text: str | None
+
+
+#: Where a model's chat template came from.
+ChatTemplateSource = Literal['tokenizer_config', 'chat_template.jinja', 'chat_template.json', 'gguf', 'override', 'none']
+
+
+class SpecialTokens(TypedDict, total=False):
+    """The tokenizer's special tokens, as text (`null` when the model has none)."""
+    #: Beginning of sequence.
+    bos: str | None
+    #: End of sequence.
+    eos: str | None
+    #: Padding.
+    pad: str | None
+
+
+class KvQuantization(TypedDict, total=False):
+    """What became of `load`'s `kv_bits`: a model whose attention heads cannot be quantized loads
+    with a plain KV cache, and says why.
+    """
+    #: `kv_bits` as asked for; `null` when not asked.
+    requested: int | None
+    #: The bits the KV cache is quantized to; `null`: a plain cache.
+    applied: int | None
+    #: Why `applied` differs from `requested`; `null` when they agree.
+    reason: str | None
+
+
+class MemoryInfo(TypedDict):
+    """MLX memory figures, in bytes."""
+    #: Memory held by live arrays now.
+    active_bytes: int
+    #: The most held at once since start (or the last reset of the peak).
+    peak_bytes: int
+    #: MLX's memory limit.
+    limit_bytes: int
+
+
+class _GenerateParamsRequired(TypedDict):
+    #: The conversation (required, non-empty).
+    messages: list[ChatMessage]
+
+
+class GenerateParams(_GenerateParamsRequired, total=False):
+    """Params of `generate`. Absent fields take the contract's defaults."""
+    #: Which resident model; default the active one.
+    model: str | None
+    #: Prepended as a system message when non-empty; default `""`.
+    #: default: ""
+    system_prompt: str
+    #: One image (base64, data URL or local path) for the last user message.
+    image: str | None
+    #: Most tokens to generate; default 256.
+    #: default: 256
+    max_new_tokens: int
+    #: Sampling temperature; 0 means greedy; default 0.7.
+    #: default: 0.7
+    temperature: float
+    #: Nucleus sampling mass; 1.0 disables; default 0.9.
+    #: default: 0.9
+    top_p: float
+    #: Keep the k most likely tokens; 0 or -1 disables; default 40.
+    #: default: 40
+    top_k: int
+    #: Drop tokens below `min_p` times the top token's probability; default 0.
+    #: default: 0.0
+    min_p: float
+    #: Penalty over the last `repetition_context_size` tokens; 1.0 (default) disables.
+    #: default: 1.0
+    repetition_penalty: float
+    #: Window of the repetition penalty (tokens); default 20.
+    #: default: 20
+    repetition_context_size: int
+    #: OpenAI presence penalty; default 0.
+    #: default: 0.0
+    presence_penalty: float
+    #: OpenAI frequency penalty; default 0.
+    #: default: 0.0
+    frequency_penalty: float
+    #: Same seed, params and model: same tokens.
+    seed: int | None
+    #: OpenAI's `logit_bias`: token id (as a string) -> bias added to its logit (-100..=100).
+    logit_bias: dict[str, float]
+    #: Stop sequences; never emitted, even in part.
+    #: default: []
+    stop: list[str]
+    #: `false`: use the base weights although an adapter is loaded; default `null`.
+    #: default: null
+    use_adapter: bool | None
+    #: When > 0, each delta carries `tokens` with this many top alternatives (0..=20).
+    #: default: 0
+    logprobs: int
+    #: Passed to the chat template.
+    enable_thinking: bool | None
+    #: Tool definitions, passed to the chat template.
+    tools: Any
+    #: Passed to the chat template; default true.
+    #: default: true
+    add_generation_prompt: bool
+    #: Passed to the chat template; default false.
+    #: default: false
+    continue_final_message: bool
+    #: Passed to the chat template (e.g. `"low"`, `"medium"`, `"high"`); undefined when absent.
+    reasoning_effort: str | None
+    #: Passed to the chat template (keep earlier turns' thinking); undefined when absent.
+    preserve_thinking: bool | None
+
+
+class ChatMessage(TypedDict):
+    """One chat message: `{role, content}`.
+
+    Members other than `role` and `content` (e.g. `tool_calls`, `name`) are kept in `extra` and
+    passed to the chat template as they are.
+    """
+    #: `"system"`, `"user"`, `"assistant"`, `"tool"`, or what the template knows.
+    role: str
+    #: A string, or a list of text and image parts.
+    content: MessageContent
+
+
+#: The `content` of a [`ChatMessage`].
+MessageContent = Union[str, list['ContentPart']]
+
+
+class ContentPartText(TypedDict):
+    """`{type: "text", text}`."""
+    type: Literal['text']
+    #: The text.
+    text: str
+
+
+class ContentPartImage(TypedDict):
+    """`{type: "image", image}`: base64, a data URL or a local path."""
+    type: Literal['image']
+    #: The image.
+    image: str
+
+
+#: One part of a multi-part [`MessageContent`].
+ContentPart = Union[ContentPartText, ContentPartImage]
+
+
+class GenerateResult(TypedDict):
+    """Result of `generate`."""
+    #: The whole completion.
+    text: str
+    #: Why it ended.
+    finish_reason: FinishReason
+    #: Token counts.
+    usage: Usage
+    #: Timings.
+    timings: Timings
+
+
+#: Why a generation ended.
+FinishReason = Literal['stop', 'length', 'stop_sequence', 'cancelled']
+
+
+class Usage(TypedDict):
+    """Token counts of a generation."""
+    #: Tokens in the templated prompt.
+    prompt_tokens: int
+    #: Tokens generated.
+    completion_tokens: int
+    #: Their sum.
+    total_tokens: int
+    #: Prompt tokens reused from a prompt cache.
+    cached_tokens: int
+
+
+class Timings(TypedDict):
+    """Timings, with llama-server's field names."""
+    #: Prompt tokens processed.
+    prompt_n: int
+    #: Prefill time (ms).
+    prompt_ms: float
+    #: Prefill speed (tokens/s).
+    prompt_per_second: float
+    #: Tokens generated.
+    predicted_n: int
+    #: Decode time (ms).
+    predicted_ms: float
+    #: Decode speed (tokens/s).
+    predicted_per_second: float
+    #: Time to first token (ms).
+    ttft_ms: float
+
+
+class CancelParams(TypedDict):
+    """Params of `cancel`."""
+    #: The id of the queued or running request to cancel.
+    request_id: RequestId
+
+
+#: The id of a request: a JSON number (integer) or a string, echoed verbatim in its response.
+#:
+#: Two ids are equal only when they have the same kind and value: `1` and `"1"` differ.
+RequestId = Union[int, str]
+
+
+class CancelResult(TypedDict):
+    """Result of `cancel`."""
+    #: True when the request was queued or running and is now cancelled.
+    cancelled: bool
+
+
+class UnloadParams(TypedDict, total=False):
+    """Params of `unload`."""
+    #: The model to unload; default all.
+    model: str | None
+
+
+class UnloadResult(TypedDict):
+    """Result of `unload`."""
+    #: Ids of the models unloaded.
+    unloaded: list[str]
+    #: Memory afterwards.
+    memory: MemoryInfo
+
+
+class ResetParams(TypedDict):
+    """Params of `reset` (none)."""
+
+
+class ResetResult(TypedDict):
+    """Result of `reset`."""
+    #: Memory afterwards.
+    memory: MemoryInfo
+
+
+class StatusParams(TypedDict):
+    """Params of `status` (none)."""
+
+
+class _StatusResultRequired(TypedDict):
+    #: What the worker is doing.
+    state: WorkerState
+    #: Every resident model.
+    models: list[ResidentModel]
+    #: The queue.
+    queue: QueueInfo
+    #: MLX memory.
+    memory: MemoryInfo
+    #: Time since start (ms).
+    uptime_ms: int
+    #: Requests answered so far.
+    requests_served: int
+
+
+class StatusResult(_StatusResultRequired, total=False):
+    """Result of `status`."""
+    #: The active model's id; `null` when none is loaded.
+    active_model: str | None
+
+
+#: What the worker is doing.
+WorkerState = Literal['idle', 'loading', 'generating']
+
+
+class _ResidentModelRequired(TypedDict):
+    #: The model's id (as returned by `load`).
+    model_id: str
+    #: The model's name for people: the last component of `model` (a `.gguf` without its
+    #: extension), e.g. `"SmolLM2-135M-Instruct"`.
+    display_name: str
+    #: The architecture class of `config.json`, e.g. `"LlamaForCausalLM"`.
+    architecture: str
+    #: `model_type` of `config.json`, e.g. `"llama"`.
+    model_type: str
+    #: The model takes images.
+    is_vision: bool
+    #: A LoRA adapter is applied.
+    is_lora: bool
+    #: Loaded from a GGUF file.
+    is_gguf: bool
+    #: The compute dtype.
+    dtype: Dtype
+    #: The context limit in force (tokens).
+    context_length: int
+    #: Parameter count.
+    num_parameters: int
+    #: Vocabulary size.
+    vocab_size: int
+    #: Tokens that end a generation.
+    eos_token_ids: list[int]
+    #: The chat template in use.
+    chat_template: ChatTemplateInfo
+    #: The tokenizer's special tokens.
+    special_tokens: SpecialTokens
+    #: The KV cache's quantization (`kv_bits`).
+    kv_quantization: KvQuantization
+
+
+class ResidentModel(_ResidentModelRequired, total=False):
+    """A resident model: its id and its [`ModelInfo`] members side by side."""
+    #: The weights' quantization; `null` when unquantized.
+    quantization: Quantization | None
+
+
+class QueueInfo(TypedDict):
+    """The queue of `load`/`generate`/`unload`/`reset`."""
+    #: Requests running (0 or 1).
+    running: int
+    #: Requests waiting.
+    waiting: int
+
+
+class TokenizeParams(TypedDict, total=False):
+    """Params of `tokenize`: exactly one of `text` and `messages`."""
+    #: Which resident model; default the active one.
+    model: str | None
+    #: Text to tokenize as it is.
+    text: str | None
+    #: A conversation; the chat template is applied first.
+    messages: list[ChatMessage] | None
+    #: With `messages`: append the assistant prompt; default true.
+    #: default: true
+    add_generation_prompt: bool
+
+
+class _TokenizeResultRequired(TypedDict):
+    #: Token ids.
+    tokens: list[int]
+    #: Their number.
+    count: int
+
+
+class TokenizeResult(_TokenizeResultRequired, total=False):
+    """Result of `tokenize`."""
+    #: With `messages`: the templated prompt.
+    prompt: str | None
+
+
+class ShutdownParams(TypedDict):
+    """Params of `shutdown` (none)."""
+
+
+class ShutdownResult(TypedDict):
+    """Result of `shutdown`: `{}`."""
+
+
+class _LoadProgressRequired(TypedDict):
+    #: The id of the `load` request.
+    request_id: RequestId
+    #: The stage.
+    stage: LoadStage
+    #: Units done in this stage (bytes or files).
+    done: int
+    #: Units in this stage (0 when unknown).
+    total: int
+
+
+class LoadProgress(_LoadProgressRequired, total=False):
+    """Params of `load/progress`."""
+    #: A line for people.
+    #: default: ""
+    message: str
+
+
+#: A stage of loading.
+LoadStage = Literal['resolve', 'download', 'weights', 'tokenizer', 'ready']
+
+
+class _GenerateDeltaRequired(TypedDict):
+    #: The id of the `generate` request.
+    request_id: RequestId
+    #: Counts deltas of this request from 0.
+    index: int
+    #: Only the text new since the last delta: valid UTF-8, never part of a stop sequence.
+    text: str
+
+
+class GenerateDelta(_GenerateDeltaRequired, total=False):
+    """Params of `generate/delta`."""
+    #: With `logprobs > 0`: the tokens of this delta and their log-probabilities.
+    tokens: list[TokenLogprob] | None
+
+
+class TokenLogprob(TypedDict):
+    """A generated token and its log-probability."""
+    #: Token id.
+    id: int
+    #: Its text.
+    text: str
+    #: Natural-log probability.
+    logprob: float
+    #: The most likely alternatives, best first.
+    top: list[TopLogprob]
+
+
+class TopLogprob(TypedDict):
+    """An alternative token and its log-probability."""
+    #: Token id.
+    id: int
+    #: Natural-log probability.
+    logprob: float
+
+
+class CancelRequestParams(TypedDict):
+    """Params of `$/cancelRequest`."""
+    #: The id of the request to cancel.
+    id: RequestId
+
+
+class _CancelledParamsRequired(TypedDict):
+    #: The id of the request to cancel.
+    requestId: RequestId
+
+
+class CancelledParams(_CancelledParamsRequired, total=False):
+    """Params of `notifications/cancelled`."""
+    #: Why, for logs.
+    reason: str | None
+
+
+class _RequestRequired(TypedDict):
+    id: RequestId
+    method: str
+
+
+class Request(_RequestRequired, total=False):
+    jsonrpc: Literal['2.0']
+    params: dict[str, Any] | list[Any]
+
+
+class _NotificationRequired(TypedDict):
+    method: str
+
+
+class Notification(_NotificationRequired, total=False):
+    jsonrpc: Literal['2.0']
+    params: dict[str, Any] | list[Any]
+
+
+class _ResponseRequired(TypedDict):
+    id: RequestId | None
+
+
+class Response(_ResponseRequired, total=False):
+    jsonrpc: Literal['2.0']
+    result: Any
+    error: ResponseError
+
+
+#: One JSON-RPC 2.0 message, one per line: a request, a response or a notification.
+Message = Union[Request, Notification, Response]
+
+
+class _ResponseErrorRequired(TypedDict):
+    #: The error's number; see [`ErrorCode`] for those the contract defines.
+    code: int
+    #: A sentence for people: what went wrong and, where possible, what to do.
+    message: str
+
+
+class ResponseError(_ResponseErrorRequired, total=False):
+    """The `error` member of a response: `{code, message, data?}`."""
+    #: Structured detail; its shape depends on `code` (see [`ErrorCode`]).
+    data: Any
+
+
+class InvalidParamsData(TypedDict):
+    """`data` of `-32602 invalid params`."""
+    #: The JSON path of the bad field, e.g. `temperature` or `messages[1].content`; `.` for the
+    #: params as a whole.
+    field: str
+    #: What is wrong with it.
+    reason: str
+
+
+class LoadFailedData(TypedDict):
+    """`data` of `-32002 model load failed`."""
+    #: The class of failure.
+    kind: LoadErrorKind
+    #: The underlying error, for people.
+    detail: str
+
+
+#: Why a model failed to load: `data.kind` of `-32002`.
+LoadErrorKind = Literal['not_found', 'unsupported_architecture', 'invalid_weights', 'tokenizer_missing', 'auth_required', 'network', 'out_of_memory', 'gguf_unsupported']
+
+
+class BusyData(TypedDict):
+    """`data` of `-32003 busy`."""
+    #: The queue's capacity (`--max-queue`).
+    max_queue: int
+
+
+class ContextOverflowData(TypedDict):
+    """`data` of `-32004 context overflow`."""
+    #: Tokens in the templated prompt.
+    prompt_tokens: int
+    #: The context limit of the model as loaded.
+    context_length: int
+
+
+class GenerationFailedData(TypedDict):
+    """`data` of `-32005 generation failed`."""
+    #: The MLX error, for people.
+    detail: str
+
+
+#: Every method: its params' and its result's type names.
+METHODS: dict[str, tuple[str, str]] = {
+    'initialize': ('InitializeParams', 'InitializeResult'),
+    'load': ('LoadParams', 'LoadResult'),
+    'generate': ('GenerateParams', 'GenerateResult'),
+    'cancel': ('CancelParams', 'CancelResult'),
+    'unload': ('UnloadParams', 'UnloadResult'),
+    'reset': ('ResetParams', 'ResetResult'),
+    'status': ('StatusParams', 'StatusResult'),
+    'tokenize': ('TokenizeParams', 'TokenizeResult'),
+    'shutdown': ('ShutdownParams', 'ShutdownResult'),
+}
+
+#: Every notification: its params' type name.
+NOTIFICATIONS: dict[str, str] = {
+    'load/progress': 'LoadProgress',
+    'generate/delta': 'GenerateDelta',
+    '$/cancelRequest': 'CancelRequestParams',
+    'notifications/cancelled': 'CancelledParams',
+}
+
+#: Every error code of the contract: the type name of its `data`, if any.
+ERROR_DATA: dict[int, str | None] = {
+    -32700: None,
+    -32600: None,
+    -32601: None,
+    -32602: 'InvalidParamsData',
+    -32603: None,
+    -32001: None,
+    -32002: 'LoadFailedData',
+    -32003: 'BusyData',
+    -32004: 'ContextOverflowData',
+    -32005: 'GenerationFailedData',
+    -32800: None,
+}
