@@ -1,5 +1,5 @@
-//! The reference Python: mlx-lm in a venv at `<workspace>/.venv` (git-ignored), with pytest for
-//! the Python package's tests.
+//! The reference Python: mlx-lm and mlx-vlm in a venv at `<workspace>/.venv` (git-ignored),
+//! with pytest for the Python package's tests.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -10,12 +10,24 @@ use crate::run_checked as run;
 
 /// Exactly these, so the reference runs the MLX build the worker links; pytest runs the Python
 /// package's tests (`protocol/python`, which itself needs nothing beyond the standard library).
-const REQUIREMENTS: [&str; 4] = [
+const REQUIREMENTS: [&str; 9] = [
     "mlx==0.32.2",
     "mlx-cpu==0.32.2",
     "mlx-lm==0.32.2",
     "pytest==9.2.0",
+    // The vision reference's image stack: resampling and processor outputs are compared bit
+    // for bit, and Pillow's resize changed between versions (docs/traps.md).
+    "pillow==13.0.0",
+    "numpy==2.4.6",
+    "transformers==5.24.0",
+    "requests==2.34.2",
+    // mlx-vlm itself, installed without its dependencies (NO_DEPS).
+    "mlx-vlm==0.7.0",
 ];
+/// Of REQUIREMENTS, installed with `--no-deps`: mlx-vlm declares a web server, audio and
+/// OpenCV stacks that neither its model classes nor its processors import; what they do import
+/// is listed above.
+const NO_DEPS: [&str; 1] = ["mlx-vlm==0.7.0"];
 /// Written after a successful install; holds the requirement list it installed.
 const MARKER: &str = "mlx-worker-requirements.txt";
 
@@ -41,7 +53,10 @@ pub fn reference_python() -> anyhow::Result<PathBuf> {
         REQUIREMENTS.join(" "),
         venv.display()
     );
-    pip_install(&python, REQUIREMENTS)?;
+    let (no_deps, rest): (Vec<&str>, Vec<&str>) =
+        REQUIREMENTS.iter().partition(|r| NO_DEPS.contains(r));
+    pip_install(&python, rest)?;
+    pip_install(&python, ["--no-deps"].into_iter().chain(no_deps))?;
     std::fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
     Ok(python)
 }
