@@ -255,3 +255,26 @@ async fn an_image_for_a_text_model_is_refused() {
     assert_eq!(ok.usage.completion_tokens, 8);
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
+
+/// The encoder of `tiny-gemma3-vl-448` (a 448 px tower: 1024 patches) takes seconds on a CPU.
+#[tokio::test]
+async fn a_cancel_while_the_encoder_runs_ends_before_any_token() {
+    let Some(dir) = fixtures::vision_fixture("tiny-gemma3-vl-448") else { return };
+    let images = dir.parent().expect("a parent").join("images");
+    let w = worker(&[]);
+    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
+        .await
+        .unwrap();
+    assert!(loaded.info.is_vision);
+    let p = greedy(vec![user(vec![image(model_id(&images.join("photo_800x600.png"))), text("hi")])]);
+    let generation = w.generate(&p).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(within_for(LIMIT, w.cancel(generation.id())).await.unwrap().cancelled);
+    let r = within_for(LIMIT, generation.finish()).await.unwrap();
+    assert_eq!(r.finish_reason, protocol::methods::FinishReason::Cancelled);
+    assert_eq!(r.usage.completion_tokens, 0);
+    // The next request runs in full.
+    let ok = generate(&w, &p).await;
+    assert_eq!(ok.usage.completion_tokens, 8);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
