@@ -27,7 +27,7 @@ async fn load_generate_and_tokenize_a_tiny_model() {
     assert!(!init.mlx.version.is_empty());
     assert!(!init.mlx.device.name.is_empty());
     assert!(init.capabilities.architectures.contains(&"llama".into()));
-    assert!(!init.capabilities.vision && init.capabilities.lora && init.capabilities.gguf);
+    assert!(init.capabilities.vision && init.capabilities.lora && init.capabilities.gguf);
     assert!(init.mlx.device.memory_bytes > 0);
 
     // load: the result describes the model; progress runs from resolve to ready.
@@ -203,7 +203,7 @@ async fn bad_requests_fail_with_their_codes_and_the_resident_model_stays_usable(
         ErrorCode::InvalidParams,
     );
     assert_eq!(field(e), "top_p");
-    // No vision yet: an image is refused, naming the field.
+    // An image for a text model is refused, naming the field.
     let mut p = greedy("hi", 4);
     p.image = Some("cat.png".into());
     let e = rpc_error(

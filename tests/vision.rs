@@ -74,18 +74,28 @@ async fn loaded(w: &Client, dir: &Path) {
 
 #[tokio::test]
 async fn every_image_source_gives_the_same_answer() {
-    let Some((dir, images)) = fixture() else { return };
+    let Some((dir, images)) = fixture() else {
+        return;
+    };
     let w = worker(&[]);
     let init = within_for(LIMIT, w.call::<Initialize>(&InitializeParams::default()))
         .await
         .unwrap();
     assert!(init.capabilities.vision);
-    assert!(init.capabilities.architectures.iter().any(|a| a == "gemma3"));
+    assert!(init
+        .capabilities
+        .architectures
+        .iter()
+        .any(|a| a == "gemma3"));
     loaded(&w, &dir).await;
 
     let png = images.join("gradient.png");
     let question = "What is in this picture?";
-    let by_path = generate(&w, &greedy(vec![user(vec![image(model_id(&png)), text(question)])])).await;
+    let by_path = generate(
+        &w,
+        &greedy(vec![user(vec![image(model_id(&png)), text(question)])]),
+    )
+    .await;
     // The prompt holds the image's tokens, between `<start_of_image>` and `<end_of_image>`.
     let text_only = generate(&w, &greedy(vec![ChatMessage::new("user", question)])).await;
     assert_eq!(
@@ -96,10 +106,16 @@ async fn every_image_source_gives_the_same_answer() {
 
     let b64 = base64_of(&png);
     let mut sources = vec![
-        ("base64", greedy(vec![user(vec![image(b64.clone()), text(question)])])),
+        (
+            "base64",
+            greedy(vec![user(vec![image(b64.clone()), text(question)])]),
+        ),
         (
             "data URL",
-            greedy(vec![user(vec![image(format!("data:image/png;base64,{b64}")), text(question)])]),
+            greedy(vec![user(vec![
+                image(format!("data:image/png;base64,{b64}")),
+                text(question),
+            ])]),
         ),
         (
             "image_url",
@@ -125,13 +141,21 @@ async fn every_image_source_gives_the_same_answer() {
 
     // Another image, another answer: the pixels reach the model.
     let noise = images.join("noise.jpg");
-    let other = generate(&w, &greedy(vec![user(vec![image(model_id(&noise)), text(question)])])).await;
+    let other = generate(
+        &w,
+        &greedy(vec![user(vec![image(model_id(&noise)), text(question)])]),
+    )
+    .await;
     assert_ne!(other.text, by_path.text);
 
     // Two images in one message: both expanded.
     let two = generate(
         &w,
-        &greedy(vec![user(vec![image(model_id(&png)), image(model_id(&noise)), text(question)])]),
+        &greedy(vec![user(vec![
+            image(model_id(&png)),
+            image(model_id(&noise)),
+            text(question),
+        ])]),
     )
     .await;
     assert!(two.usage.prompt_tokens >= by_path.usage.prompt_tokens + IMAGE_TOKENS + 2);
@@ -140,7 +164,9 @@ async fn every_image_source_gives_the_same_answer() {
 
 #[tokio::test]
 async fn the_prompt_cache_reuses_an_image_only_for_that_image() {
-    let Some((dir, images)) = fixture() else { return };
+    let Some((dir, images)) = fixture() else {
+        return;
+    };
     let w = worker(&[]);
     loaded(&w, &dir).await;
     let (a, b) = (images.join("gradient.png"), images.join("noise.jpg"));
@@ -151,7 +177,11 @@ async fn the_prompt_cache_reuses_an_image_only_for_that_image() {
             ChatMessage::new("user", "Tell me more."),
         ])
     };
-    let first = generate(&w, &greedy(vec![user(vec![image(model_id(&a)), text("What is this?")])])).await;
+    let first = generate(
+        &w,
+        &greedy(vec![user(vec![image(model_id(&a)), text("What is this?")])]),
+    )
+    .await;
     // The next turn about the same image reuses its KV, image tokens included.
     let same = generate(&w, &turn(&a, &first.text)).await;
     assert!(
@@ -163,9 +193,12 @@ async fn the_prompt_cache_reuses_an_image_only_for_that_image() {
     let other = generate(&w, &turn(&b, &first.text)).await;
     assert!(other.usage.cached_tokens < 6, "{:?}", other.usage);
     // And what the cache gave is what a fresh start gives.
-    within_for(LIMIT, w.call::<protocol::methods::Reset>(&Default::default()))
-        .await
-        .unwrap();
+    within_for(
+        LIMIT,
+        w.call::<protocol::methods::Reset>(&Default::default()),
+    )
+    .await
+    .unwrap();
     let fresh = generate(&w, &turn(&b, &first.text)).await;
     assert_eq!(fresh.usage.cached_tokens, 0);
     assert_eq!(fresh.text, other.text);
@@ -184,14 +217,19 @@ fn png_claiming(side: u32) -> Vec<u8> {
     let header = [side.to_be_bytes(), side.to_be_bytes()].concat();
     chunk(b"IHDR", &[&header[..], &[8, 2, 0, 0, 0]].concat());
     // A few zlib-compressed zero bytes: far too little data, never read.
-    chunk(b"IDAT", &[0x78, 0x9c, 0x63, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01]);
+    chunk(
+        b"IDAT",
+        &[0x78, 0x9c, 0x63, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01],
+    );
     chunk(b"IEND", &[]);
     png
 }
 
 #[tokio::test]
 async fn bad_images_are_invalid_params_naming_the_part() {
-    let Some((dir, images)) = fixture() else { return };
+    let Some((dir, images)) = fixture() else {
+        return;
+    };
     let w = worker(&[]);
     loaded(&w, &dir).await;
     let png = images.join("gradient.png");
@@ -203,8 +241,16 @@ async fn bad_images_are_invalid_params_naming_the_part() {
     let cases = [
         ("bad base64", "this is not an image".to_owned(), ""),
         ("truncated PNG", truncated, ""),
-        ("unknown scheme", "http://example.com/cat.png".to_owned(), "http"),
-        ("missing file", "/nonexistent/cat.png".to_owned(), "/nonexistent/cat.png"),
+        (
+            "unknown scheme",
+            "http://example.com/cat.png".to_owned(),
+            "http",
+        ),
+        (
+            "missing file",
+            "/nonexistent/cat.png".to_owned(),
+            "/nonexistent/cat.png",
+        ),
         ("decompression bomb", bomb, "pixels"),
     ];
     for (what, source, says) in cases {
@@ -230,7 +276,11 @@ async fn bad_images_are_invalid_params_naming_the_part() {
     );
     assert_eq!(e.data_as::<InvalidParamsData>().unwrap().field, "image");
     // The worker goes on, the model still resident.
-    let ok = generate(&w, &greedy(vec![user(vec![image(model_id(&png)), text("hi")])])).await;
+    let ok = generate(
+        &w,
+        &greedy(vec![user(vec![image(model_id(&png)), text("hi")])]),
+    )
+    .await;
     assert_eq!(ok.usage.completion_tokens, 8);
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
@@ -240,17 +290,27 @@ async fn an_image_for_a_text_model_is_refused() {
     let Some((_, images)) = fixture() else { return };
     let dir = tiny_model(&Default::default());
     let w = worker(&[]);
-    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(dir.path()))))
-        .await
-        .unwrap();
-    let p = greedy(vec![user(vec![image(model_id(&images.join("gradient.png"))), text("hi")])]);
+    within_for(
+        LIMIT,
+        w.call::<Load>(&LoadParams::new(model_id(dir.path()))),
+    )
+    .await
+    .unwrap();
+    let p = greedy(vec![user(vec![
+        image(model_id(&images.join("gradient.png"))),
+        text("hi"),
+    ])]);
     let e = rpc_error(
         within_for(LIMIT, w.generate(&p).unwrap().finish()).await,
         ErrorCode::InvalidParams,
     );
     let data = e.data_as::<InvalidParamsData>().unwrap();
     assert_eq!(data.field, "messages[0].content[0]");
-    assert!(data.reason.contains("not a vision model"), "{}", data.reason);
+    assert!(
+        data.reason.contains("not a vision model"),
+        "{}",
+        data.reason
+    );
     let ok = generate(&w, &greedy(vec![ChatMessage::new("user", "hi")])).await;
     assert_eq!(ok.usage.completion_tokens, 8);
     within_for(LIMIT, w.shutdown()).await.unwrap();
@@ -259,17 +319,27 @@ async fn an_image_for_a_text_model_is_refused() {
 /// The encoder of `tiny-gemma3-vl-448` (a 448 px tower: 1024 patches) takes seconds on a CPU.
 #[tokio::test]
 async fn a_cancel_while_the_encoder_runs_ends_before_any_token() {
-    let Some(dir) = fixtures::vision_fixture("tiny-gemma3-vl-448") else { return };
+    let Some(dir) = fixtures::vision_fixture("tiny-gemma3-vl-448") else {
+        return;
+    };
     let images = dir.parent().expect("a parent").join("images");
     let w = worker(&[]);
     let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
         .await
         .unwrap();
     assert!(loaded.info.is_vision);
-    let p = greedy(vec![user(vec![image(model_id(&images.join("photo_800x600.png"))), text("hi")])]);
+    let p = greedy(vec![user(vec![
+        image(model_id(&images.join("photo_800x600.png"))),
+        text("hi"),
+    ])]);
     let generation = w.generate(&p).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(within_for(LIMIT, w.cancel(generation.id())).await.unwrap().cancelled);
+    assert!(
+        within_for(LIMIT, w.cancel(generation.id()))
+            .await
+            .unwrap()
+            .cancelled
+    );
     let r = within_for(LIMIT, generation.finish()).await.unwrap();
     assert_eq!(r.finish_reason, protocol::methods::FinishReason::Cancelled);
     assert_eq!(r.usage.completion_tokens, 0);

@@ -148,8 +148,14 @@ fn print_table(name: &str, max: u32, reference: &[PySample], ours: &[Sample]) {
     );
     println!("| metric | worker | mlx-vlm | ratio |");
     println!("|---|---|---|---|");
-    println!("| ttft ms (image in hand to first token) | {ttft_w:.0} | {ttft_m:.0} | {:.2}x |", ttft_m / ttft_w);
-    println!("| decode tok/s | {dec_w:.1} | {dec_m:.1} | {:.2}x |", dec_w / dec_m);
+    println!(
+        "| ttft ms (image in hand to first token) | {ttft_w:.0} | {ttft_m:.0} | {:.2}x |",
+        ttft_m / ttft_w
+    );
+    println!(
+        "| decode tok/s | {dec_w:.1} | {dec_m:.1} | {:.2}x |",
+        dec_w / dec_m
+    );
     if reference.first().map(|s| s.prompt_tokens) != ours.first().map(|s| s.prompt_tokens) {
         println!("WARNING: the two sides' prompts differ in length");
     }

@@ -1,8 +1,9 @@
-//! `cargo xtask test`: the README's test command, and what CI runs. Provisions the real models
-//! and the mlx-lm reference, runs every test of the workspace (failing, not skipping, when a
-//! model is missing), then the parity check against mlx-lm, then the Python package's tests.
+//! `cargo xtask test`: the README's test command, and what CI runs. Provisions the real models,
+//! the vision fixtures and the mlx-lm / mlx-vlm reference, runs every test of the workspace
+//! (failing, not skipping, when a model is missing), then the parity check against mlx-lm and
+//! mlx-vlm, then the Python package's tests against the release worker.
 
-use crate::{cargo, check_macos, parity, pytest, run_checked, setup, target_dir, venv};
+use crate::{cargo, check_macos, parity, pytest, run_checked, setup, venv, worker_bin};
 
 pub fn run() -> anyhow::Result<()> {
     let model = setup::default_model_dir()?;
@@ -28,6 +29,6 @@ pub fn run() -> anyhow::Result<()> {
     }
     eprintln!("test: parity against mlx-lm");
     parity::run(&parity::Options::default())?;
-    // The worker binary the end-to-end tests ran (cargo test builds it for them).
-    pytest::run(Some(target_dir().join("debug/mlx-worker")))
+    // The Python package against the release worker, the binary Studio ships.
+    pytest::run(Some(worker_bin::build_release()?))
 }

@@ -8,9 +8,7 @@
 
 use std::io::Read;
 
-use mlx_engine::{
-    text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams,
-};
+use mlx_engine::{text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams};
 use serde::Deserialize;
 use serde_json::{json, Value};
 

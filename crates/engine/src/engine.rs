@@ -217,7 +217,11 @@ impl Engine {
 
     /// The token ids a resident model would generate from for `prompt`: its chat template,
     /// images decoded and their placeholders expanded for a vision model.
-    pub fn prompt_ids(&self, model: Option<&str>, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+    pub fn prompt_ids(
+        &self,
+        model: Option<&str>,
+        prompt: &Prompt,
+    ) -> Result<Vec<u32>, EngineError> {
         let r = self.find(model)?;
         Ok(prompt::prompt_inputs(&r.tokenizer, r.vision.as_deref(), prompt)?.ids)
     }

@@ -181,7 +181,9 @@ fn run(
             if cancel.is_cancelled() {
                 return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
             }
-            Some(crate::prompt::merged_embeddings(ctx.model, vision, prompt, reused)?)
+            Some(crate::prompt::merged_embeddings(
+                ctx.model, vision, prompt, reused,
+            )?)
         }
         _ => None,
     };

@@ -127,18 +127,20 @@ fn take_images(messages: &[Message], vision: bool) -> (Vec<Message>, Vec<ImagePa
         .map(|(i, m)| {
             let content = match &m.content {
                 Some(MessageContent::Parts(list)) => {
-                    let list = list.iter().enumerate().map(|(j, part)| {
-                        match image_source(part) {
+                    let list = list
+                        .iter()
+                        .enumerate()
+                        .map(|(j, part)| match image_source(part) {
                             Some(source) => {
-                                let field = part["field"]
-                                    .as_str()
-                                    .map_or_else(|| format!("messages[{i}].content[{j}]"), str::to_owned);
+                                let field = part["field"].as_str().map_or_else(
+                                    || format!("messages[{i}].content[{j}]"),
+                                    str::to_owned,
+                                );
                                 parts.push(ImagePart { field, source });
                                 json!({"type": "image"})
                             }
                             None => part.clone(),
-                        }
-                    });
+                        });
                     Some(MessageContent::Parts(list.collect()))
                 }
                 Some(MessageContent::Text(s)) if vision => Some(MessageContent::Parts(vec![
@@ -228,10 +230,16 @@ pub(crate) fn merged_embeddings(
     prompt: &PromptInputs,
     reused: usize,
 ) -> Result<Array, EngineError> {
-    let images = prompt.images.as_ref().expect("called for a prompt with images");
+    let images = prompt
+        .images
+        .as_ref()
+        .expect("called for a prompt with images");
     let image_id = vision.image_token_id();
     let rest = &prompt.ids[reused..];
-    let before = prompt.ids[..reused].iter().filter(|&&id| id == image_id).count();
+    let before = prompt.ids[..reused]
+        .iter()
+        .filter(|&&id| id == image_id)
+        .count();
     // The first image with a token in `rest`, and how many of its tokens are already cached.
     let (mut first, mut skip) = (0, before);
     while first < images.tokens_per_image.len() && skip >= images.tokens_per_image[first] {
@@ -243,13 +251,17 @@ pub(crate) fn merged_embeddings(
         true => {
             let pixels = &images.inputs.pixel_values;
             let n = pixels.dim(0);
-            let wanted = Array::from_slice(&(first as i32..n).collect::<Vec<_>>(), &[n - first as i32]);
+            let wanted =
+                Array::from_slice(&(first as i32..n).collect::<Vec<_>>(), &[n - first as i32]);
             let inputs = ImageInputs {
                 pixel_values: pixels.take_axis(&wanted, 0)?,
             };
             let all = vision.encode(&inputs, embeds.dtype())?;
             let rows = all.dim(0);
-            let keep = Array::from_slice(&(skip as i32..rows).collect::<Vec<_>>(), &[rows - skip as i32]);
+            let keep = Array::from_slice(
+                &(skip as i32..rows).collect::<Vec<_>>(),
+                &[rows - skip as i32],
+            );
             all.take_axis(&keep, 0)?
         }
         false => Array::zeros::<f32>(&[0, embeds.dim(-1)])?.as_dtype(embeds.dtype())?,

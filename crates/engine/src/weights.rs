@@ -151,39 +151,38 @@ impl Weights {
     /// Renames every tensor that starts with `from` to start with `to` instead (checkpoint
     /// layouts that put a model's parts under other prefixes).
     pub fn rename_prefix(&mut self, from: &str, to: &str) {
-        let names: Vec<String> = self
-            .tensors
-            .keys()
-            .filter(|n| n.starts_with(from))
-            .cloned()
-            .collect();
-        for name in names {
-            let t = self.tensors.remove(&name).expect("listed above");
-            self.tensors.insert(format!("{to}{}", &name[from.len()..]), t);
+        for (rest, t) in self.take_prefixed(from) {
+            self.tensors.insert(format!("{to}{rest}"), t);
         }
     }
 
     /// Moves the tensors under `prefix` into their own `Weights`, without the prefix (a
     /// vision-language checkpoint's vision tower, its language model).
     pub fn split_off(&mut self, prefix: &str) -> Weights {
+        let tensors = self.take_prefixed(prefix).collect();
+        Weights {
+            tensors,
+            quantization: self.quantization.clone(),
+            path_prefix: format!("{}{prefix}", self.path_prefix),
+        }
+    }
+
+    /// Takes out the tensors whose names start with `prefix`: (the rest of the name, tensor).
+    fn take_prefixed(&mut self, prefix: &str) -> impl Iterator<Item = (String, Array)> {
         let names: Vec<String> = self
             .tensors
             .keys()
             .filter(|n| n.starts_with(prefix))
             .cloned()
             .collect();
-        let tensors = names
+        let taken: Vec<(String, Array)> = names
             .into_iter()
             .map(|n| {
                 let t = self.tensors.remove(&n).expect("listed above");
                 (n[prefix.len()..].to_owned(), t)
             })
             .collect();
-        Weights {
-            tensors,
-            quantization: self.quantization.clone(),
-            path_prefix: format!("{}{prefix}", self.path_prefix),
-        }
+        taken.into_iter()
     }
 
     /// Casts every floating tensor, except quantization scales and biases, to `dtype`.

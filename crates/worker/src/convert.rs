@@ -92,7 +92,10 @@ fn attach_image(messages: &mut [text::Message], image: &str) -> Result<(), Respo
         None => vec![part],
         Some(text::MessageContent::Text(s)) => vec![part, json!({"type": "text", "text": s})],
         Some(text::MessageContent::Parts(parts)) => {
-            if parts.iter().any(|p| p["type"] == "image" || p["type"] == "image_url") {
+            if parts
+                .iter()
+                .any(|p| p["type"] == "image" || p["type"] == "image_url")
+            {
                 return Err(ResponseError::invalid_params(
                     "image",
                     "the last user message already has an image part; give the image either \
@@ -356,7 +359,10 @@ mod tests {
         let Prompt::Chat { messages, .. } = generate_request(&p).unwrap().prompt else {
             panic!("a chat prompt")
         };
-        assert_eq!(messages[0].content, Some(text::MessageContent::Text("first".into())));
+        assert_eq!(
+            messages[0].content,
+            Some(text::MessageContent::Text("first".into()))
+        );
         assert_eq!(
             messages[2].content,
             Some(text::MessageContent::Parts(vec![
@@ -371,10 +377,16 @@ mod tests {
         let p = GenerateParams::new(vec![ChatMessage {
             role: "user".into(),
             content: MessageContent::Parts(vec![
-                ContentPart::Text { text: "what".into() },
-                ContentPart::Image { image: "a.png".into() },
+                ContentPart::Text {
+                    text: "what".into(),
+                },
+                ContentPart::Image {
+                    image: "a.png".into(),
+                },
                 ContentPart::ImageUrl {
-                    image_url: protocol::methods::ImageUrl { url: "b.png".into() },
+                    image_url: protocol::methods::ImageUrl {
+                        url: "b.png".into(),
+                    },
                 },
             ]),
             extra: Map::new(),

@@ -232,7 +232,10 @@ impl VisionModel for Gemma3Vision {
     }
 
     fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array> {
-        let pixels = inputs.pixel_values.transpose_axes(&[0, 2, 3, 1])?.as_dtype(dtype)?;
+        let pixels = inputs
+            .pixel_values
+            .transpose_axes(&[0, 2, 3, 1])?
+            .as_dtype(dtype)?;
         let hidden = self.tower.forward(&pixels)?;
         let features = self.project(&hidden)?;
         let d = features.dim(-1);

@@ -68,16 +68,14 @@ pub(crate) fn split(
             let (vision, text) = gemma3::load(config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
-        _ if config.get("vision_config").is_some_and(|v| !v.is_null()) => {
-            Err(EngineError::load(
-                LoadErrorKind::UnsupportedArchitecture,
-                format!(
-                    "vision model_type `{model_type}` is not supported; supported vision \
+        _ if config.get("vision_config").is_some_and(|v| !v.is_null()) => Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            format!(
+                "vision model_type `{model_type}` is not supported; supported vision \
                      families: {}",
-                    ARCHITECTURES.join(", ")
-                ),
-            ))
-        }
+                ARCHITECTURES.join(", ")
+            ),
+        )),
         _ => Ok((None, config.clone())),
     }
 }

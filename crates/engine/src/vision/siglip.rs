@@ -117,7 +117,9 @@ impl SiglipTower {
     fn layer(&self, l: &EncoderLayer, x: &Array) -> Result<Array> {
         let h = l.layer_norm1.forward(x)?;
         let h = x.add(self.attention(l, &h)?)?;
-        let r = l.fc2.forward(&gelu_approx(&l.fc1.forward(&l.layer_norm2.forward(&h)?)?)?)?;
+        let r = l
+            .fc2
+            .forward(&gelu_approx(&l.fc1.forward(&l.layer_norm2.forward(&h)?)?)?)?;
         h.add(&r)
     }
 
