@@ -142,3 +142,48 @@ pub(crate) fn scatter_rows(
         .take_axis(Array::from_slice(&rows, &[l]), 0)?
         .reshape(&[1, l, d])
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn an_unknown_vision_family_is_unsupported_and_named() {
+        let config = json!({"model_type": "qwen2_vl", "vision_config": {"depth": 2}});
+        let mut weights = Weights::from_tensors(Default::default(), &config);
+        match split(Path::new("."), &config, &mut weights) {
+            Err(EngineError::Load { kind, detail }) => {
+                assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+                assert!(detail.contains("`qwen2_vl`"), "{detail}");
+                assert!(
+                    detail.contains("gemma3"),
+                    "lists what is supported: {detail}"
+                );
+            }
+            Err(other) => panic!("expected a load error, got {other:?}"),
+            Ok(_) => panic!("expected a load error, got a model"),
+        }
+    }
+
+    #[test]
+    fn a_text_model_has_no_vision_side() {
+        let config = json!({"model_type": "llama", "vision_config": null});
+        let mut weights = Weights::from_tensors(Default::default(), &config);
+        let (vision, text) = split(Path::new("."), &config, &mut weights).unwrap();
+        assert!(vision.is_none());
+        assert_eq!(text, config);
+    }
+
+    #[test]
+    fn features_take_the_image_tokens_rows_in_order() {
+        let embeds = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0], &[1, 4, 1]);
+        let features = Array::from_slice(&[10.0f32, 20.0], &[2, 1]);
+        let merged = scatter_rows(&[5, 9, 5, 9], 9, embeds, &features).unwrap();
+        assert_eq!(merged.as_slice::<f32>(), [0.0, 10.0, 2.0, 20.0]);
+        let too_few = Array::from_slice(&[10.0f32], &[1, 1]);
+        let embeds = Array::from_slice(&[0.0f32, 1.0], &[1, 2, 1]);
+        assert!(scatter_rows(&[9, 9], 9, embeds, &too_few).is_err());
+    }
+}

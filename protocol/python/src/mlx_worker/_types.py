@@ -340,8 +340,22 @@ class ContentPartImage(TypedDict):
     image: str
 
 
+class ContentPartImageUrl(TypedDict):
+    """OpenAI's `{type: "image_url", image_url: {url}}`: a data URL or a local path."""
+    type: Literal['image_url']
+    #: Where the image is.
+    image_url: ImageUrl
+
+
 #: One part of a multi-part [`MessageContent`].
-ContentPart = Union[ContentPartText, ContentPartImage]
+ContentPart = Union[ContentPartText, ContentPartImage, ContentPartImageUrl]
+
+
+class ImageUrl(TypedDict):
+    """The `image_url` member of an OpenAI image part."""
+    #: A data URL (`data:image/png;base64,...`), base64 or a local path; `http(s)` URLs are
+    #: refused (the worker does not fetch).
+    url: str
 
 
 class GenerateResult(TypedDict):
