@@ -2,7 +2,8 @@
 //! images, 16 image tokens) that `cargo xtask parity` builds with mlx-vlm's own classes and checks
 //! token for token against mlx-vlm. Here, through the binary: every way an image can arrive,
 //! several images, the prompt cache across images, and bad images, each a clear -32602 after
-//! which the worker goes on.
+//! which the worker goes on. And a tiny LLaVA (`tiny-llava`, a CLIP tower on a Llama) answering an
+//! image question.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -189,10 +189,27 @@ def random_model(family, base, spec, drawn):
     return model, config
 
 
+def quantize_like_convert(model, config, spec):
+    """With the spec's "quantize" ({"group_size", "bits"}), quantizes `model` as
+    `mlx_vlm.convert -q` does: the language model's layers (embedding included), the vision
+    tower and projector left as they are; notes it in `config`."""
+    from mlx_vlm.utils import skip_multimodal_module
+
+    if not (q := spec.get("quantize")):
+        return
+
+    def predicate(path, module):
+        if skip_multimodal_module(path) or not hasattr(module, "to_quantized"):
+            return False
+        return module.weight.size % 64 == 0
+
+    nn.quantize(model, group_size=q["group_size"], bits=q["bits"], class_predicate=predicate)
+    config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
+
+
 def build_gemma3(spec, out, tokenizer_dirs):
     tokenizer_dir = tokenizer_dirs["gemma3"]
     from mlx_vlm.models import gemma3
-    from mlx_vlm.utils import skip_multimodal_module
 
     # The projector is drawn anew: mlx-vlm starts it at ones.
     def projector(path, p):
@@ -203,16 +220,7 @@ def build_gemma3(spec, out, tokenizer_dirs):
     model, config = random_model(gemma3, GEMMA3, spec, projector)
     # mlx-vlm ties Gemma 3's head to the embedding (its sanitize copies the table over).
     model.language_model.lm_head.weight = model.language_model.model.embed_tokens.weight
-    if q := spec.get("quantize"):
-        # As `mlx_vlm.convert -q` does: the language model's layers (embedding included)
-        # quantized, the vision tower and projector left as they are.
-        def predicate(path, module):
-            if skip_multimodal_module(path) or not hasattr(module, "to_quantized"):
-                return False
-            return module.weight.size % 64 == 0
-
-        nn.quantize(model, group_size=q["group_size"], bits=q["bits"], class_predicate=predicate)
-        config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
+    quantize_like_convert(model, config, spec)
     weights = dict(tree_flatten(model.parameters()))
     if not spec.get("quantize"):
         # Hugging Face's layout: no head. A quantized conversion keeps the head `mlx_vlm.convert`
@@ -350,6 +358,7 @@ def build_llava(spec, out, tokenizer_dirs):
         return mx.random.normal(p.shape) if path.endswith("class_embedding") else None
 
     model, config = random_model(llava, LLAVA, spec, class_embedding)
+    quantize_like_convert(model, config, spec)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))

@@ -191,10 +191,16 @@ pub fn load(
     if proc.vision_feature_select_strategy.as_deref() == Some("default") {
         tokens -= 1;
     }
-    if tokens <= 0 {
+    let features = vision.positions() - i32::from(drop_first);
+    if tokens != features {
         return Err(invalid(format!(
-            "{}: {tokens} image tokens per image",
-            path.display()
+            "{} expands each image to {tokens} tokens, but the model makes {features} features \
+             per image (config.json: {}x{} px, patch {}, vision_feature_select_strategy {:?})",
+            path.display(),
+            vision.image_size,
+            vision.image_size,
+            vision.patch_size,
+            args.vision_feature_select_strategy
         )));
     }
     Ok((
