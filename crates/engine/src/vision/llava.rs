@@ -288,3 +288,37 @@ impl VisionModel for LlavaVision {
         super::scatter_rows(ids, self.image_token_id, embeds, &features)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_config_gets_mlx_vlm_defaults() {
+        let text = text_config(json!({
+            "model_type": "qwen2",
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "head_dim": 32,
+            "sliding_window": 4096,
+            "rope_theta": null,
+        }))
+        .unwrap();
+        assert_eq!(text["tie_word_embeddings"], json!(false));
+        assert_eq!(text["rope_theta"], json!(10000.0));
+        assert_eq!(text["num_key_value_heads"], json!(4));
+        assert_eq!(text["hidden_size"], json!(64));
+        assert!(text.get("head_dim").is_none() && text.get("sliding_window").is_none());
+    }
+
+    #[test]
+    fn other_language_models_are_refused_by_name() {
+        match text_config(json!({"model_type": "mistral"})) {
+            Err(EngineError::Load { kind, detail }) => {
+                assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+                assert!(detail.contains("`mistral`"), "{detail}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}
