@@ -2,7 +2,8 @@
 //! images, 16 image tokens) that `cargo xtask parity` builds with mlx-vlm's own classes and checks
 //! token for token against mlx-vlm. Here, through the binary: every way an image can arrive,
 //! several images, the prompt cache across images, and bad images, each a clear -32602 after
-//! which the worker goes on.
+//! which the worker goes on. And a tiny LLaVA (`tiny-llava`, a CLIP tower on a Llama) answering an
+//! image question.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -346,5 +347,56 @@ async fn a_cancel_while_the_encoder_runs_ends_before_any_token() {
     // The next request runs in full.
     let ok = generate(&w, &p).await;
     assert_eq!(ok.usage.completion_tokens, 8);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// LLaVA (`tiny-llava`: a CLIP tower on 56 px images, 16 image tokens after the class token is
+/// dropped, a Llama language model; token-exact with mlx-vlm in `cargo xtask parity`): an image
+/// question answered the same from a path and from base64, the image's tokens in the prompt.
+#[tokio::test]
+async fn a_llava_model_answers_an_image_question() {
+    let Some(dir) = fixtures::vision_fixture("tiny-llava") else {
+        return;
+    };
+    let images = dir.parent().expect("a parent").join("images");
+    let w = worker(&[]);
+    let init = within_for(LIMIT, w.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    assert!(init.capabilities.architectures.iter().any(|a| a == "llava"));
+    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
+        .await
+        .expect("load the LLaVA fixture");
+    assert!(loaded.info.is_vision);
+    assert_eq!(loaded.info.architecture, "llava");
+
+    let png = images.join("gradient.png");
+    let question = "What is in this picture?";
+    let by_path = generate(
+        &w,
+        &greedy(vec![user(vec![image(model_id(&png)), text(question)])]),
+    )
+    .await;
+    let by_base64 = generate(
+        &w,
+        &greedy(vec![user(vec![image(base64_of(&png)), text(question)])]),
+    )
+    .await;
+    assert_eq!(by_base64.text, by_path.text);
+    assert!(!by_path.text.is_empty());
+    // `USER: <image>\nWhat` is `USER`, `:`, ` `, 16 `<image>`, `\n`, `What`; without the image
+    // `USER: What` is `USER`, `:`, ` What`.
+    let text_only = generate(&w, &greedy(vec![ChatMessage::new("user", question)])).await;
+    assert_eq!(
+        by_path.usage.prompt_tokens,
+        text_only.usage.prompt_tokens + IMAGE_TOKENS + 2
+    );
+    let noise = images.join("noise.jpg");
+    let other = generate(
+        &w,
+        &greedy(vec![user(vec![image(model_id(&noise)), text(question)])]),
+    )
+    .await;
+    assert_ne!(other.text, by_path.text, "the pixels reach the model");
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }

@@ -1,14 +1,15 @@
 """Tiny random-weight vision-language checkpoints for `cargo xtask parity`, built by mlx-vlm's
 own model classes, and the test images the vision cases show them.
 
-Usage: python make_vision_fixtures.py CASES_JSON GEMMA3_TOKENIZER_DIR OUT_DIR
+Usage: python make_vision_fixtures.py CASES_JSON GEMMA3_TOKENIZER_DIR OUT_DIR [SMOLLM2_DIR]
 (CASES_JSON: xtask/parity/cases.json or xtask/bench/vision.json; their "vision" model specs.)
 
 For every model in CASES_JSON with a "vision" spec, writes OUT_DIR/<name>/ as a real checkpoint
 of its family is laid out: config.json, model.safetensors (the flattened parameters of
-`mlx_vlm.models.<family>.Model`, mlx-vlm's weight names), the tokenizer (Gemma 3 270M's, from
-GEMMA3_TOKENIZER_DIR, with the family's image token added past its vocabulary as the real
-Gemma 3 4B has it), tokenizer_config.json, chat_template.json, preprocessor_config.json and
+`mlx_vlm.models.<family>.Model`, mlx-vlm's weight names), the tokenizer (Gemma 3: Gemma 3
+270M's, from GEMMA3_TOKENIZER_DIR, with the family's image token added past its vocabulary as
+the real Gemma 3 4B has it; LLaVA: SmolLM2's, from SMOLLM2_DIR, with `<image>` added),
+tokenizer_config.json, chat_template.json, preprocessor_config.json and
 processor_config.json. Writes the case images to OUT_DIR/images/.
 A directory whose spec.json already equals the current spec is left alone.
 """
@@ -160,24 +161,23 @@ def write_gemma3_tokenizer(src, out):
     (out / "chat_template.json").write_text(json.dumps({"chat_template": GEMMA3_TEMPLATE}, indent=2))
 
 
-def build_gemma3(spec, out, tokenizer_dir):
-    from mlx_vlm.models import gemma3
-    from mlx_vlm.utils import skip_multimodal_module
-
-    config = deep_update(json.loads(json.dumps(GEMMA3)), spec.get("config", {}))
+def random_model(family, base, spec, drawn):
+    """mlx-vlm's `family.Model` for `base` updated by the spec's "config", its parameters random
+    (seeded): `drawn(path, p)` gives a parameter anew (None: keep it). mlx's default init leaves
+    the blocks' contributions small and greedy decoding repeats one token; scaled-up block
+    matrices (not norms) make attention and MLP, and so the image features, change the tokens.
+    Cast to the spec's dtype (bfloat16 by default); returns the model and its config.json."""
+    config = deep_update(json.loads(json.dumps(base)), spec.get("config", {}))
     mx.random.seed(spec.get("seed", 0))
-    model_config = gemma3.ModelConfig.from_dict(config)
-    model_config.text_config = gemma3.TextConfig.from_dict(config["text_config"])
-    model_config.vision_config = gemma3.VisionConfig.from_dict(config["vision_config"])
-    model = gemma3.Model(model_config)
-    # mlx's default init leaves the blocks' contributions small and greedy decoding repeats one
-    # token; scaled-up block matrices (not norms) make attention and MLP, and so the image
-    # features, change the tokens. The projector is drawn anew: mlx-vlm starts it at ones.
+    model_config = family.ModelConfig.from_dict(config)
+    model_config.text_config = family.TextConfig.from_dict(config["text_config"])
+    model_config.vision_config = family.VisionConfig.from_dict(config["vision_config"])
+    model = family.Model(model_config)
     scale = spec.get("block_scale", 4.0)
 
     def scaled(path, p):
-        if path == "multi_modal_projector.mm_input_projection_weight":
-            return mx.random.normal(p.shape) * 0.5
+        if (new := drawn(path, p)) is not None:
+            return new
         if "layers." in path and "norm" not in path and "bias" not in path:
             return p * scale
         return p
@@ -186,18 +186,41 @@ def build_gemma3(spec, out, tokenizer_dir):
     dtype = spec.get("dtype", "bfloat16")
     model.set_dtype(getattr(mx, dtype))
     config["torch_dtype"] = dtype
+    return model, config
+
+
+def quantize_like_convert(model, config, spec):
+    """With the spec's "quantize" ({"group_size", "bits"}), quantizes `model` as
+    `mlx_vlm.convert -q` does: the language model's layers (embedding included), the vision
+    tower and projector left as they are; notes it in `config`."""
+    from mlx_vlm.utils import skip_multimodal_module
+
+    if not (q := spec.get("quantize")):
+        return
+
+    def predicate(path, module):
+        if skip_multimodal_module(path) or not hasattr(module, "to_quantized"):
+            return False
+        return module.weight.size % 64 == 0
+
+    nn.quantize(model, group_size=q["group_size"], bits=q["bits"], class_predicate=predicate)
+    config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
+
+
+def build_gemma3(spec, out, tokenizer_dirs):
+    tokenizer_dir = tokenizer_dirs["gemma3"]
+    from mlx_vlm.models import gemma3
+
+    # The projector is drawn anew: mlx-vlm starts it at ones.
+    def projector(path, p):
+        if path == "multi_modal_projector.mm_input_projection_weight":
+            return mx.random.normal(p.shape) * 0.5
+        return None
+
+    model, config = random_model(gemma3, GEMMA3, spec, projector)
     # mlx-vlm ties Gemma 3's head to the embedding (its sanitize copies the table over).
     model.language_model.lm_head.weight = model.language_model.model.embed_tokens.weight
-    if q := spec.get("quantize"):
-        # As `mlx_vlm.convert -q` does: the language model's layers (embedding included)
-        # quantized, the vision tower and projector left as they are.
-        def predicate(path, module):
-            if skip_multimodal_module(path) or not hasattr(module, "to_quantized"):
-                return False
-            return module.weight.size % 64 == 0
-
-        nn.quantize(model, group_size=q["group_size"], bits=q["bits"], class_predicate=predicate)
-        config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
+    quantize_like_convert(model, config, spec)
     weights = dict(tree_flatten(model.parameters()))
     if not spec.get("quantize"):
         # Hugging Face's layout: no head. A quantized conversion keeps the head `mlx_vlm.convert`
@@ -215,7 +238,152 @@ def build_gemma3(spec, out, tokenizer_dir):
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
 
-BUILDERS = {"gemma3": build_gemma3}
+# LLaVA's chat template (llava-hf/llava-1.5-7b-hf's, with string content rendered as text and
+# without its `{% generation %}` markers): `ROLE: `, a message's images first as `<image>\n`,
+# then its text; the processor expands `<image>`.
+LLAVA_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "    {%- if message['role'] != 'system' -%}\n"
+    "        {{ message['role'] | upper }}{{ ': ' }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] + ' ' }}\n"
+    "    {%- else -%}\n"
+    "        {%- for content in message['content'] -%}\n"
+    "            {%- if content['type'] == 'image' -%}{{ '<image>\\n' }}{%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "        {%- for content in message['content'] -%}\n"
+    "            {%- if content['type'] == 'text' -%}{{ content['text'] + ' ' }}{%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}{{ 'ASSISTANT:' }}{%- endif -%}\n"
+)
+
+# The tiny LLaVA: a CLIP tower of three layers on 56 px images (4x4 patches of 14 px and the
+# class token; features from the second to last layer, class token dropped: 16 image tokens),
+# the two-layer MLP projector, a two-layer Llama. The vocabulary is SmolLM2's plus `<image>`,
+# padded to a multiple of 64 as llava-hf pads Llama's.
+LLAVA = {
+    "model_type": "llava",
+    "architectures": ["LlavaForConditionalGeneration"],
+    "image_token_index": 49152,
+    "projector_hidden_act": "gelu",
+    "vision_feature_layer": -2,
+    "vision_feature_select_strategy": "default",
+    "eos_token_id": [2],
+    "text_config": {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": 49216,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+    },
+    "vision_config": {
+        "model_type": "clip_vision_model",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "patch_size": 14,
+        "image_size": 56,
+        "projection_dim": 64,
+        "layer_norm_eps": 1e-5,
+    },
+}
+
+# llava-hf/llava-1.5-7b-hf's processor files, at the tower's size.
+LLAVA_CLIP_PREPROCESSOR = {
+    "crop_size": {"height": 336, "width": 336},
+    "do_center_crop": True,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "CLIPImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "processor_class": "LlavaProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"shortest_edge": 336},
+}
+LLAVA_SIGLIP_PREPROCESSOR = {
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "SiglipImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "LlavaProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 384, "width": 384},
+}
+
+
+def write_llava_tokenizer(src, out):
+    """SmolLM2's tokenizer with `<image>` added after its vocabulary, as LLaVA's have it."""
+    tokenizer = json.loads((src / "tokenizer.json").read_text())
+    image_id = len(tokenizer["model"]["vocab"])
+    tokenizer["added_tokens"].append({
+        "id": image_id, "content": "<image>", "single_word": False, "lstrip": False,
+        "rstrip": False, "normalized": False, "special": True,
+    })
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    config.setdefault("added_tokens_decoder", {})[str(image_id)] = {
+        "content": "<image>", "lstrip": False, "normalized": False, "rstrip": False,
+        "single_word": False, "special": True,
+    }
+    config["processor_class"] = "LlavaProcessor"
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    shutil.copy(src / "generation_config.json", out / "generation_config.json")
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": LLAVA_TEMPLATE}, indent=2))
+    return image_id
+
+
+def build_llava(spec, out, tokenizer_dirs):
+    from mlx_vlm.models import llava
+
+    # CLIP's class embedding is drawn (mlx-vlm starts it at zeros).
+    def class_embedding(path, p):
+        return mx.random.normal(p.shape) if path.endswith("class_embedding") else None
+
+    model, config = random_model(llava, LLAVA, spec, class_embedding)
+    quantize_like_convert(model, config, spec)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    image_id = write_llava_tokenizer(tokenizer_dirs["smollm2"], out)
+    assert image_id == config["image_token_index"], (image_id, config["image_token_index"])
+    vision = config["vision_config"]
+    side = vision["image_size"]
+    clip = vision["model_type"] == "clip_vision_model"
+    if clip:
+        preprocessor = dict(LLAVA_CLIP_PREPROCESSOR, crop_size={"height": side, "width": side},
+                            size={"shortest_edge": side})
+    else:
+        preprocessor = dict(LLAVA_SIGLIP_PREPROCESSOR, size={"height": side, "width": side})
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    processor = {
+        "image_token": "<image>",
+        "num_additional_image_tokens": 1 if clip else 0,
+        "patch_size": vision["patch_size"],
+        "processor_class": "LlavaProcessor",
+        "vision_feature_select_strategy": config["vision_feature_select_strategy"],
+    }
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
+BUILDERS = {"gemma3": build_gemma3, "llava": build_llava}
 
 
 def write_images(out):
@@ -239,7 +407,10 @@ def write_images(out):
 
 def main():
     cases = json.loads(Path(sys.argv[1]).read_text())
-    tokenizer_dir, root = Path(sys.argv[2]), Path(sys.argv[3])
+    root = Path(sys.argv[3])
+    tokenizer_dirs = {"gemma3": Path(sys.argv[2])}
+    if len(sys.argv) > 4:
+        tokenizer_dirs["smollm2"] = Path(sys.argv[4])
     write_images(root / "images")
     for model in cases["models"]:
         spec = model.get("vision")
@@ -252,7 +423,7 @@ def main():
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        BUILDERS[spec["family"]](spec, tmp, tokenizer_dir)
+        BUILDERS[spec["family"]](spec, tmp, tokenizer_dirs)
         (tmp / "spec.json").write_text(spec_text)
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)

@@ -12,6 +12,10 @@ template over the messages (image parts in the host's order), mlx-vlm's `prepare
 the Hugging Face processor (pixel values, image tokens expanded) and tokenizes; greedy tokens
 come from mlx-vlm's `generate_step`, stopping before the first EOS token.
 
+Where mlx-vlm 0.7.0 cannot run with transformers 5.24, the least is patched: its LlavaProcessor
+passes `padding` on to the image processor, which refuses it; the image processor here drops
+such text-only arguments (see `image_processor_ignoring_text_kwargs`).
+
 One deliberate difference: tokenization there adds the tokenizer's `<bos>` in front of the one
 the template wrote (Gemma 3: mlx-vlm's processor has no chat template of its own, so
 `should_add_special_tokens` says yes). The worker renders one `<bos>`, as mlx-lm and the text
@@ -55,11 +59,38 @@ def template_messages(messages):
     return out
 
 
+# Text-only keyword arguments that transformers 5's image processors refuse (they validate their
+# kwargs). mlx-vlm 0.7.0's own LlavaProcessor hands the image processor every kwarg it gets,
+# `padding` from `prepare_inputs` among them, so with transformers 5.24 any LLaVA image input
+# fails there ("ImagesKwargs.__init__() got an unexpected keyword argument 'padding'").
+TEXT_ONLY_KWARGS = ("padding", "padding_side", "add_special_tokens")
+
+
+def image_processor_ignoring_text_kwargs(processor):
+    """Makes `processor.image_processor` drop TEXT_ONLY_KWARGS (a subclass, so its type checks
+    still hold). Processors that route kwargs themselves (Gemma 3) never pass them: no change."""
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is None:
+        return
+    base = type(image_processor)
+
+    def call(self, images, *args, **kwargs):
+        for k in TEXT_ONLY_KWARGS:
+            kwargs.pop(k, None)
+        return base.__call__(self, images, *args, **kwargs)
+
+    image_processor.__class__ = type(base.__name__, (base,), {"__call__": call})
+
+
 def main():
     request = json.load(sys.stdin)
     model, processor = load(request["model_dir"])
+    image_processor_ignoring_text_kwargs(processor)
     tokenizer = getattr(processor, "tokenizer", processor)
-    eos = set(model.config.eos_token_id or []) | {tokenizer.eos_token_id}
+    # An int where generation_config.json gives one (as llava-hf's does), else a list.
+    eos = model.config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    eos |= {tokenizer.eos_token_id}
     results = []
     for case in request["cases"]:
         images = images_of(case["messages"])

@@ -231,7 +231,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 pub fn make_vision_fixtures(cases: &Path) -> anyhow::Result<PathBuf> {
     let python = venv::reference_python()?;
     let gemma3 = setup::gemma3_270m_dir().context(
-        "Gemma 3 270M (whose tokenizer the vision fixtures use) is missing: run `cargo xtask setup`",
+        "Gemma 3 270M (whose tokenizer the Gemma 3 vision fixtures use) is missing: run `cargo xtask setup`",
+    )?;
+    let smollm2 = setup::default_model_dir().context(
+        "SmolLM2 (whose tokenizer the LLaVA fixtures use) is missing: run `cargo xtask setup`",
     )?;
     let fixtures = target_dir().join("parity-fixtures");
     run_checked(
@@ -239,7 +242,8 @@ pub fn make_vision_fixtures(cases: &Path) -> anyhow::Result<PathBuf> {
             .arg(workspace_root().join("xtask/parity/make_vision_fixtures.py"))
             .arg(cases)
             .arg(&gemma3)
-            .arg(&fixtures),
+            .arg(&fixtures)
+            .arg(&smollm2),
         "make_vision_fixtures.py",
     )?;
     Ok(fixtures)

@@ -115,25 +115,10 @@ pub fn load(
         ));
     }
     let text = text_config(args.text_config);
-    // transformers 5 saves `model.language_model.*`, `model.vision_tower.*`, ...; mlx-vlm and
-    // mlx-community checkpoints have the older names.
-    weights.rename_prefix("model.language_model.", "language_model.model.");
-    weights.rename_prefix("model.vision_tower.", "vision_tower.");
-    weights.rename_prefix("model.multi_modal_projector.", "multi_modal_projector.");
-    weights.rename_prefix("lm_head.", "language_model.lm_head.");
-    let mut tower_weights = weights.split_off("vision_tower.vision_model.");
-    let mut projector = weights.split_off("multi_modal_projector.");
-    let mut language = weights.split_off("language_model.");
+    let (mut tower_weights, mut projector) = super::split_parts(weights, "Gemma 3")?;
     for suffix in ["weight", "scales", "biases"] {
-        language.remove(&format!("lm_head.{suffix}"));
+        weights.remove(&format!("lm_head.{suffix}"));
     }
-    if let Some(name) = weights.names().next() {
-        return Err(EngineError::load(
-            LoadErrorKind::InvalidWeights,
-            format!("tensor `{name}` belongs to no part of a Gemma 3 vision model"),
-        ));
-    }
-    *weights = language;
 
     let vision = &args.vision_config;
     let tower = SiglipTower::load(vision, &mut tower_weights)?;

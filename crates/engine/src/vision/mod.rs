@@ -1,12 +1,14 @@
 //! Vision-language models: an image encoder (vision tower and projector) whose features take
 //! the place of the prompt's image tokens, in front of a language model from `models/`.
 //!
-//! A family file (`gemma3.rs`) splits its checkpoint into the vision side, built there, and the
-//! language model's tensors and config, which `models::build` turns into the decoder. Shared
-//! towers live beside it (`siglip.rs`). What a family does to the prompt (its processor's
-//! text-level expansion of image placeholders) lives in its file too.
+//! A family file (`gemma3.rs`, `llava.rs`) splits its checkpoint into the vision side, built
+//! there, and the language model's tensors and config, which `models::build` turns into the
+//! decoder. Shared towers live beside it (`siglip.rs`, `clip.rs`). What a family does to the
+//! prompt (its processor's text-level expansion of image placeholders) lives in its file too.
 
+mod clip;
 mod gemma3;
+mod llava;
 mod siglip;
 
 use std::path::Path;
@@ -21,7 +23,7 @@ use crate::{
 };
 
 /// The vision `model_type`s this build runs, as `capabilities.architectures` lists them.
-pub const ARCHITECTURES: &[&str] = &["gemma3"];
+pub const ARCHITECTURES: &[&str] = &["gemma3", "llava"];
 
 /// A batch of images as the family's encoder takes them.
 pub struct ImageInputs {
@@ -68,6 +70,11 @@ pub(crate) fn split(
             let (vision, text) = gemma3::load(config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
+        "llava" => {
+            let processor = image_processor(dir, model_type)?;
+            let (vision, text) = llava::load(dir, config, weights, processor)?;
+            Ok((Some(Box::new(vision)), text))
+        }
         _ if config.get("vision_config").is_some_and(|v| !v.is_null()) => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(
@@ -78,6 +85,30 @@ pub(crate) fn split(
         )),
         _ => Ok((None, config.clone())),
     }
+}
+
+/// Splits a `*ForConditionalGeneration` checkpoint: returns the vision tower's tensors (under
+/// `vision_tower.vision_model.`) and the projector's (`multi_modal_projector.`), and leaves the
+/// language model's in `weights`, under mlx-lm's names (`model.*`, `lm_head.*`). transformers 5
+/// saves `model.language_model.*`, `model.vision_tower.*`, ...; mlx-vlm, mlx-community and
+/// older Hugging Face checkpoints have the older names: both are read. A tensor of no part is an
+/// error naming `family`.
+fn split_parts(weights: &mut Weights, family: &str) -> Result<(Weights, Weights), EngineError> {
+    weights.rename_prefix("model.language_model.", "language_model.model.");
+    weights.rename_prefix("model.vision_tower.", "vision_tower.");
+    weights.rename_prefix("model.multi_modal_projector.", "multi_modal_projector.");
+    weights.rename_prefix("lm_head.", "language_model.lm_head.");
+    let tower = weights.split_off("vision_tower.vision_model.");
+    let projector = weights.split_off("multi_modal_projector.");
+    let language = weights.split_off("language_model.");
+    if let Some(name) = weights.names().next() {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("tensor `{name}` belongs to no part of a {family} vision model"),
+        ));
+    }
+    *weights = language;
+    Ok((tower, projector))
 }
 
 /// The model's Hugging Face image processor, from its processor files.

@@ -43,7 +43,9 @@ impl SiglipConfig {
 /// config's `layer_norm_eps` (transformers uses the config's).
 const POST_LAYERNORM_EPS: f32 = 1e-5;
 
-struct EncoderLayer {
+/// A pre-norm ViT encoder layer (SigLIP's and CLIP's): LayerNorm, attention with biases over
+/// all positions, LayerNorm, MLP `fc2(act(fc1))`; the activation is the tower's.
+pub(super) struct EncoderLayer {
     layer_norm1: LayerNorm,
     q_proj: Linear,
     k_proj: Linear,
@@ -52,6 +54,55 @@ struct EncoderLayer {
     layer_norm2: LayerNorm,
     fc1: Linear,
     fc2: Linear,
+}
+
+impl EncoderLayer {
+    /// The layer under `p` (`encoder.layers.{i}`), mlx-vlm's names.
+    pub(super) fn load(
+        w: &mut Weights,
+        p: &str,
+        eps: f32,
+    ) -> std::result::Result<Self, EngineError> {
+        Ok(Self {
+            layer_norm1: w.layer_norm(&format!("{p}.layer_norm1"), eps)?,
+            q_proj: w.linear(&format!("{p}.self_attn.q_proj"))?,
+            k_proj: w.linear(&format!("{p}.self_attn.k_proj"))?,
+            v_proj: w.linear(&format!("{p}.self_attn.v_proj"))?,
+            out_proj: w.linear(&format!("{p}.self_attn.out_proj"))?,
+            layer_norm2: w.layer_norm(&format!("{p}.layer_norm2"), eps)?,
+            fc1: w.linear(&format!("{p}.mlp.fc1"))?,
+            fc2: w.linear(&format!("{p}.mlp.fc2"))?,
+        })
+    }
+
+    /// `x` `(B, N, hidden)` through the layer, `heads` attention heads scaled by `scale`.
+    pub(super) fn forward(
+        &self,
+        x: &Array,
+        heads: i32,
+        scale: f32,
+        act: fn(&Array) -> Result<Array>,
+    ) -> Result<Array> {
+        let h = self.layer_norm1.forward(x)?;
+        let h = x.add(self.attention(&h, heads, scale)?)?;
+        let r = self
+            .fc2
+            .forward(&act(&self.fc1.forward(&self.layer_norm2.forward(&h)?)?)?)?;
+        h.add(&r)
+    }
+
+    fn attention(&self, x: &Array, heads: i32, scale: f32) -> Result<Array> {
+        let (b, n) = (x.dim(0), x.dim(1));
+        let split = |t: Array| -> Result<Array> {
+            t.reshape(&[b, n, heads, -1])?.transpose_axes(&[0, 2, 1, 3])
+        };
+        let q = split(self.q_proj.forward(x)?)?;
+        let k = split(self.k_proj.forward(x)?)?;
+        let v = split(self.v_proj.forward(x)?)?;
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, None, None)?;
+        self.out_proj
+            .forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, n, -1])?)
+    }
 }
 
 pub struct SiglipTower {
@@ -74,17 +125,7 @@ impl SiglipTower {
         let eps = config.layer_norm_eps;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
-            let p = format!("encoder.layers.{i}");
-            layers.push(EncoderLayer {
-                layer_norm1: w.layer_norm(&format!("{p}.layer_norm1"), eps)?,
-                q_proj: w.linear(&format!("{p}.self_attn.q_proj"))?,
-                k_proj: w.linear(&format!("{p}.self_attn.k_proj"))?,
-                v_proj: w.linear(&format!("{p}.self_attn.v_proj"))?,
-                out_proj: w.linear(&format!("{p}.self_attn.out_proj"))?,
-                layer_norm2: w.layer_norm(&format!("{p}.layer_norm2"), eps)?,
-                fc1: w.linear(&format!("{p}.mlp.fc1"))?,
-                fc2: w.linear(&format!("{p}.mlp.fc2"))?,
-            });
+            layers.push(EncoderLayer::load(w, &format!("encoder.layers.{i}"), eps)?);
         }
         let position_embedding = w.take("embeddings.position_embedding.weight")?;
         let position_embedding = position_embedding.expand_dims(0)?;
@@ -109,39 +150,16 @@ impl SiglipTower {
         let (b, d) = (x.dim(0), x.dim(-1));
         let mut x = x.reshape(&[b, -1, d])?.add(&self.position_embedding)?;
         for layer in &self.layers {
-            x = self.layer(layer, &x)?;
+            x = layer.forward(&x, self.heads, self.scale, gelu_approx)?;
         }
         self.post_layernorm.forward(&x)
-    }
-
-    fn layer(&self, l: &EncoderLayer, x: &Array) -> Result<Array> {
-        let h = l.layer_norm1.forward(x)?;
-        let h = x.add(self.attention(l, &h)?)?;
-        let r = l
-            .fc2
-            .forward(&gelu_approx(&l.fc1.forward(&l.layer_norm2.forward(&h)?)?)?)?;
-        h.add(&r)
-    }
-
-    fn attention(&self, l: &EncoderLayer, x: &Array) -> Result<Array> {
-        let (b, n) = (x.dim(0), x.dim(1));
-        let heads = |t: Array| -> Result<Array> {
-            t.reshape(&[b, n, self.heads, -1])?
-                .transpose_axes(&[0, 2, 1, 3])
-        };
-        let q = heads(l.q_proj.forward(x)?)?;
-        let k = heads(l.k_proj.forward(x)?)?;
-        let v = heads(l.v_proj.forward(x)?)?;
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, None, None)?;
-        l.out_proj
-            .forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, n, -1])?)
     }
 }
 
 /// A patch convolution's weight in MLX's `(out, kh, kw, in)` layout. PyTorch checkpoints store
 /// `(out, in, kh, kw)`; MLX conversions already hold MLX's. mlx-vlm's test: MLX's layout has
 /// `out` at least as large as both kernel sides, and the two kernel sides equal.
-fn conv_weight(w: Array) -> Result<Array> {
+pub(super) fn conv_weight(w: Array) -> Result<Array> {
     let s = w.shape();
     let mlx_layout = s.len() == 4 && s[0] >= s[1] && s[0] >= s[2] && s[1] == s[2];
     match mlx_layout {
