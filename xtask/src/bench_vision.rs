@@ -1,6 +1,7 @@
 //! `cargo xtask bench --vision`: the release `mlx-worker` beside mlx-vlm 0.7.0 on a vision
-//! model with a real model's shapes (`xtask/bench/vision.json`: Gemma 3 4B's SigLIP tower at
-//! 896 px and a few language layers of its width, random weights built by mlx-vlm's classes),
+//! model with a real model's shapes (`xtask/bench/vision.json`: Gemma 3 4B's SigLIP layer shapes
+//! at 896 px (4 of its 27 layers, float32, so that a CPU run takes minutes) and 4 language layers
+//! of its width with its whole vocabulary; random weights built by mlx-vlm's classes),
 //! one 800 px PNG and a question: time to first token (image decoding, preprocessing, the
 //! encoder, prefill) and decode tok/s, medians over the runs, as ratios. mlx-vlm runs first in
 //! its own process (`xtask/bench/mlx_vlm_bench.py`), then the worker over the protocol; each
