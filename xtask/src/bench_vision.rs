@@ -7,7 +7,7 @@
 //! its own process (`xtask/bench/mlx_vlm_bench.py`), then the worker over the protocol; each
 //! side warms up once, and the worker's prompt cache is reset before every run.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -59,8 +59,8 @@ pub fn run(runs: u32, max_new_tokens: Option<u32>) -> anyhow::Result<()> {
 }
 
 fn mlx_vlm(
-    dir: &PathBuf,
-    image: &PathBuf,
+    dir: &Path,
+    image: &Path,
     question: &str,
     max: u32,
     runs: u32,
@@ -97,8 +97,8 @@ fn mlx_vlm(
 }
 
 fn worker(
-    dir: &PathBuf,
-    image: &PathBuf,
+    dir: &Path,
+    image: &Path,
     question: &str,
     max: u32,
     runs: u32,

@@ -248,7 +248,7 @@ fn run(
             break FinishReason::StopSequence;
         }
         n += 1;
-        if n % CLEAR_CACHE_EVERY == 0 {
+        if n.is_multiple_of(CLEAR_CACHE_EVERY) {
             mlx_rs::memory::clear_cache()?;
         }
         step = next.expect("queued while n < max_new_tokens");

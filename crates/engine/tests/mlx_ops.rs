@@ -50,7 +50,7 @@ fn quantized_matmul_approximates_dense() {
     let y = ops::quantized_matmul(&x, &wq, &scales, &biases, true, 64, 8).unwrap();
     // Exactly the dense product with the dequantized weights, and near the original weights.
     let wd = ops::dequantize(&wq, &scales, &biases, 64, 8).unwrap();
-    assert!(close(&y, &x.matmul(&wd.t()).unwrap(), 1e-4));
+    assert!(close(&y, &x.matmul(wd.t()).unwrap(), 1e-4));
     let err = ops::abs(&(&wd - &w))
         .unwrap()
         .max(None)

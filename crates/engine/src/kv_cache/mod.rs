@@ -153,7 +153,7 @@ impl Mask {
 pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Array {
     let keys = offset + n;
     let allowed: Vec<bool> = (offset..keys)
-        .flat_map(|i| (0..keys).map(move |j| j <= i && window.map_or(true, |w| i < j + w)))
+        .flat_map(|i| (0..keys).map(move |j| j <= i && window.is_none_or(|w| i < j + w)))
         .collect();
     Array::from_slice(&allowed, &[n, keys])
 }

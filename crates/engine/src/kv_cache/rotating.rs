@@ -102,7 +102,7 @@ impl RotatingCache {
         let len = k.dim(2);
         let prev = self.offset;
         let stored = self.keys.as_ref().map(|a| a.dim(2));
-        if stored.map_or(true, |s| prev >= s && s < self.max_size) {
+        if stored.is_none_or(|s| prev >= s && s < self.max_size) {
             let grow = (STEP).min(self.max_size - prev);
             let extend = |x: &Array, old: Option<Array>| -> Result<Array> {
                 let fresh = ops::zeros_dtype(&[x.dim(0), x.dim(1), grow, x.dim(3)], x.dtype())?;
