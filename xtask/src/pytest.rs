@@ -60,6 +60,10 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
             .current_dir(&package)
             .env("MLX_WORKER_BIN", &worker)
             .env("MLX_WORKER_TINY_LORA_DIR", &tiny_lora)
+            .env(
+                "MLX_WORKER_VISION_FIXTURES",
+                parity::make_vision_fixtures(&parity::Options::default().cases)?,
+            )
             .envs(models.iter().map(|(k, v)| (*k, v.as_os_str()))),
         "pytest protocol/python/tests",
     )

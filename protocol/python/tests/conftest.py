@@ -1,7 +1,7 @@
 """The real worker and the real models, from the environment `cargo xtask test` sets:
 ``MLX_WORKER_BIN`` (the binary), ``MLX_WORKER_SMOLLM2_DIR``, ``MLX_WORKER_GEMMA3_DIR`` and
 ``MLX_WORKER_TINY_LORA_DIR`` (a tiny Llama with a LoRA adapter in ``adapter/``, written by
-``cargo xtask parity``'s fixtures). A missing one fails the test, never skips it."""
+``cargo xtask parity``'s fixtures), ``MLX_WORKER_VISION_FIXTURES`` (its vision models and images). A missing one fails the test, never skips it."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ def smollm2() -> str:
 @pytest.fixture(scope="session")
 def gemma3() -> str:
     return _required_dir("MLX_WORKER_GEMMA3_DIR", Path.home() / ".cache/mlx-worker/models/gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def tiny_vision() -> SimpleNamespace:
+    """The tiny Gemma 3 vision model of ``cargo xtask parity`` and its case images."""
+    root = Path(_required_dir("MLX_WORKER_VISION_FIXTURES"))
+    return SimpleNamespace(model=_required_dir("", root / "tiny-gemma3-vl"), images=root / "images")
 
 
 @pytest.fixture(scope="session")

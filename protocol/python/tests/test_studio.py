@@ -228,3 +228,25 @@ def test_the_bridge_speaks_studios_dicts(binary: str, smollm2: str):
     assert list(bridge) == []
     with pytest.raises(EOFError):
         bridge.get(timeout=1)
+
+
+def test_an_image_reaches_a_vision_model_in_every_form(backend: MLXInferenceBackend, binary: str, tiny_vision):
+    """The seed's ``image`` as a path, bytes, base64 text or a PIL image: the same answer as the
+    worker gives the image as a content part."""
+    from PIL import Image
+
+    png = tiny_vision.images / "gradient.png"
+    assert backend.load_model(config(tiny_vision.model, is_vision=True), load_in_4bit=False)
+    question = [{"role": "user", "content": "What is in this picture?"}]
+    with Client(binary) as c:
+        c.load(tiny_vision.model)
+        parts = [{"type": "image", "image": str(png)}, {"type": "text", "text": "What is in this picture?"}]
+        want = greedy_text(c, [{"role": "user", "content": parts}], 12)
+        without = greedy_text(c, question, 12)
+    assert want != without
+    data = png.read_bytes()
+    import base64
+
+    for image in (str(png), data, base64.b64encode(data).decode(), Image.open(png)):
+        texts = list(backend.generate_chat_response(question, image=image, temperature=0.0, max_new_tokens=12))
+        assert texts and texts[-1] == want, type(image)
