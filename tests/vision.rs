@@ -23,9 +23,9 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// Image tokens per image of the fixture (`mm_tokens_per_image`).
 const IMAGE_TOKENS: u64 = 16;
 
-/// The fixture and the directory of the case images.
-fn fixture() -> Option<(PathBuf, PathBuf)> {
-    let dir = fixtures::vision_fixture("tiny-gemma3-vl")?;
+/// A vision fixture (`xtask/parity/cases.json`) and the directory of the case images.
+fn fixture(name: &str) -> Option<(PathBuf, PathBuf)> {
+    let dir = fixtures::vision_fixture(name)?;
     let images = dir.parent().expect("a parent").join("images");
     Some((dir, images))
 }
@@ -65,17 +65,17 @@ fn base64_of(path: &Path) -> String {
     base64::engine::general_purpose::STANDARD.encode(std::fs::read(path).expect("read image"))
 }
 
-async fn loaded(w: &Client, dir: &Path) {
+async fn loaded(w: &Client, dir: &Path, architecture: &str) {
     let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(dir))))
         .await
         .expect("load the vision fixture");
     assert!(loaded.info.is_vision);
-    assert_eq!(loaded.info.architecture, "gemma3");
+    assert_eq!(loaded.info.architecture, architecture);
 }
 
 #[tokio::test]
 async fn every_image_source_gives_the_same_answer() {
-    let Some((dir, images)) = fixture() else {
+    let Some((dir, images)) = fixture("tiny-gemma3-vl") else {
         return;
     };
     let w = worker(&[]);
@@ -88,7 +88,7 @@ async fn every_image_source_gives_the_same_answer() {
         .architectures
         .iter()
         .any(|a| a == "gemma3"));
-    loaded(&w, &dir).await;
+    loaded(&w, &dir, "gemma3").await;
 
     let png = images.join("gradient.png");
     let question = "What is in this picture?";
@@ -165,11 +165,11 @@ async fn every_image_source_gives_the_same_answer() {
 
 #[tokio::test]
 async fn the_prompt_cache_reuses_an_image_only_for_that_image() {
-    let Some((dir, images)) = fixture() else {
+    let Some((dir, images)) = fixture("tiny-gemma3-vl") else {
         return;
     };
     let w = worker(&[]);
-    loaded(&w, &dir).await;
+    loaded(&w, &dir, "gemma3").await;
     let (a, b) = (images.join("gradient.png"), images.join("noise.jpg"));
     let turn = |img: &Path, reply: &str| {
         greedy(vec![
@@ -228,11 +228,11 @@ fn png_claiming(side: u32) -> Vec<u8> {
 
 #[tokio::test]
 async fn bad_images_are_invalid_params_naming_the_part() {
-    let Some((dir, images)) = fixture() else {
+    let Some((dir, images)) = fixture("tiny-gemma3-vl") else {
         return;
     };
     let w = worker(&[]);
-    loaded(&w, &dir).await;
+    loaded(&w, &dir, "gemma3").await;
     let png = images.join("gradient.png");
     let bomb = base64::engine::general_purpose::STANDARD.encode(png_claiming(100_000));
     let truncated = {
@@ -288,7 +288,9 @@ async fn bad_images_are_invalid_params_naming_the_part() {
 
 #[tokio::test]
 async fn an_image_for_a_text_model_is_refused() {
-    let Some((_, images)) = fixture() else { return };
+    let Some((_, images)) = fixture("tiny-gemma3-vl") else {
+        return;
+    };
     let dir = tiny_model(&Default::default());
     let w = worker(&[]);
     within_for(
@@ -320,15 +322,11 @@ async fn an_image_for_a_text_model_is_refused() {
 /// The encoder of `tiny-gemma3-vl-448` (a 448 px tower: 1024 patches) takes seconds on a CPU.
 #[tokio::test]
 async fn a_cancel_while_the_encoder_runs_ends_before_any_token() {
-    let Some(dir) = fixtures::vision_fixture("tiny-gemma3-vl-448") else {
+    let Some((dir, images)) = fixture("tiny-gemma3-vl-448") else {
         return;
     };
-    let images = dir.parent().expect("a parent").join("images");
     let w = worker(&[]);
-    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
-        .await
-        .unwrap();
-    assert!(loaded.info.is_vision);
+    loaded(&w, &dir, "gemma3").await;
     let p = greedy(vec![user(vec![
         image(model_id(&images.join("photo_800x600.png"))),
         text("hi"),
@@ -355,20 +353,15 @@ async fn a_cancel_while_the_encoder_runs_ends_before_any_token() {
 /// question answered the same from a path and from base64, the image's tokens in the prompt.
 #[tokio::test]
 async fn a_llava_model_answers_an_image_question() {
-    let Some(dir) = fixtures::vision_fixture("tiny-llava") else {
+    let Some((dir, images)) = fixture("tiny-llava") else {
         return;
     };
-    let images = dir.parent().expect("a parent").join("images");
     let w = worker(&[]);
     let init = within_for(LIMIT, w.call::<Initialize>(&InitializeParams::default()))
         .await
         .unwrap();
     assert!(init.capabilities.architectures.iter().any(|a| a == "llava"));
-    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
-        .await
-        .expect("load the LLaVA fixture");
-    assert!(loaded.info.is_vision);
-    assert_eq!(loaded.info.architecture, "llava");
+    loaded(&w, &dir, "llava").await;
 
     let png = images.join("gradient.png");
     let question = "What is in this picture?";
