@@ -1,18 +1,13 @@
 //! A request's prompt as the model takes it: token ids and, for a vision-language model, the
-//! images among them (decoded, preprocessed) with a prompt-cache key that tells images apart.
+//! images among them (decoded) with a prompt-cache key that tells images apart.
 
 use std::hash::{Hash, Hasher};
 
-use mlx_rs::{transforms, Array};
+use mlx_rs::{ops::indexing::IndexOp, transforms, Array};
 use serde_json::{json, Value};
 use text::{Message, MessageContent, ModelTokenizer};
 
-use crate::{
-    models::LanguageModel,
-    request::Prompt,
-    vision::{ImageInputs, VisionModel},
-    EngineError,
-};
+use crate::{models::LanguageModel, request::Prompt, vision::VisionModel, EngineError};
 
 pub(crate) struct PromptInputs {
     pub ids: Vec<u32>,
@@ -24,7 +19,9 @@ pub(crate) struct PromptInputs {
 
 /// The images of a prompt, in prompt order.
 pub(crate) struct PromptImages {
-    pub inputs: ImageInputs,
+    /// Decoded; preprocessed only when their tokens are prefilled (not when the prompt cache
+    /// holds them already, as in a chat's next turn about the same image).
+    pub decoded: Vec<images::RgbImage>,
     /// Image tokens per image.
     pub tokens_per_image: Vec<usize>,
 }
@@ -84,7 +81,7 @@ pub(crate) fn prompt_inputs(
         ids,
         cache_keys,
         images: Some(PromptImages {
-            inputs: vision.preprocess(&decoded)?,
+            decoded,
             tokens_per_image,
         }),
     })
@@ -219,8 +216,8 @@ fn digest(image: &images::RgbImage) -> u64 {
 }
 
 /// The input embeddings `(1, L, D)` of `prompt.ids[reused..]` with the features of the image
-/// tokens among them merged in. Encodes only the images those tokens belong to; evaluated, and
-/// the encoder's buffers released, before prefill starts.
+/// tokens among them merged in. Preprocesses and encodes only the images those tokens belong
+/// to; evaluated, and the encoder's buffers released, before prefill starts.
 pub(crate) fn merged_embeddings(
     model: &dyn LanguageModel,
     vision: &dyn VisionModel,
@@ -246,20 +243,8 @@ pub(crate) fn merged_embeddings(
     let embeds = model.embed(&Array::from_slice(rest, &[1, rest.len() as i32]))?;
     let features = match first < images.tokens_per_image.len() {
         true => {
-            let pixels = &images.inputs.pixel_values;
-            let n = pixels.dim(0);
-            let wanted =
-                Array::from_slice(&(first as i32..n).collect::<Vec<_>>(), &[n - first as i32]);
-            let inputs = ImageInputs {
-                pixel_values: pixels.take_axis(&wanted, 0)?,
-            };
-            let all = vision.encode(&inputs, embeds.dtype())?;
-            let rows = all.dim(0);
-            let keep = Array::from_slice(
-                &(skip as i32..rows).collect::<Vec<_>>(),
-                &[rows - skip as i32],
-            );
-            all.take_axis(&keep, 0)?
+            let inputs = vision.preprocess(&images.decoded[first..])?;
+            vision.encode(&inputs, embeds.dtype())?.index(skip as i32..)
         }
         false => Array::zeros::<f32>(&[0, embeds.dim(-1)])?.as_dtype(embeds.dtype())?,
     };
