@@ -3,12 +3,13 @@
 //! model request can get.
 
 use crate::support::{
-    greedy, model_id, rpc_error, tiny_model, within, worker, worker_with_tiny_model,
+    greedy, model_id, rpc_error, tiny_model, within, within_for, worker, worker_with_tiny_model,
 };
 use fixtures::{TinyLlama, FIRST_BYTE_ID, VOCAB_SIZE};
 use protocol::error::{ContextOverflowData, InvalidParamsData, LoadFailedData};
 use protocol::methods::*;
 use protocol::{ErrorCode, LoadErrorKind};
+use std::time::Duration;
 
 const PROMPT: &str = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
 /// Its tokens: three special tokens and one per byte of the rest.
@@ -308,6 +309,25 @@ async fn bad_requests_fail_with_their_codes_and_the_resident_model_stays_usable(
     (p.text, p.messages) = (None, Some(vec![ChatMessage::new("user", "hi")]));
     let e = rpc_error(w.call::<Tokenize>(&p).await, ErrorCode::InvalidParams);
     assert_eq!(field(e), "messages");
+
+    // A chat template that loops without end runs out of fuel: -32602, and the worker goes on.
+    let mut p = LoadParams::new(model_id(refusing.path()));
+    p.chat_template_override = Some(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".into(),
+    );
+    within(w.call::<Load>(&p)).await.unwrap();
+    let e = rpc_error(
+        within_for(
+            Duration::from_secs(60),
+            w.generate(&greedy("hi", 4)).unwrap().finish(),
+        )
+        .await,
+        ErrorCode::InvalidParams,
+    );
+    assert!(e.message.contains("loop without end"), "{}", e.message);
+    let mut p = greedy("hi", 4);
+    p.model = Some(model_id(dir.path()));
+    within(w.generate(&p).unwrap().finish()).await.unwrap();
 
     // After unloading everything, model requests answer -32001.
     let r = within(w.call::<Unload>(&UnloadParams::default()))

@@ -61,7 +61,11 @@ pub enum ChatTemplateError {
     /// The template called `raise_exception(message)`: it refuses these messages.
     #[error("the chat template rejected the messages: {0}")]
     Raised(String),
-    /// Rendering failed for another reason (an unsupported filter, a type error, ...).
+    /// Rendering ran out of fuel: the template loops (nearly) without end.
+    #[error("the chat template ran more than {TEMPLATE_FUEL} instructions without finishing (does it loop without end?); fix it or pass chat_template_override")]
+    TooLong,
+    /// Rendering failed for another reason (an unsupported filter, a type error, recursion
+    /// deeper than minijinja's limit, ...).
     #[error("rendering the chat template failed: {0:#}")]
     Render(minijinja::Error),
     /// `continue_final_message` was asked for but cannot be honoured.
@@ -242,12 +246,17 @@ impl ChatTemplate {
     }
 }
 
+/// The most instructions one rendering may run (minijinja's fuel): a template that loops
+/// without end fails the request instead of holding the worker.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+
 /// The environment HF transformers renders chat templates in.
 fn hf_environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);
+    env.set_fuel(Some(TEMPLATE_FUEL));
     // Python's jinja2 default: no autoescaping, whatever the template's name.
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -266,7 +275,10 @@ fn render_error(error: minijinja::Error) -> ChatTemplateError {
         }
         source = e.source();
     }
-    ChatTemplateError::Render(error)
+    match error.kind() {
+        minijinja::ErrorKind::OutOfFuel => ChatTemplateError::TooLong,
+        _ => ChatTemplateError::Render(error),
+    }
 }
 
 /// HF's `{% generation %}...{% endgeneration %}` marks assistant text for training masks and
@@ -359,6 +371,25 @@ mod tests {
         assert!(err
             .to_string()
             .contains("Conversation must start with user"));
+    }
+
+    #[test]
+    fn a_template_that_loops_without_end_runs_out_of_fuel() {
+        let endless =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let err = render(endless, &[Message::text("user", "hi")]).unwrap_err();
+        assert!(matches!(err, ChatTemplateError::TooLong), "{err:?}");
+        assert!(err.to_string().contains("chat_template_override"), "{err}");
+    }
+
+    #[test]
+    fn endless_recursion_and_huge_repeats_fail_cleanly() {
+        let recursive = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        let err = render(recursive, &[Message::text("user", "hi")]).unwrap_err();
+        assert!(err.to_string().contains("recursion limit"), "{err}");
+        let huge = "{{ 'x' * 2000000000 }}";
+        let err = render(huge, &[Message::text("user", "hi")]).unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
     }
 
     #[test]
