@@ -4,6 +4,7 @@
 
 mod support;
 
+mod faults;
 mod fuzz;
 mod gemma3;
 mod generate;

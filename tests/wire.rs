@@ -59,14 +59,15 @@ async fn every_kind_of_bad_input_gets_its_error_and_the_worker_keeps_serving() {
         "{}",
         e.message
     );
-    // An over-long line is discarded with -32600, id null, and the next line is served.
+    // An over-long line is discarded with -32600 and the id its first bytes hold, and the next
+    // line is served.
     let long = format!(
         "{{\"jsonrpc\":\"2.0\",\"id\":16,\"method\":\"status\",\"pad\":\"{}\"}}\n",
         "x".repeat(300)
     );
     w.send_raw(long).unwrap();
     let r = within(w.next_unmatched()).await.unwrap();
-    assert_eq!((r.id.clone(), code(&r)), (None, -32600));
+    assert_eq!((r.id.clone(), code(&r)), (Some(16.into()), -32600));
     // Unknown notifications and blank lines get nothing; CRLF works.
     w.send_raw("{\"jsonrpc\":\"2.0\",\"method\":\"whatever\"}\n\n\r\n")
         .unwrap();

@@ -12,7 +12,7 @@
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::envelope::{Message, Response};
+use crate::envelope::{Message, RequestId, Response};
 use crate::error::ResponseError;
 
 /// The default limit of one line: 64 MiB.
@@ -27,6 +27,9 @@ pub enum LineError {
     TooLong {
         /// The limit in force.
         limit: usize,
+        /// The request's id, when the line's first bytes had it ([`recover_id`]), so that a host
+        /// waiting on that id gets this error.
+        id: Option<RequestId>,
     },
     /// The line is not valid UTF-8.
     #[error("line is not valid UTF-8 (first bad byte at offset {valid_up_to})")]
@@ -40,30 +43,37 @@ pub enum LineError {
 }
 
 impl LineError {
-    /// The error response the contract prescribes, with a null id:
+    /// The error response the contract prescribes, with a null id (an over-long line's id
+    /// when its first bytes had one):
     /// [`InvalidRequest`](crate::ErrorCode::InvalidRequest) for too long,
     /// [`ParseError`](crate::ErrorCode::ParseError) for bad UTF-8,
     /// [`InternalError`](crate::ErrorCode::InternalError) for I/O.
     pub fn to_response(&self) -> Response {
-        let error = match self {
-            LineError::TooLong { limit } => ResponseError::line_too_long(*limit),
-            LineError::InvalidUtf8 { .. } => ResponseError::parse_error(self),
-            LineError::Io(e) => ResponseError::internal(e),
+        let (id, error) = match self {
+            LineError::TooLong { limit, id } => (id.clone(), ResponseError::line_too_long(*limit)),
+            LineError::InvalidUtf8 { .. } => (None, ResponseError::parse_error(self)),
+            LineError::Io(e) => (None, ResponseError::internal(e)),
         };
-        Response::err(None, error)
+        Response::err(id, error)
     }
 }
 
 /// Splits a byte stream into lines of at most `max_line_bytes` bytes (not counting the `\n`).
 ///
 /// A trailing `\r` is removed (CRLF input works) but counts toward the limit. Lines that are
-/// empty or only whitespace are skipped. The framer holds at most `max_line_bytes` bytes.
+/// empty or only whitespace are skipped. The framer holds at most `max_line_bytes` bytes, plus
+/// the first [`HEAD_BYTES`] of a line it is discarding (to find its id).
 #[derive(Debug)]
 pub struct LineFramer {
     max_line_bytes: usize,
     buf: Vec<u8>,
     discarding: bool,
+    /// The first bytes of the line being discarded.
+    head: Vec<u8>,
 }
+
+/// How much of an over-long line is kept to look for its id.
+pub const HEAD_BYTES: usize = 4096;
 
 impl LineFramer {
     /// A framer with this limit (bytes per line, newline excluded).
@@ -72,6 +82,7 @@ impl LineFramer {
             max_line_bytes,
             buf: Vec::new(),
             discarding: false,
+            head: Vec::new(),
         }
     }
 
@@ -91,7 +102,7 @@ impl LineFramer {
                     return (consumed, Some(Err(self.too_long())));
                 }
                 if self.buf.len() + end > self.max_line_bytes {
-                    self.buf.clear();
+                    self.keep_head(&input[..end]);
                     return (consumed, Some(Err(self.too_long())));
                 }
                 self.buf.extend_from_slice(&input[..end]);
@@ -100,7 +111,7 @@ impl LineFramer {
             None => {
                 if !self.discarding {
                     if self.buf.len() + input.len() > self.max_line_bytes {
-                        self.buf = Vec::new();
+                        self.keep_head(input);
                         self.discarding = true;
                     } else {
                         self.buf.extend_from_slice(input);
@@ -120,9 +131,19 @@ impl LineFramer {
         self.take_line()
     }
 
-    fn too_long(&self) -> LineError {
+    /// Keeps the first [`HEAD_BYTES`] of the line so far and `more`, and frees the buffer.
+    fn keep_head(&mut self, more: &[u8]) {
+        let mut head = std::mem::take(&mut self.buf);
+        head.truncate(HEAD_BYTES);
+        let room = HEAD_BYTES - head.len();
+        head.extend_from_slice(&more[..more.len().min(room)]);
+        self.head = head;
+    }
+
+    fn too_long(&mut self) -> LineError {
         LineError::TooLong {
             limit: self.max_line_bytes,
+            id: recover_id(&std::mem::take(&mut self.head)),
         }
     }
 
@@ -141,6 +162,34 @@ impl LineFramer {
             }),
         )
     }
+}
+
+/// The `id` of a JSON-RPC request from the first bytes of its line, if they hold it: the
+/// top-level object's keys are read in order (with serde_json) until `id`; a value cut off
+/// before `id` comes (e.g. `params` first) means no id. Hosts write `id` before `params`.
+pub fn recover_id(head: &[u8]) -> Option<RequestId> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct FindId<'a>(&'a mut Option<RequestId>);
+    impl<'de> Visitor<'de> for FindId<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON-RPC request object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "id" {
+                    *self.0 = Some(map.next_value()?);
+                    return Ok(());
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut id = None;
+    // The object is cut off, so the whole parse always fails; the id, once read, stays.
+    let _ = serde_json::Deserializer::from_slice(head).deserialize_map(FindId(&mut id));
+    id
 }
 
 fn memchr_newline(input: &[u8]) -> Option<usize> {

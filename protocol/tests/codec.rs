@@ -14,7 +14,7 @@ async fn lines(input: &[u8], limit: usize, buf: usize) -> Vec<Result<String, Str
     let mut out = Vec::new();
     while let Some(line) = reader.next_line().await {
         out.push(line.map_err(|e| match e {
-            LineError::TooLong { limit } => format!("too long {limit}"),
+            LineError::TooLong { limit, .. } => format!("too long {limit}"),
             LineError::InvalidUtf8 { valid_up_to } => format!("utf8 {valid_up_to}"),
             LineError::Io(e) => format!("io {e}"),
         }));
@@ -97,10 +97,49 @@ fn framer_never_buffers_more_than_the_limit() {
     assert!(format!("{framer:?}").contains("buf: []"), "{framer:?}");
     let (n, line) = framer.feed(b"tail\nnext\n");
     assert_eq!(n, 5);
-    assert!(matches!(line, Some(Err(LineError::TooLong { limit: 16 }))));
+    assert!(matches!(
+        line,
+        Some(Err(LineError::TooLong {
+            limit: 16,
+            id: None
+        }))
+    ));
     let (n, line) = framer.feed(b"next\n");
     assert_eq!(n, 5);
     assert_eq!(line.unwrap().unwrap(), "next");
+}
+
+#[tokio::test]
+async fn an_over_long_line_is_answered_with_its_id_when_its_first_bytes_hold_it() {
+    let long = "x".repeat(100_000);
+    let cases = [
+        (
+            format!(r#"{{"jsonrpc":"2.0","id":7,"method":"generate","params":{{"p":"{long}"}}}}"#),
+            Some(RequestId::Number(7)),
+        ),
+        (
+            format!(r#"{{ "method": "generate", "id" : "gen-\"7\"", "params": "{long}"}}"#),
+            Some(RequestId::String("gen-\"7\"".into())),
+        ),
+        // `id` after a value that is cut off, or no id at all: a null id, as before.
+        (format!(r#"{{"params":"{long}","id":7}}"#), None),
+        (
+            format!(r#"{{"method":"x","params":{{"id":3,"p":"{long}"}}}}"#),
+            None,
+        ),
+        (format!("[{long}]"), None),
+    ];
+    for (line, id) in cases {
+        let input = format!("{line}\n");
+        // Read in small pieces, so the head is gathered across reads.
+        let mut reader = LineReader::new(BufReader::with_capacity(1000, input.as_bytes()), 1024);
+        match reader.next_line().await {
+            Some(Err(e @ LineError::TooLong { .. })) => {
+                assert_eq!(e.to_response().id, id, "{}", &line[..60])
+            }
+            other => panic!("expected too long, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

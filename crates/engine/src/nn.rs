@@ -64,6 +64,16 @@ impl Linear {
         }
     }
 
+    /// `(out, in)` features, as the dense weight's shape (a quantized weight packs `32 / bits`
+    /// inputs per stored element).
+    pub fn dims(&self) -> (i32, i32) {
+        let (out, stored_in) = (self.weight.dim(0), self.weight.dim(-1));
+        match &self.quantized {
+            Some(q) => (out, stored_in * 32 / q.bits),
+            None => (out, stored_in),
+        }
+    }
+
     /// Quantizes a dense layer in place (affine), as `load_in_4bit` asks.
     pub fn quantize(&mut self, group_size: i32, bits: i32) -> Result<()> {
         if self.quantized.is_some() {

@@ -76,6 +76,23 @@ impl Weights {
         self.tensors.keys()
     }
 
+    /// The shape of tensor `name`, if the checkpoint holds it.
+    pub fn shape(&self, name: &str) -> Option<&[i32]> {
+        self.tensors.get(name).map(Array::shape)
+    }
+
+    /// How many layers `{prefix}N.` the checkpoint holds (distinct `N`).
+    pub fn count_indexed(&self, prefix: &str) -> usize {
+        let indices: std::collections::HashSet<&str> = self
+            .tensors
+            .keys()
+            .filter_map(|n| n.strip_prefix(prefix)?.split_once('.'))
+            .map(|(index, _)| index)
+            .filter(|index| index.parse::<u64>().is_ok())
+            .collect();
+        indices.len()
+    }
+
     /// Drops a tensor the model does not use (e.g. rotary `inv_freq`).
     pub fn remove(&mut self, name: &str) -> Option<Array> {
         self.tensors.remove(name)

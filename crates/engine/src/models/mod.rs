@@ -61,6 +61,7 @@ pub fn build(
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or("");
+    check_sizes(config, &weights)?;
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
@@ -78,6 +79,37 @@ pub fn build(
     }
 }
 
+/// Refuses a config.json that asks for more layers than the checkpoint holds, or another
+/// vocabulary than its embedding table's, before a family sizes anything by it (an absurd count
+/// must be an error, not an allocation failure; mlx-lm refuses both by the weights' shapes).
+fn check_sizes(config: &Value, weights: &Weights) -> std::result::Result<(), EngineError> {
+    let refuse = |what: String| {
+        Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("{what}: config.json does not describe these weights"),
+        ))
+    };
+    let field = |key: &str| config.get(key).and_then(Value::as_u64);
+    let held = weights.count_indexed("model.layers.") as u64;
+    if let Some(asked) = field("num_hidden_layers").filter(|&n| n > held) {
+        return refuse(format!(
+            "config.json's num_hidden_layers is {asked} but the weights hold {held} layers \
+             (`model.layers.N.*`)"
+        ));
+    }
+    let rows = weights
+        .shape("model.embed_tokens.weight")
+        .map(|s| s[0] as u64);
+    if let (Some(vocab), Some(rows)) = (field("vocab_size"), rows) {
+        if vocab != rows {
+            return refuse(format!(
+                "config.json's vocab_size is {vocab} but the embedding table has {rows} rows"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Parses a model's `Args` from config.json, naming the bad field on failure.
 pub(crate) fn parse_args<T: serde::de::DeserializeOwned>(
     config: &Value,
@@ -92,9 +124,14 @@ mod tests {
 
     use super::*;
 
-    /// The load error for `config` with no tensors at all: refusals come before any tensor is read.
+    /// The load error for `config` with one layer's norm as its only tensor: refusals come before
+    /// any other tensor is read.
     fn refusal(config: Value) -> (LoadErrorKind, String) {
-        let weights = Weights::from_tensors(Default::default(), &config);
+        let norm = (
+            "model.layers.0.input_layernorm.weight".to_string(),
+            Array::from_slice(&[1f32; 64], &[64]),
+        );
+        let weights = Weights::from_tensors([norm].into(), &config);
         match build(&config, weights) {
             Err(EngineError::Load { kind, detail }) => (kind, detail),
             Err(other) => panic!("expected a load error, got {other:?}"),
@@ -148,6 +185,18 @@ mod tests {
         let (kind, detail) = refusal(config);
         assert_eq!(kind, LoadErrorKind::InvalidWeights);
         assert!(detail.contains("sliding_window"), "{detail}");
+    }
+
+    #[test]
+    fn more_layers_than_the_weights_hold_is_refused_before_anything_is_sized() {
+        let mut config = tiny("llama");
+        config["num_hidden_layers"] = json!(1_000_000_000_u64);
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(
+            detail.contains("1000000000") && detail.contains("hold 1 layers"),
+            "{detail}"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    error::EngineError,
+    error::{EngineError, LoadErrorKind},
     kv_cache::{KvCache, Mask},
     models::LanguageModel,
     nn::{
@@ -350,17 +350,75 @@ fn load_block(
     })
 }
 
+/// Refuses a block whose tensors do not have the shapes config.json implies (mlx-lm's strict
+/// `load_weights` does): such a checkpoint would otherwise load and compute garbage, or fail in
+/// the middle of a forward pass. `hidden` is the embedding table's width.
+fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
+    let a = &block.self_attn;
+    let (q, kv) = (
+        a.shape.n_heads * a.shape.head_dim,
+        a.shape.n_kv_heads * a.shape.head_dim,
+    );
+    let mut expected: Vec<(&str, &Linear, (i32, i32))> = match &a.qkv {
+        Qkv::Split {
+            q_proj,
+            k_proj,
+            v_proj,
+        } => vec![
+            ("self_attn.q_proj", q_proj, (q, hidden)),
+            ("self_attn.k_proj", k_proj, (kv, hidden)),
+            ("self_attn.v_proj", v_proj, (kv, hidden)),
+        ],
+        Qkv::Fused { qkv_proj } => vec![("self_attn.qkv_proj", qkv_proj, (q + 2 * kv, hidden))],
+    };
+    expected.push(("self_attn.o_proj", &a.o_proj, (hidden, q)));
+    let intermediate = block.mlp.down_proj.dims().1;
+    match &block.mlp.gate_up {
+        GateUp::Split { gate_proj, up_proj } => {
+            expected.push(("mlp.gate_proj", gate_proj, (intermediate, hidden)));
+            expected.push(("mlp.up_proj", up_proj, (intermediate, hidden)));
+        }
+        GateUp::Fused { gate_up_proj } => {
+            expected.push(("mlp.gate_up_proj", gate_up_proj, (2 * intermediate, hidden)))
+        }
+    }
+    expected.push((
+        "mlp.down_proj",
+        &block.mlp.down_proj,
+        (hidden, intermediate),
+    ));
+    for (name, linear, (out, inputs)) in expected {
+        let (o, i) = linear.dims();
+        if (o, i) != (out, inputs) {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!(
+                    "`{p}.{name}` is {o}x{i} but config.json implies {out}x{inputs} (hidden \
+                     {hidden}, {} heads and {} KV heads of {}): config.json does not describe \
+                     these weights",
+                    a.shape.n_heads, a.shape.n_kv_heads, a.shape.head_dim
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl<F: Family> Decoder<F> {
     /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
     pub fn load(mut weights: Weights, spec: DecoderSpec, family: F) -> LoadResult<Self> {
         let (mask_sources, layer_kinds) = mask_kinds(spec.layers.iter().map(|l| l.shape.window));
+        let embed_tokens = weights.embedding("model.embed_tokens")?;
+        let hidden = embed_tokens.table.dims().1;
         let mut layers = Vec::with_capacity(spec.layers.len());
         for ((i, layer), kind) in spec.layers.into_iter().enumerate().zip(layer_kinds) {
             let p = format!("model.layers.{i}");
-            layers.push(load_block(&mut weights, &p, layer, &family, kind)?);
+            let block = load_block(&mut weights, &p, layer, &family, kind)?;
+            check_shapes(&block, &p, hidden)?;
+            layers.push(block);
         }
         Ok(Self {
-            embed_tokens: weights.embedding("model.embed_tokens")?,
+            embed_tokens,
             layers,
             mask_sources,
             norm: norm(&mut weights, "model.norm", spec.rms_norm_eps, &family)?,
