@@ -8,6 +8,7 @@ mod bench_vision;
 mod check_import;
 mod check_macos;
 mod demo;
+mod fuzz;
 mod parity;
 mod pytest;
 mod setup;
@@ -58,6 +59,9 @@ enum Cmd {
     /// The release mlx-worker beside mlx-lm (stock and with OpenBLAS) on SmolLM2: prefill and
     /// decode tok/s, ttft, peak memory; medians and ratios.
     Bench(bench::Options),
+    /// The end-to-end dispatcher fuzzer (tests/fuzz) for --lines lines in release, over --runs
+    /// seeds from --seed: the real worker over real pipes, every answer checked by the contract.
+    Fuzz(fuzz::Options),
     /// The Python package's tests (protocol/python): pip install it into the venv, then pytest
     /// against the worker `cargo test` builds (or MLX_WORKER_BIN) and the real models.
     Pytest,
@@ -80,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::CheckMacos) => check_macos::run(),
         Some(Cmd::Parity(opts)) => parity::run(&opts),
         Some(Cmd::Bench(opts)) => bench::run(&opts),
+        Some(Cmd::Fuzz(opts)) => fuzz::run(&opts),
         Some(Cmd::Pytest) => pytest::run(None),
         None | Some(Cmd::Help) => {
             use clap::CommandFactory;
