@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::support::{greedy, rpc_error, within};
+use crate::support::{greedy, rpc_error, within, within_for};
 use fixtures::{write_tiny_llama, write_tiny_lora, AdapterLayout, TinyLlama};
 use protocol::error::LoadFailedData;
 use protocol::methods::{Load, LoadParams, LoadProgress, LoadStage};
@@ -16,6 +16,8 @@ use protocol::{Client, ClientOptions, ErrorCode, LoadErrorKind};
 
 const SHA: &str = "5d1f6a1c0e2b3a4f5d6e7f8091a2b3c4d5e6f708";
 const TOKEN: &str = "hf_loopbackGatedSecret42";
+/// Loading and answering with a vision model (debug build).
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// One file of a fake repo.
 struct HubFile {
@@ -587,5 +589,50 @@ async fn unreachable_hub_unknown_repo_and_offline_misses_say_what_to_do() {
     let failure = load_failure(within(w.call::<Load>(&LoadParams::new("org/tiny"))).await);
     assert_eq!(failure.kind, LoadErrorKind::NotFound, "{failure:?}");
     assert!(failure.detail.contains("not cached"), "{failure:?}");
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_vision_repo_brings_its_image_processor_and_answers_like_its_directory() {
+    use protocol::methods::{ChatMessage, ContentPart, GenerateParams, MessageContent};
+    let Some(dir) = fixtures::vision_fixture("tiny-gemma3-vl") else {
+        return;
+    };
+    let png = dir.parent().unwrap().join("images/gradient.png");
+    let hub = FakeHub::start(vec![("org/tiny-vl", repo_of(&dir, None))]);
+    let home = tempfile::tempdir().unwrap();
+    let w = hub_worker(&hub.url(), home.path(), &[]);
+    let mut question = GenerateParams::new(vec![ChatMessage {
+        role: "user".into(),
+        content: MessageContent::Parts(vec![
+            ContentPart::Image {
+                image: png.display().to_string(),
+            },
+            ContentPart::Text {
+                text: "What is in this picture?".into(),
+            },
+        ]),
+        extra: Default::default(),
+    }]);
+    question.max_new_tokens = 8;
+    question.temperature = 0.0;
+    let mut answers = Vec::new();
+    for model in ["org/tiny-vl".to_string(), crate::support::model_id(&dir)] {
+        let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(&model)))
+            .await
+            .unwrap();
+        assert!(loaded.info.is_vision, "{model}");
+        let answer = within_for(LIMIT, w.generate(&question).unwrap().finish())
+            .await
+            .unwrap();
+        answers.push(answer.text);
+    }
+    assert_eq!(answers[0], answers[1]);
+    let snapshot = repo_cache(home.path(), "org/tiny-vl")
+        .join("snapshots")
+        .join(SHA);
+    for file in ["preprocessor_config.json", "processor_config.json"] {
+        assert!(snapshot.join(file).is_file(), "{file} not downloaded");
+    }
     assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
 }

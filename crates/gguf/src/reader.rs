@@ -110,6 +110,7 @@ impl GgufFile {
         let mut cur = Cursor {
             buf: &bytes,
             pos: 0,
+            depth: 0,
         };
         let magic = cur.take(4, || "the magic".into())?;
         if magic != MAGIC {
@@ -379,7 +380,12 @@ impl<T: FromMetadata> FromMetadata for Vec<T> {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// How many arrays the value being read is inside.
+    depth: u32,
 }
+
+/// The deepest nesting of metadata arrays read.
+const MAX_ARRAY_DEPTH: u32 = 8;
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: u64, what: impl FnOnce() -> String) -> Result<&'a [u8], GgufError> {
@@ -433,6 +439,14 @@ impl<'a> Cursor<'a> {
             8 => MetadataValue::String(self.string(what)?),
             9 => {
                 let elem_type = self.u32(what)?;
+                // GGUF files hold flat arrays; nesting is allowed, but not deep enough to
+                // exhaust the stack on a crafted file.
+                if elem_type == 9 && self.depth >= MAX_ARRAY_DEPTH {
+                    return Err(GgufError::BadValueType {
+                        key: format!("{key} (arrays nested deeper than {MAX_ARRAY_DEPTH})"),
+                        type_id: elem_type,
+                    });
+                }
                 let count = self.u64(what)?;
                 // Every element takes at least one byte: a larger count is corruption, and
                 // checking first keeps a bad count from reserving absurd memory.
@@ -445,10 +459,14 @@ impl<'a> Cursor<'a> {
                         len: self.buf.len() as u64,
                     });
                 }
-                let mut items = Vec::with_capacity(count as usize);
+                // An element takes up to 32 bytes here for 1 in the file: reserve little up
+                // front, so a corrupt count in a large file cannot reserve absurd memory.
+                let mut items = Vec::with_capacity(count.min(4096) as usize);
+                self.depth += 1;
                 for _ in 0..count {
                     items.push(self.value(elem_type, key)?);
                 }
+                self.depth -= 1;
                 MetadataValue::Array(items)
             }
             10 => MetadataValue::U64(u64::from_le_bytes(self.array(what)?)),

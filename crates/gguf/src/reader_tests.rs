@@ -127,6 +127,22 @@ fn rejects_bad_headers() {
         GgufFile::from_bytes(bytes),
         Err(GgufError::Truncated { .. })
     ));
+
+    // Arrays nested a million deep end with an error, not a stack overflow.
+    let mut bytes = TestGguf::new().build();
+    bytes[16..24].copy_from_slice(&1u64.to_le_bytes()); // one metadata key
+    bytes.truncate(24);
+    bytes.extend(1u64.to_le_bytes());
+    bytes.push(b'x');
+    bytes.extend(9u32.to_le_bytes()); // an array
+    for _ in 0..1_000_000 {
+        bytes.extend(9u32.to_le_bytes()); // of arrays
+        bytes.extend(1u64.to_le_bytes()); // of one element
+    }
+    match GgufFile::from_bytes(bytes) {
+        Err(GgufError::BadValueType { key, type_id: 9 }) => assert!(key.contains("nested")),
+        other => panic!("expected a nesting error, got {other:?}"),
+    }
 }
 
 #[test]

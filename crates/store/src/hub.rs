@@ -275,8 +275,8 @@ fn is_commit(revision: &str) -> bool {
 }
 
 /// The files of a repo a model needs: top-level configs and tokenizer files, the chat template,
-/// and the weights (`model*.safetensors` as mlx-lm takes them, else any top-level
-/// `*.safetensors`, which skips `consolidated.safetensors` duplicates when both exist, and
+/// a vision model's processor configs, and the weights (`model*.safetensors` as mlx-lm takes
+/// them, else any top-level `*.safetensors`, which skips `consolidated.safetensors` duplicates when both exist, and
 /// takes a LoRA adapter's `adapters.safetensors` / `adapter_model.safetensors`).
 fn model_files<'a>(siblings: impl Iterator<Item = &'a str>) -> Vec<String> {
     const NAMED: &[&str] = &[
@@ -289,6 +289,9 @@ fn model_files<'a>(siblings: impl Iterator<Item = &'a str>) -> Vec<String> {
         "special_tokens_map.json",
         "chat_template.jinja",
         "chat_template.json",
+        // Vision models' image processor.
+        "preprocessor_config.json",
+        "processor_config.json",
     ];
     let top: BTreeSet<&str> = siblings.filter(|f| !f.contains('/')).collect();
     let weights = |f: &&&str| f.ends_with(".safetensors");
@@ -557,6 +560,8 @@ mod tests {
             "tokenizer.json",
             "tokenizer_config.json",
             "chat_template.jinja",
+            "preprocessor_config.json",
+            "processor_config.json",
         ];
         assert_eq!(
             model_files(siblings.into_iter()),
@@ -566,6 +571,8 @@ mod tests {
                 "tokenizer.json",
                 "tokenizer_config.json",
                 "chat_template.jinja",
+                "preprocessor_config.json",
+                "processor_config.json",
                 "model-00001-of-00002.safetensors",
                 "model-00002-of-00002.safetensors",
             ]
