@@ -145,3 +145,47 @@ async fn damaged_checkpoints_are_refused_and_the_resident_model_is_untouched() {
     within(w.shutdown()).await.unwrap();
     assert!(w.stray_stdout_lines().is_empty());
 }
+
+#[tokio::test]
+async fn a_model_larger_than_the_memory_limit_is_refused_before_it_is_read() {
+    let (w, dir) = worker_with_tiny_model(&[]).await;
+    let init = within(w.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    // Beside the tiny model's weights, float32 tensors twice the machine's memory in all, in a
+    // sparse file (it takes no disk): only the header is ever read. Each has 2^30 elements
+    // (MLX's loader counts a tensor's elements in 32 bits).
+    let big = tiny_model(&Default::default());
+    const ELEMENTS: u64 = 1 << 30;
+    let count = init.mlx.device.memory_bytes * 2 / (ELEMENTS * 4) + 1;
+    let mut header = serde_json::Map::new();
+    for i in 0..count {
+        let offsets = [i * ELEMENTS * 4, (i + 1) * ELEMENTS * 4];
+        let shape = [ELEMENTS / 65536, 65536];
+        let tensor = json!({"dtype": "F32", "shape": shape, "data_offsets": offsets});
+        header.insert(format!("huge.{i}"), tensor);
+    }
+    let mut text = Value::Object(header).to_string().into_bytes();
+    text.resize(text.len().next_multiple_of(8), b' ');
+    let path = big.path().join("model-huge.safetensors");
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(&text);
+    fs::write(&path, &bytes).unwrap();
+    let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(bytes.len() as u64 + count * ELEMENTS * 4)
+        .unwrap();
+
+    let e = rpc_error(
+        within(w.call::<Load>(&LoadParams::new(model_id(big.path())))).await,
+        ErrorCode::LoadFailed,
+    );
+    let data: LoadFailedData = e.data_as().unwrap();
+    assert_eq!(data.kind, LoadErrorKind::OutOfMemory, "{}", data.detail);
+    assert!(data.detail.contains("memory limit"), "{}", data.detail);
+    let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
+    assert_eq!(status.active_model, Some(model_id(dir.path())));
+    within(w.generate(&greedy("hi", 4)).unwrap().finish())
+        .await
+        .unwrap();
+    within(w.shutdown()).await.unwrap();
+}

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 ///
 /// `Debug` and `Display` print `<redacted>`; the value is reached only through
 /// [`Secret::expose`]. It serialises as the plain string so that a host can send it; the worker
-/// never puts one into a response, a notification, a log line or the environment.
+/// never puts one into a response, a notification, a log line or the environment. Its bytes are
+/// overwritten with zeros when it is dropped.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
 pub struct Secret(String);
@@ -23,6 +24,12 @@ impl Secret {
     /// The credential itself; use it only where it is needed (the hub client).
     pub fn expose(&self) -> &str {
         &self.0
+    }
+}
+
+impl Drop for Secret {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
     }
 }
 

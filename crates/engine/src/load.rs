@@ -117,6 +117,7 @@ pub(crate) fn build(
         .float_dtype()
         .map(from_mlx)
         .unwrap_or(WeightDtype::Float32);
+    check_fits(&weights, req.load_in_4bit)?;
     let num_parameters = weights.num_parameters();
     let (vision, text_config) = vision::split(&files.path, config, &mut weights)?;
     Ok(Built {
@@ -127,6 +128,26 @@ pub(crate) fn build(
         quantization: quantization_of(config),
         kv_bits_refused: None,
     })
+}
+
+/// Refuses weights larger than MLX's memory limit before any is read (MLX reads them lazily):
+/// the bytes they take as they will be held, a quarter of that under `load_in_4bit` (16-bit
+/// weights to 4 bits). Other residents do not count: the host may unload them, and a model
+/// reloaded under its own id replaces itself.
+fn check_fits(weights: &Weights, load_in_4bit: bool) -> Result<(), EngineError> {
+    let needed = weights.nbytes() / if load_in_4bit { 4 } else { 1 };
+    match crate::memory::limit_bytes() {
+        Some(limit) if needed > limit => Err(EngineError::load(
+            LoadErrorKind::OutOfMemory,
+            format!(
+                "the weights need {:.2} GB, more than MLX's memory limit of {:.2} GB on this \
+                 machine: load a quantized checkpoint or a smaller model",
+                needed as f64 / 1e9,
+                limit as f64 / 1e9
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Quantize-on-load (`load_in_4bit`: affine, 4 bits, groups of 64, as mlx-lm), the `kv_bits`

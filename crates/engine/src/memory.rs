@@ -42,3 +42,11 @@ pub fn release(nothing_resident: bool) {
         let _ = mlx_rs::memory::set_wired_limit(0);
     }
 }
+
+/// MLX's memory limit in bytes (`None` when MLX does not say).
+pub fn limit_bytes() -> Option<u64> {
+    mlx_rs::memory::memory_limit()
+        .ok()
+        .map(|b| b as u64)
+        .filter(|&b| b > 0)
+}

@@ -224,6 +224,11 @@ impl Weights {
             .find(|d| matches!(d, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16))
     }
 
+    /// Bytes the tensors take once materialised, in their current dtypes.
+    pub fn nbytes(&self) -> u64 {
+        self.tensors.values().map(|t| t.nbytes() as u64).sum()
+    }
+
     /// Parameters of the model as trained: packed quantized weights count as unpacked, and
     /// quantization scales and biases do not count.
     pub fn num_parameters(&self) -> u64 {

@@ -71,7 +71,7 @@ pub fn cache_root() -> Result<PathBuf, Error> {
 }
 
 /// A Hugging Face token. `Debug` prints `<redacted>`; only the hub client reads it, through
-/// [`HfToken::expose`]. Never logged, echoed or put into the environment.
+/// [`HfToken::expose`]. Never logged, echoed or put into the environment; zeroed when dropped.
 #[derive(Clone, PartialEq, Eq)]
 pub struct HfToken(String);
 
@@ -84,6 +84,12 @@ impl HfToken {
     /// The token itself, for the `Authorization` header.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+}
+
+impl Drop for HfToken {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
     }
 }
 
