@@ -13,5 +13,6 @@ mod lora;
 mod prompt_cache;
 mod queue;
 mod smollm2;
+mod soak;
 mod vision;
 mod wire;

@@ -8,7 +8,7 @@ mod bench_vision;
 mod check_import;
 mod check_macos;
 mod demo;
-mod fuzz;
+mod long_runs;
 mod parity;
 mod pytest;
 mod setup;
@@ -61,7 +61,10 @@ enum Cmd {
     Bench(bench::Options),
     /// The end-to-end dispatcher fuzzer (tests/fuzz) for --lines lines in release, over --runs
     /// seeds from --seed: the real worker over real pipes, every answer checked by the contract.
-    Fuzz(fuzz::Options),
+    Fuzz(long_runs::FuzzOptions),
+    /// The soak (tests/soak.rs) for --generations generations in release: mixed requests,
+    /// cancels, LoRA switches, loads and unloads; prints the drift of memory, RSS, fds, threads.
+    Soak(long_runs::SoakOptions),
     /// The Python package's tests (protocol/python): pip install it into the venv, then pytest
     /// against the worker `cargo test` builds (or MLX_WORKER_BIN) and the real models.
     Pytest,
@@ -84,7 +87,8 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::CheckMacos) => check_macos::run(),
         Some(Cmd::Parity(opts)) => parity::run(&opts),
         Some(Cmd::Bench(opts)) => bench::run(&opts),
-        Some(Cmd::Fuzz(opts)) => fuzz::run(&opts),
+        Some(Cmd::Fuzz(opts)) => long_runs::fuzz(&opts),
+        Some(Cmd::Soak(opts)) => long_runs::soak(&opts),
         Some(Cmd::Pytest) => pytest::run(None),
         None | Some(Cmd::Help) => {
             use clap::CommandFactory;

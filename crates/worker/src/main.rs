@@ -26,6 +26,9 @@ use crate::dispatcher::Dispatcher;
 use crate::executor::Executor;
 use crate::residents::SharedResidents;
 
+/// The most threads tokio's blocking pool may hold (`tests/soak.rs` checks the bound).
+const MAX_BLOCKING_THREADS: usize = 8;
+
 fn main() {
     let cli = cli::Cli::parse();
     init_logging();
@@ -38,6 +41,9 @@ fn main() {
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // The blocking pool runs stdin's and stdout's I/O (one operation each at a time) and
+        // `tokenize`; bounded, so the thread count of a long session is too (idle ones exit).
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
         .enable_all()
         .build()
         .expect("start the tokio runtime");
