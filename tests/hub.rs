@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
 
 use crate::support::{greedy, rpc_error, within, within_for};
@@ -29,6 +30,8 @@ struct HubFile {
 struct HubRepo {
     files: BTreeMap<String, HubFile>,
     token: Option<&'static str>,
+    /// How many more downloads of a `.safetensors` file the server dies in the middle of.
+    deaths: std::sync::atomic::AtomicU32,
 }
 
 /// One request the fake hub answered.
@@ -92,12 +95,29 @@ fn serve(request: tiny_http::Request, repos: &BTreeMap<String, HubRepo>, log: &M
         authorization: header("Authorization"),
     };
     log.lock().unwrap().push(seen.clone());
-    let (status, headers, body) = answer(&seen, repos);
+    let (status, headers, mut body) = answer(&seen, repos);
+    // The server dying mid-download: half the body, then the connection closes (the
+    // Content-Length still promises all of it).
+    let repo_id: Vec<&str> = seen.path.trim_start_matches('/').splitn(3, '/').collect();
+    let dies = seen.method == "GET"
+        && seen.path.ends_with(".safetensors")
+        && body.len() > 1
+        && repos
+            .get(&repo_id[..2.min(repo_id.len())].join("/"))
+            .is_some_and(|r| {
+                r.deaths
+                    .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            });
+    let full = body.len();
+    if dies {
+        body.truncate(full / 2);
+    }
     // A HEAD answer carries the file's length but no body (tiny_http leaves the body out).
     let length = headers
         .iter()
         .find(|(k, _)| k == "Content-Length")
-        .map_or(body.len(), |(_, v)| v.parse().unwrap());
+        .map_or(full, |(_, v)| v.parse().unwrap());
     let code: u16 = status[..3].parse().unwrap();
     let headers = headers
         .iter()
@@ -256,6 +276,7 @@ fn repo_of(dir: &Path, token: Option<&'static str>) -> HubRepo {
             })
             .collect(),
         token,
+        deaths: Default::default(),
     }
 }
 
@@ -459,6 +480,53 @@ async fn a_partial_download_resumes_with_a_range_request() {
     assert_eq!(ranges, ["bytes=0-0".to_owned(), format!("bytes={half}-")]);
     assert_eq!(std::fs::read(blobs.join(&blob)).unwrap(), weights);
     assert!(!blobs.join(format!("{blob}.part")).exists());
+}
+
+#[tokio::test]
+async fn a_server_that_dies_mid_download_leaves_nothing_that_looks_complete() {
+    let repo = tiny_repo(2, None);
+    let weights = repo.files["model.safetensors"].bytes.clone();
+    let blob = etag(&weights);
+    repo.deaths.store(1, SeqCst);
+    let hub = FakeHub::start(vec![("org/tiny", repo)]);
+    let home = tempfile::tempdir().unwrap();
+    let w = hub_worker(&hub.url(), home.path(), &[]);
+
+    let data = load_failure(within(w.call::<Load>(&LoadParams::new("org/tiny"))).await);
+    assert!(data.detail.contains("model.safetensors"), "{}", data.detail);
+    let cache = repo_cache(home.path(), "org/tiny");
+    assert!(
+        !cache.join("blobs").join(&blob).exists(),
+        "a half blob looks complete"
+    );
+    assert!(!cache
+        .join("snapshots")
+        .join(SHA)
+        .join("model.safetensors")
+        .exists());
+
+    // The next load resumes where the download stopped and the model answers.
+    within(w.call::<Load>(&LoadParams::new("org/tiny")))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(cache.join("blobs").join(&blob)).unwrap(),
+        weights
+    );
+    within(w.generate(&greedy("hi", 4)).unwrap().finish())
+        .await
+        .unwrap();
+    let ranges: Vec<String> = hub
+        .seen()
+        .iter()
+        .filter(|s| s.method == "GET" && s.path.ends_with("/model.safetensors"))
+        .filter_map(|s| s.range.clone())
+        .collect();
+    assert!(
+        ranges.iter().any(|r| r != "bytes=0-0"),
+        "resumed with a range: {ranges:?}"
+    );
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
 }
 
 #[tokio::test]

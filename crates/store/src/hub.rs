@@ -153,16 +153,24 @@ pub(crate) fn resolve(
         if cancelled() {
             return Err(Error::Cancelled);
         }
+        let expected = std::cell::Cell::new(0);
         let reporter = Reporter {
             progress: &mut *progress,
             label: format!("{file} ({}/{})", i + 1, missing.len()),
+            expected: &expected,
             total: 0,
             done: 0,
             sent: None,
         };
-        api_repo
+        let path = api_repo
             .download_with_progress(file, reporter)
             .map_err(|e| failure.of(e, Some(file)))?;
+        check_complete(&path, expected.get()).map_err(|detail| {
+            Error::load(
+                LoadErrorKind::Network,
+                format!("`{}` file {file}: {detail}", req.model),
+            )
+        })?;
     }
     if revision != info.sha {
         Cache::new(settings.cache.clone())
@@ -192,6 +200,24 @@ pub(crate) fn resolve(
         });
     }
     Ok(snapshot)
+}
+
+/// hf-hub 0.4 takes a connection that closes early for the end of the file and stores what
+/// came as the complete blob. A downloaded file shorter than the hub said goes back to being a
+/// partial download (`blobs/<etag>.part`, which the next load resumes) and its snapshot link
+/// is removed, so that no half file in the cache ever looks complete.
+fn check_complete(path: &Path, expected: u64) -> Result<(), String> {
+    let blob = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let got = std::fs::metadata(&blob).map_or(0, |m| m.len());
+    if got == expected {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::rename(&blob, blob.with_extension("part"));
+    Err(format!(
+        "the download ended after {got} of {expected} bytes (the connection closed early); \
+         load again to resume it"
+    ))
 }
 
 /// Where the hub cache is, which endpoint to use, whether to stay offline.
@@ -318,6 +344,8 @@ fn model_files<'a>(siblings: impl Iterator<Item = &'a str>) -> Vec<String> {
 struct Reporter<'a> {
     progress: &'a mut dyn FnMut(LoadProgress),
     label: String,
+    /// The file's size as the hub gave it, for the check after the download.
+    expected: &'a std::cell::Cell<u64>,
     total: u64,
     done: u64,
     sent: Option<u64>,
@@ -339,6 +367,7 @@ impl Progress for Reporter<'_> {
     fn init(&mut self, size: usize, _filename: &str) {
         // hf-hub calls this again before each (resumed) request, then `update(offset)`.
         self.total = size as u64;
+        self.expected.set(self.total);
         self.done = 0;
         if self.sent.is_none() {
             self.send();
