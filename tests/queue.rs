@@ -306,3 +306,68 @@ fn a_dead_parent_cancels_and_exits_within_a_second() {
         t.elapsed()
     );
 }
+
+#[test]
+fn a_host_that_stops_reading_pauses_the_generation_instead_of_queueing_without_bound() {
+    use std::io::{BufRead, Write};
+    let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
+    let mut child = crate::support::raw_worker();
+    let stdin = child.stdin.as_mut().unwrap();
+    stdin
+        .write_all(load_and_generate_lines(&model_id(dir.path())).as_bytes())
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    read_until_a_delta(&mut stdout);
+    // The host stops reading for two seconds, then asks for `status` and reads on: the
+    // generation waited (at most the pipe and 256 messages were queued; the waiting itself is
+    // unit-tested in transport.rs) and goes on to the end with nothing lost.
+    std::thread::sleep(Duration::from_secs(2));
+    let status = json!({"jsonrpc": "2.0", "id": 3, "method": "status"});
+    stdin.write_all(format!("{status}\n").as_bytes()).unwrap();
+    let mut deltas = 0;
+    let mut line = String::new();
+    let status = loop {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "stdout ended early"
+        );
+        let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+        match (message["method"].as_str(), message["id"].as_i64()) {
+            (Some("generate/delta"), _) => deltas += 1,
+            (_, Some(3)) => break message["result"].clone(),
+            _ => {}
+        }
+    };
+    // What waited for stdout: the pipe (64 KiB) and at most 256 queued messages.
+    assert!(
+        deltas < 1500,
+        "{deltas} deltas were queued while nobody read"
+    );
+    assert_eq!(
+        status["state"], "generating",
+        "the generation paused: {status}"
+    );
+    // Read again, it goes on to the end, nothing lost.
+    loop {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "stdout ended early"
+        );
+        let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+        match (message["method"].as_str(), message["id"].as_i64()) {
+            (Some("generate/delta"), _) => deltas += 1,
+            (_, Some(2)) => {
+                let result = &message["result"];
+                assert_eq!(result["finish_reason"], "length", "{message}");
+                assert_eq!(result["usage"]["completion_tokens"], LONG);
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(deltas > 0);
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}

@@ -178,17 +178,21 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox) -> Response {
     let id = job.id;
     let result = match job.work {
         Work::Load(params) => {
+            let cancelled = || job.cancel.is_cancelled();
             let mut progress = |stage, done, total, message| {
-                outbox.send(Notification::new(
-                    LoadProgressNotification::NAME,
-                    LoadProgress {
-                        request_id: id.clone(),
-                        stage,
-                        done,
-                        total,
-                        message,
-                    },
-                ));
+                outbox.send_paced(
+                    Notification::new(
+                        LoadProgressNotification::NAME,
+                        LoadProgress {
+                            request_id: id.clone(),
+                            stage,
+                            done,
+                            total,
+                            message,
+                        },
+                    ),
+                    &cancelled,
+                );
             };
             engine
                 .load(&params, &job.cancel, &mut progress)
@@ -196,16 +200,20 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox) -> Response {
         }
         Work::Generate(params) => {
             let mut index = 0;
+            let cancelled = || job.cancel.is_cancelled();
             let mut on_delta = |text: String, tokens| {
-                outbox.send(Notification::new(
-                    GenerateDeltaNotification::NAME,
-                    GenerateDelta {
-                        request_id: id.clone(),
-                        index,
-                        text,
-                        tokens,
-                    },
-                ));
+                outbox.send_paced(
+                    Notification::new(
+                        GenerateDeltaNotification::NAME,
+                        GenerateDelta {
+                            request_id: id.clone(),
+                            index,
+                            text,
+                            tokens,
+                        },
+                    ),
+                    &cancelled,
+                );
                 index += 1;
             };
             engine
