@@ -37,6 +37,21 @@ pub fn is_repo_id(model: &str) -> bool {
         && matches!(model.split_once('/'), Some((org, name)) if part(org) && part(name))
 }
 
+/// Whether `revision` can name a branch, tag or commit without leaving `refs/` in the cache
+/// (it becomes a file path there): no `..`, no leading `/`, no backslash, `%` or control
+/// characters (no encoded separators either), at most 255 bytes.
+fn is_revision(revision: &str) -> bool {
+    !revision.is_empty()
+        && revision.len() <= 255
+        && !revision.contains("..")
+        && !revision.starts_with('/')
+        && !revision.ends_with('/')
+        && !revision.contains("//")
+        && !revision
+            .chars()
+            .any(|c| c.is_control() || matches!(c, '\\' | '%'))
+}
+
 /// The snapshot directory of `req.model` at `req.revision`: from the cache, or downloaded.
 pub(crate) fn resolve(
     req: &Source,
@@ -46,7 +61,7 @@ pub(crate) fn resolve(
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let settings = Settings::from_env(&env)?;
     let revision = req.revision.unwrap_or("main");
-    if revision.is_empty() || revision.contains("..") || revision.starts_with('/') {
+    if !is_revision(revision) {
         return Err(Error::InvalidParams {
             field: "revision".into(),
             reason: format!("`{revision}` is not a branch, tag or commit"),
@@ -493,6 +508,35 @@ impl Failure<'_> {
 mod tests {
     use super::*;
     use crate::HfToken;
+
+    #[test]
+    fn revisions_stay_inside_refs() {
+        for ok in [
+            "main",
+            "v1.0",
+            "refs/pr/1",
+            "0123456789abcdef0123456789abcdef01234567",
+        ] {
+            assert!(is_revision(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "..",
+            "../../etc/passwd",
+            "a/../b",
+            "/etc",
+            "a/",
+            "a//b",
+            "a\\..\\b",
+            "%2e%2e%2fx",
+            "..%2F..",
+            "a\0b",
+            "a\nb",
+        ] {
+            assert!(!is_revision(bad), "{bad:?}");
+        }
+        assert!(!is_revision(&"a".repeat(256)));
+    }
 
     #[test]
     fn repo_ids_are_org_slash_name() {
