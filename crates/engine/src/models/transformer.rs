@@ -13,9 +13,12 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    error::EngineError,
+    error::{EngineError, LoadErrorKind},
     kv_cache::{KvCache, Mask},
-    models::LanguageModel,
+    models::{
+        moe::{MoeSpec, SparseMoe},
+        LanguageModel,
+    },
     nn::{
         Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, Qkv, Result,
         RmsNorm, Rope,
@@ -71,6 +74,22 @@ impl CommonArgs {
         )
     }
 
+    /// Refuses a `rope_scaling` that `family`'s mlx-lm file ignores (it runs plain RoPE), so
+    /// that no model runs with RoPE other than it was trained with.
+    pub fn refuse_rope_scaling(&self, family: &str) -> LoadResult<()> {
+        match &self.rope_scaling {
+            Some(scaling) => Err(EngineError::load(
+                LoadErrorKind::UnsupportedArchitecture,
+                format!(
+                    "{family}: `rope_scaling` ({scaling}) is not supported (mlx-lm runs this \
+                     family with plain RoPE); remove it from config.json only if the model was \
+                     trained without it"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The Llama layer for these args: families adjust it from here.
     pub fn llama_layer(&self, head_dim: i32, rope: Rope) -> LayerSpec {
         LayerSpec::llama(self.rms_norm_eps, self.attention_shape(head_dim), rope)
@@ -120,9 +139,20 @@ pub struct LayerSpec {
     pub qk_norm: bool,
     pub norms: NormLayout,
     pub activation: Activation,
+    /// A dense gated MLP, or a sparse mixture of experts.
+    pub mlp: MlpSpec,
     pub rms_norm_eps: f32,
     pub shape: AttentionShape,
     pub rope: Rope,
+}
+
+/// The MLP of a layer.
+#[derive(Debug, Clone)]
+pub enum MlpSpec {
+    /// `mlp.{gate,up,down}_proj` (or fused `gate_up_proj`).
+    Dense,
+    /// Router and experts ([`crate::models::moe`]).
+    Moe(MoeSpec),
 }
 
 impl LayerSpec {
@@ -133,6 +163,7 @@ impl LayerSpec {
             qk_norm: false,
             norms: NormLayout::PreNorm,
             activation: Activation::Silu,
+            mlp: MlpSpec::Dense,
             rms_norm_eps,
             shape,
             rope,
@@ -198,9 +229,35 @@ enum Norms {
     },
 }
 
+/// A block's MLP.
+enum Mlp {
+    Dense(GatedMlp),
+    /// Under its checkpoint name (`mlp`, Mixtral's `block_sparse_moe`).
+    Moe(SparseMoe, &'static str),
+}
+
+impl Mlp {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Mlp::Dense(mlp) => mlp.forward(x),
+            Mlp::Moe(moe, _) => moe.forward(x),
+        }
+    }
+
+    /// The linear layers under their checkpoint names (relative to the block).
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let (prefix, linears) = match self {
+            Mlp::Dense(mlp) => ("mlp", mlp.linears_mut()),
+            Mlp::Moe(moe, name) => (*name, moe.linears_mut()),
+        };
+        let named = |(n, l)| (format!("{prefix}.{n}"), l);
+        linears.into_iter().map(named).collect()
+    }
+}
+
 struct Block {
     self_attn: Attention,
-    mlp: GatedMlp,
+    mlp: Mlp,
     norms: Norms,
     /// Which of the forward pass's masks this layer takes (an index into
     /// [`Decoder::mask_sources`]).
@@ -323,28 +380,38 @@ fn load_block(
             v_proj: linear("self_attn.v_proj")?,
         },
     };
-    let gate_up = match spec.fused {
-        true => GateUp::Fused {
-            gate_up_proj: linear("mlp.gate_up_proj")?,
-        },
-        false => GateUp::Split {
-            gate_proj: linear("mlp.gate_proj")?,
-            up_proj: linear("mlp.up_proj")?,
-        },
+    let o_proj = linear("self_attn.o_proj")?;
+    let mlp = match &spec.mlp {
+        MlpSpec::Dense => {
+            let gate_up = match spec.fused {
+                true => GateUp::Fused {
+                    gate_up_proj: linear("mlp.gate_up_proj")?,
+                },
+                false => GateUp::Split {
+                    gate_proj: linear("mlp.gate_proj")?,
+                    up_proj: linear("mlp.up_proj")?,
+                },
+            };
+            Mlp::Dense(GatedMlp {
+                gate_up,
+                down_proj: linear("mlp.down_proj")?,
+                activation: spec.activation,
+            })
+        }
+        MlpSpec::Moe(moe) => {
+            let layer = SparseMoe::load(weights, &format!("{p}.{}", moe.name), moe)?;
+            Mlp::Moe(layer, moe.name)
+        }
     };
     Ok(Block {
         self_attn: Attention {
             qkv,
-            o_proj: linear("self_attn.o_proj")?,
+            o_proj,
             qk_norm,
             shape: spec.shape,
             rope: spec.rope,
         },
-        mlp: GatedMlp {
-            gate_up,
-            down_proj: linear("mlp.down_proj")?,
-            activation: spec.activation,
-        },
+        mlp,
         norms,
         mask_kind,
     })
@@ -450,10 +517,10 @@ impl<F: Family> LanguageModel for Decoder<F> {
         )];
         for (i, l) in self.layers.iter_mut().enumerate() {
             let attn = l.self_attn.linears_mut().into_iter();
-            let named =
-                |part: &str, (name, linear)| (format!("model.layers.{i}.{part}.{name}"), linear);
-            out.extend(attn.map(|x| named("self_attn", x)));
-            out.extend(l.mlp.linears_mut().into_iter().map(|x| named("mlp", x)));
+            let p = format!("model.layers.{i}");
+            out.extend(attn.map(|(n, linear)| (format!("{p}.self_attn.{n}"), linear)));
+            let mlp = l.mlp.linears_mut().into_iter();
+            out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
         }
         out.extend(self.lm_head.as_mut().map(|h| ("lm_head".to_owned(), h)));
         out
