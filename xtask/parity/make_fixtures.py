@@ -223,7 +223,7 @@ def build(spec, out):
     weights = dict(tree_flatten(model.parameters()))
     if adapter := spec.get("adapter"):
         write_adapter(model, adapter, tmp / "adapter")
-    if names := spec.get("hf_experts"):
+    if (names := spec.get("hf_experts")) is not None:
         weights = unstack_experts(weights, names)
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
     for name in spec.get("drop_tensors", []):

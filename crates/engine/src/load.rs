@@ -140,11 +140,7 @@ pub(crate) fn quantize(
 ) -> Result<Option<AdapterSwitch>, EngineError> {
     let model = &mut built.model;
     if req.load_in_4bit && built.quantization.is_none() {
-        for (_, linear) in model.linears_mut() {
-            if linear.weight.dim(-1) % 64 == 0 {
-                linear.quantize(64, 4)?;
-            }
-        }
+        quantize_in_4bit(model.as_mut())?;
         built.quantization = Some(Quantization {
             bits: 4,
             group_size: 64,
@@ -173,6 +169,18 @@ pub(crate) fn quantize(
     })?;
     report(progress, LoadStage::Weights, 1, "");
     Ok(adapter)
+}
+
+/// `load_in_4bit`: every linear layer whose rows split into groups of 64 (a mixture of
+/// experts' stacked expert layers too, each expert's matrix as mlx-lm quantizes them) becomes
+/// affine 4-bit, group 64.
+pub(crate) fn quantize_in_4bit(model: &mut dyn LanguageModel) -> Result<(), EngineError> {
+    for (_, linear) in model.linears_mut() {
+        if linear.weight.dim(-1) % 64 == 0 {
+            linear.quantize(64, 4)?;
+        }
+    }
+    Ok(())
 }
 
 /// What is known about the model, as `load` answers it.

@@ -253,3 +253,6 @@ fn first_k_of_negated(x: &Array, k: i32) -> Result<Array> {
     let part = ops::argpartition_axis(x.negative()?, k - 1, -1)?;
     Ok(part.split_at_indices(&[k], -1)?.swap_remove(0))
 }
+
+#[cfg(test)]
+mod tests;
