@@ -51,6 +51,12 @@ FAMILY_BASE = {
         "num_local_experts": 4,
         "num_experts_per_tok": 2,
     },
+    "olmoe": {
+        "architectures": ["OlmoeForCausalLM"],
+        "intermediate_size": 64,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {

@@ -9,6 +9,7 @@ mod llama;
 mod mistral;
 mod mixtral;
 mod moe;
+mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen3;
@@ -58,6 +59,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "llama",
     "mistral",
     "mixtral",
+    "olmoe",
     "phi3",
     "qwen2",
     "qwen3",
@@ -78,6 +80,7 @@ pub fn build(
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
+        "olmoe" => Ok(Box::new(olmoe::load(config, weights)?)),
         "phi3" => Ok(Box::new(phi3::load(config, weights)?)),
         "qwen2" => Ok(Box::new(qwen2::load(config, weights)?)),
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),

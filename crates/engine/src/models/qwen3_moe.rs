@@ -13,6 +13,7 @@ use crate::{
         parse_args,
         transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
     },
+    nn::QkNormOver,
     weights::Weights,
 };
 
@@ -39,7 +40,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     let max_pos = Some(args.max_position_embeddings);
     let rope = c.rope(args.head_dim, args.rope_theta, false, max_pos)?;
     let layer = LayerSpec {
-        qk_norm: true,
+        qk_norm: Some(QkNormOver::Head),
         ..c.llama_layer(args.head_dim, rope)
     };
     let moe = MoeSpec {

@@ -20,8 +20,8 @@ use crate::{
         LanguageModel,
     },
     nn::{
-        Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, Qkv, Result,
-        RmsNorm, Rope,
+        Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, QkNorm,
+        QkNormOver, Qkv, Result, RmsNorm, Rope,
     },
     rope::rope_from_config,
     weights::Weights,
@@ -135,8 +135,9 @@ pub enum NormLayout {
 pub struct LayerSpec {
     /// One `qkv_proj` / `gate_up_proj` matrix instead of separate ones (Phi-3).
     pub fused: bool,
-    /// `q_norm` / `k_norm` over each head's features before RoPE (Qwen3, Gemma 3).
-    pub qk_norm: bool,
+    /// `q_norm` / `k_norm` before RoPE: over each head's features (Qwen3, Gemma 3) or the
+    /// whole projection (OLMoE).
+    pub qk_norm: Option<QkNormOver>,
     pub norms: NormLayout,
     pub activation: Activation,
     /// A dense gated MLP, or a sparse mixture of experts.
@@ -160,7 +161,7 @@ impl LayerSpec {
     pub fn llama(rms_norm_eps: f32, shape: AttentionShape, rope: Rope) -> Self {
         Self {
             fused: false,
-            qk_norm: false,
+            qk_norm: None,
             norms: NormLayout::PreNorm,
             activation: Activation::Silu,
             mlp: MlpSpec::Dense,
@@ -363,11 +364,12 @@ fn load_block(
         },
     };
     let qk_norm = match spec.qk_norm {
-        true => Some((
+        Some(over) => Some(QkNorm::new(
+            over,
             load_norm("self_attn.q_norm")?,
             load_norm("self_attn.k_norm")?,
         )),
-        false => None,
+        None => None,
     };
     let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
     let qkv = match spec.fused {

@@ -154,10 +154,15 @@ fn hugging_face_experts_are_stacked_and_held_once() {
     eval(arrays.iter()).unwrap();
     let held: usize = arrays.iter().map(Array::nbytes).sum();
     assert_eq!(held + norms, checkpoint, "the model's arrays are the checkpoint's");
-    // The per-expert tensors are gone once the stacks exist: MLX holds the checkpoint's bytes.
+    // The per-expert tensors are gone once the stacks exist: MLX holds the checkpoint's bytes
+    // (give or take a few bytes of its own, e.g. the random key), not one expert matrix more.
     drop(arrays);
     let active = mlx_rs::memory::active_memory().unwrap() - before;
-    assert_eq!(active, checkpoint, "no per-expert copies stay alive");
+    let one_expert_matrix = 64 * 64 * 4;
+    assert!(
+        active.abs_diff(checkpoint) < one_expert_matrix,
+        "MLX holds {active} bytes for a {checkpoint}-byte checkpoint"
+    );
 }
 
 #[test]
