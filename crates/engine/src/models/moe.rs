@@ -18,6 +18,10 @@ use crate::{
 
 type LoadResult<T> = std::result::Result<T, EngineError>;
 
+fn invalid(detail: String) -> EngineError {
+    EngineError::load(LoadErrorKind::InvalidWeights, detail)
+}
+
 /// How the router's logits become experts and their weights, as each family's mlx-lm file
 /// computes it (softmaxes are `precise`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,10 +98,7 @@ impl SwitchLinear {
         let stack = |part: fn(&Linear) -> Option<&Array>| -> LoadResult<Option<Array>> {
             let parts: Option<Vec<&Array>> = per_expert.iter().map(part).collect();
             let stacked = parts.map(|p| ops::stack(&p, 0)).transpose();
-            stacked.map_err(|e| {
-                let detail = format!("stacking the experts of `{experts}.*.{name}`: {e}");
-                EngineError::load(LoadErrorKind::InvalidWeights, detail)
-            })
+            stacked.map_err(|e| invalid(format!("stacking `{experts}.*.{name}`: {e}")))
         };
         let weight = stack(|l| Some(&l.weight))?.expect("every expert has a weight");
         let scales = stack(|l| l.quantized.as_ref().map(|q| &q.scales))?;
@@ -172,6 +173,12 @@ pub struct SparseMoe {
 impl SparseMoe {
     /// The layer at `prefix` (`model.layers.N.mlp`): router `gate`, experts `switch_mlp`.
     pub fn load(weights: &mut Weights, prefix: &str, spec: &MoeSpec) -> LoadResult<Self> {
+        let (experts, k) = (spec.num_experts, spec.top_k);
+        if experts < 1 || k < 1 || k > experts {
+            return Err(invalid(format!(
+                "config.json: {k} experts per token of {experts} (need 1 <= k <= experts)"
+            )));
+        }
         let [gate, up, down] = spec.expert_names;
         let mut switch = |ours: &str, theirs: &str| {
             SwitchLinear::load(
@@ -187,8 +194,17 @@ impl SparseMoe {
             up_proj: switch("up_proj", up)?,
             down_proj: switch("down_proj", down)?,
         };
+        let gate = weights.linear(&format!("{prefix}.gate"))?;
+        // MLX's gathers do not check bounds: every expert index the router gives must exist.
+        let projections = [&switch_mlp.gate_proj, &switch_mlp.up_proj, &switch_mlp.down_proj];
+        if gate.weight.dim(0) != experts || projections.iter().any(|p| p.0.weight.dim(0) != experts) {
+            return Err(invalid(format!(
+                "`{prefix}`: the router and experts do not hold the {experts} experts config.json \
+                 names"
+            )));
+        }
         Ok(Self {
-            gate: weights.linear(&format!("{prefix}.gate"))?,
+            gate,
             switch_mlp,
             top_k: spec.top_k,
             routing: spec.routing,

@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    load::quantize_in_4bit,
+    load::{check_experts_run_on, quantize_in_4bit},
+    request::Backend,
     lora::Adapter,
     models::{build, LanguageModel},
     weights::Weights,
@@ -31,6 +32,12 @@ fn config() -> Value {
         "rms_norm_eps": 1e-5,
         "vocab_size": 128,
     })
+}
+
+fn config_q4() -> Value {
+    let mut config = config();
+    config["quantization"] = json!({"group_size": 64, "bits": 4});
+    config
 }
 
 fn random(shape: &[i32]) -> Array {
@@ -169,9 +176,7 @@ fn hugging_face_experts_are_stacked_and_held_once() {
 fn load_in_4bit_quantizes_the_experts_as_mlx_lm_writes_them() {
     let _lock = mlx_test_lock();
     let hf = hf_tensors();
-    let mut config_q4 = config();
-    config_q4["quantization"] = json!({"group_size": 64, "bits": 4});
-    let converted = load(&config_q4, mlx_lm_q4(&hf));
+    let converted = load(&config_q4(), mlx_lm_q4(&hf));
     let mut on_load = load(&config(), hf);
     quantize_in_4bit(on_load.as_mut()).unwrap();
     // 40 tokens route 80 (token, expert) pairs: sorted by expert (mlx-lm sorts from 64); 1
@@ -180,6 +185,63 @@ fn load_in_4bit_quantizes_the_experts_as_mlx_lm_writes_them() {
         let (a, b) = (logits(converted.as_ref(), n), logits(on_load.as_ref(), n));
         assert_eq!(a.as_slice::<f32>(), b.as_slice::<f32>(), "{n} tokens");
     }
+}
+
+/// The load error for `config` over `tensors`.
+fn refusal(config: &Value, tensors: HashMap<String, Array>) -> (LoadErrorKind, String) {
+    match build(config, Weights::from_tensors(tensors, config)) {
+        Err(EngineError::Load { kind, detail }) => (kind, detail),
+        other => panic!("expected a load error, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn quantization_modes_other_than_affine_are_refused() {
+    let _lock = mlx_test_lock();
+    // mlx-lm's nvfp4 experts (with a per-expert `global_scale`) are not affine.
+    let mut config = config_q4();
+    config["quantization"]["mode"] = json!("nvfp4");
+    let (kind, detail) = refusal(&config, mlx_lm_q4(&hf_tensors()));
+    assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+    assert!(detail.contains("`nvfp4`"), "{detail}");
+}
+
+#[test]
+fn expert_counts_must_fit_the_checkpoint() {
+    let _lock = mlx_test_lock();
+    let mut config = config();
+    config["num_experts_per_tok"] = json!(EXPERTS + 1);
+    let (kind, detail) = refusal(&config, hf_tensors());
+    assert_eq!(kind, LoadErrorKind::InvalidWeights);
+    assert!(detail.contains("5 experts per token of 4"), "{detail}");
+    // Stacked experts fewer than config.json says: the router could pick one that is not there.
+    let mut config = config_q4();
+    config["num_local_experts"] = json!(EXPERTS - 1);
+    let (kind, detail) = refusal(&config, mlx_lm_q4(&hf_tensors()));
+    assert_eq!(kind, LoadErrorKind::InvalidWeights);
+    assert!(detail.contains("the 3 experts"), "{detail}");
+}
+
+#[test]
+fn dense_bfloat16_experts_are_refused_on_the_cpu_only() {
+    let _lock = mlx_test_lock();
+    let mut weights = Weights::from_tensors(hf_tensors(), &config());
+    weights.cast_floats(mlx_rs::Dtype::Bfloat16).unwrap();
+    let mut model = build(&config(), weights).unwrap();
+    for backend in [Backend::Metal, Backend::Cuda] {
+        check_experts_run_on(model.as_mut(), backend).unwrap();
+    }
+    match check_experts_run_on(model.as_mut(), Backend::Cpu) {
+        Err(EngineError::Load { kind, detail }) => {
+            assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+            assert!(detail.contains("load_in_4bit"), "{detail}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Quantized, they run: gather_qmm takes bfloat16.
+    quantize_in_4bit(model.as_mut()).unwrap();
+    check_experts_run_on(model.as_mut(), Backend::Cpu).unwrap();
+    assert_eq!(logits(model.as_ref(), 40).dtype(), mlx_rs::Dtype::Bfloat16);
 }
 
 #[test]
