@@ -236,7 +236,9 @@ impl Adapter {
             if linear.weight.ndim() != 2 {
                 return Err(unsupported(
                     dir,
-                    format!("LoRA on the experts of a mixture of experts (`{name}`) is not supported"),
+                    format!(
+                        "LoRA on the experts of a mixture of experts (`{name}`) is not supported"
+                    ),
                 ));
             }
             let (out_dims, in_dims) = linear_dims(linear);

@@ -196,8 +196,13 @@ impl SparseMoe {
         };
         let gate = weights.linear(&format!("{prefix}.gate"))?;
         // MLX's gathers do not check bounds: every expert index the router gives must exist.
-        let projections = [&switch_mlp.gate_proj, &switch_mlp.up_proj, &switch_mlp.down_proj];
-        if gate.weight.dim(0) != experts || projections.iter().any(|p| p.0.weight.dim(0) != experts) {
+        let projections = [
+            &switch_mlp.gate_proj,
+            &switch_mlp.up_proj,
+            &switch_mlp.down_proj,
+        ];
+        if gate.weight.dim(0) != experts || projections.iter().any(|p| p.0.weight.dim(0) != experts)
+        {
             return Err(invalid(format!(
                 "`{prefix}`: the router and experts do not hold the {experts} experts config.json \
                  names"

@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 use crate::{
     error::{EngineError, LoadErrorKind},
     load::{check_experts_run_on, quantize_in_4bit},
-    request::Backend,
     lora::Adapter,
     models::{build, LanguageModel},
+    request::Backend,
     weights::Weights,
 };
 use fixtures::mlx_test_lock;
@@ -88,7 +88,10 @@ fn mlx_lm_q4(hf: &HashMap<String, Array>) -> HashMap<String, Array> {
                 _ => "down_proj",
             };
             let key = format!("{moe}.switch_mlp.{proj}");
-            stacked.entry(key).or_default().push((e.parse().unwrap(), t.clone()));
+            stacked
+                .entry(key)
+                .or_default()
+                .push((e.parse().unwrap(), t.clone()));
         } else if name.ends_with("norm.weight") {
             out.insert(name.clone(), t.clone());
         } else {
@@ -160,7 +163,11 @@ fn hugging_face_experts_are_stacked_and_held_once() {
     let arrays = linear_arrays(model.as_mut());
     eval(arrays.iter()).unwrap();
     let held: usize = arrays.iter().map(Array::nbytes).sum();
-    assert_eq!(held + norms, checkpoint, "the model's arrays are the checkpoint's");
+    assert_eq!(
+        held + norms,
+        checkpoint,
+        "the model's arrays are the checkpoint's"
+    );
     // The per-expert tensors are gone once the stacks exist: MLX holds the checkpoint's bytes
     // (give or take a few bytes of its own, e.g. the random key), not one expert matrix more.
     drop(arrays);
@@ -259,7 +266,9 @@ fn lora_on_the_experts_is_refused_by_name() {
     ];
     let file = dir.join("adapters.safetensors");
     Array::save_safetensors(tensors, None, &file).unwrap();
-    let result = Adapter::load(&dir).unwrap().attach(&dir, model.linears_mut());
+    let result = Adapter::load(&dir)
+        .unwrap()
+        .attach(&dir, model.linears_mut());
     std::fs::remove_dir_all(&dir).unwrap();
     match result {
         Err(EngineError::Load { kind, detail }) => {
