@@ -194,12 +194,20 @@ fn load_in_4bit_quantizes_the_experts_as_mlx_lm_writes_them() {
     }
 }
 
-/// The load error for `config` over `tensors`.
-fn refusal(config: &Value, tensors: HashMap<String, Array>) -> (LoadErrorKind, String) {
-    match build(config, Weights::from_tensors(tensors, config)) {
-        Err(EngineError::Load { kind, detail }) => (kind, detail),
-        other => panic!("expected a load error, got {:?}", other.map(|_| ())),
+/// Asserts a load error of `kind` whose message contains `needle`.
+fn assert_refused<T>(result: Result<T, EngineError>, kind: LoadErrorKind, needle: &str) {
+    match result {
+        Err(EngineError::Load { kind: k, detail }) => {
+            assert_eq!(k, kind, "{detail}");
+            assert!(detail.contains(needle), "{detail}");
+        }
+        Err(other) => panic!("expected a load error, got {other:?}"),
+        Ok(_) => panic!("expected a load error naming {needle:?}"),
     }
+}
+
+fn try_load(config: &Value, tensors: HashMap<String, Array>) -> Result<(), EngineError> {
+    build(config, Weights::from_tensors(tensors, config)).map(|_| ())
 }
 
 #[test]
@@ -208,9 +216,8 @@ fn quantization_modes_other_than_affine_are_refused() {
     // mlx-lm's nvfp4 experts (with a per-expert `global_scale`) are not affine.
     let mut config = config_q4();
     config["quantization"]["mode"] = json!("nvfp4");
-    let (kind, detail) = refusal(&config, mlx_lm_q4(&hf_tensors()));
-    assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-    assert!(detail.contains("`nvfp4`"), "{detail}");
+    let result = try_load(&config, mlx_lm_q4(&hf_tensors()));
+    assert_refused(result, LoadErrorKind::UnsupportedArchitecture, "`nvfp4`");
 }
 
 #[test]
@@ -218,15 +225,17 @@ fn expert_counts_must_fit_the_checkpoint() {
     let _lock = mlx_test_lock();
     let mut config = config();
     config["num_experts_per_tok"] = json!(EXPERTS + 1);
-    let (kind, detail) = refusal(&config, hf_tensors());
-    assert_eq!(kind, LoadErrorKind::InvalidWeights);
-    assert!(detail.contains("5 experts per token of 4"), "{detail}");
+    let result = try_load(&config, hf_tensors());
+    assert_refused(
+        result,
+        LoadErrorKind::InvalidWeights,
+        "5 experts per token of 4",
+    );
     // Stacked experts fewer than config.json says: the router could pick one that is not there.
     let mut config = config_q4();
     config["num_local_experts"] = json!(EXPERTS - 1);
-    let (kind, detail) = refusal(&config, mlx_lm_q4(&hf_tensors()));
-    assert_eq!(kind, LoadErrorKind::InvalidWeights);
-    assert!(detail.contains("the 3 experts"), "{detail}");
+    let result = try_load(&config, mlx_lm_q4(&hf_tensors()));
+    assert_refused(result, LoadErrorKind::InvalidWeights, "the 3 experts");
 }
 
 #[test]
@@ -238,13 +247,12 @@ fn dense_bfloat16_experts_are_refused_on_the_cpu_only() {
     for backend in [Backend::Metal, Backend::Cuda] {
         check_experts_run_on(model.as_mut(), backend).unwrap();
     }
-    match check_experts_run_on(model.as_mut(), Backend::Cpu) {
-        Err(EngineError::Load { kind, detail }) => {
-            assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-            assert!(detail.contains("load_in_4bit"), "{detail}");
-        }
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    let result = check_experts_run_on(model.as_mut(), Backend::Cpu);
+    assert_refused(
+        result,
+        LoadErrorKind::UnsupportedArchitecture,
+        "load_in_4bit",
+    );
     // Quantized, they run: gather_qmm takes bfloat16.
     quantize_in_4bit(model.as_mut()).unwrap();
     check_experts_run_on(model.as_mut(), Backend::Cpu).unwrap();
@@ -270,11 +278,5 @@ fn lora_on_the_experts_is_refused_by_name() {
         .unwrap()
         .attach(&dir, model.linears_mut());
     std::fs::remove_dir_all(&dir).unwrap();
-    match result {
-        Err(EngineError::Load { kind, detail }) => {
-            assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-            assert!(detail.contains(layer), "{detail}");
-        }
-        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
-    }
+    assert_refused(result, LoadErrorKind::UnsupportedArchitecture, layer);
 }
