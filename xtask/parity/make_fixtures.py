@@ -32,6 +32,31 @@ FAMILY_BASE = {
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0},
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0, "head_dim": 32},
     "phi3": {"architectures": ["Phi3ForCausalLM"], "tie_word_embeddings": False},
+    # Mixtures of experts: 4 experts, top 2, expert MLPs of 64 (groups of 64 when quantized).
+    "qwen3_moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "rope_theta": 1000000.0,
+        "head_dim": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+    },
+    "mixtral": {
+        "architectures": ["MixtralForCausalLM"],
+        "tie_word_embeddings": False,
+        "intermediate_size": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    "olmoe": {
+        "architectures": ["OlmoeForCausalLM"],
+        "intermediate_size": 64,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {
@@ -135,6 +160,23 @@ def write_adapter(model, adapter, out):
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
 
 
+def unstack_experts(weights, names):
+    """The stacked experts (`<moe>.switch_mlp.<proj>.<part>`, one row per expert) as Hugging
+    Face stores them, one tensor per expert (`<moe>.experts.<e>.<name>.<part>`); `names` maps
+    the projection to the Hugging Face name (Mixtral: gate_proj -> w1). mlx-lm's `sanitize`
+    stacks them again at load."""
+    out = {}
+    for key, value in weights.items():
+        moe, sep, rest = key.partition(".switch_mlp.")
+        if not sep:
+            out[key] = value
+            continue
+        proj, part = rest.split(".")
+        for e in range(value.shape[0]):
+            out[f"{moe}.experts.{e}.{names.get(proj, proj)}.{part}"] = value[e]
+    return out
+
+
 def build(spec, out):
     config = config_for(spec)
     mx.random.seed(spec.get("seed", 0))
@@ -162,11 +204,18 @@ def build(spec, out):
         # recorded in config.json for `mlx_lm.load`.
         # Per-layer overrides ({path: {group_size, bits}} or {path: false}) are recorded under
         # their path in `quantization`, which is where mlx_lm.load looks for them.
-        overrides = q.get("overrides", {})
+        # A model's own `quant_predicate` (Qwen3-MoE: the router at 8 bits) applies as
+        # `mlx_lm.convert` applies it, its per-layer answers recorded the same way.
+        overrides = dict(q.get("overrides", {}))
+        model_predicate = getattr(model, "quant_predicate", None)
 
         def predicate(path, module):
             if not hasattr(module, "to_quantized"):
                 return False
+            if path not in overrides and model_predicate is not None:
+                params = model_predicate(path, module)
+                if isinstance(params, dict):
+                    overrides[path] = params
             return overrides.get(path, True)
 
         nn.quantize(model, group_size=q["group_size"], bits=q["bits"], class_predicate=predicate)
@@ -180,6 +229,8 @@ def build(spec, out):
     weights = dict(tree_flatten(model.parameters()))
     if adapter := spec.get("adapter"):
         write_adapter(model, adapter, tmp / "adapter")
+    if (names := spec.get("hf_experts")) is not None:
+        weights = unstack_experts(weights, names)
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
     for name in spec.get("drop_tensors", []):
         del weights[name]

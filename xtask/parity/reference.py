@@ -24,6 +24,10 @@ from mlx_lm.sample_utils import make_sampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from mlx_lm_bench import blas_libraries  # noqa: E402
+import mlx_compat  # noqa: E402
+
+# mlx-lm 0.32.2's quantized MoE layers on MLX 0.32.2 (docs/decisions/moe.md).
+mlx_compat.install()
 
 
 def prompt_ids(tokenizer, messages):

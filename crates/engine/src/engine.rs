@@ -135,6 +135,7 @@ impl Engine {
         memory::apply_limits(&self.device);
         let mut built = load::build(&files, &config, req, progress)?;
         let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
+        load::check_experts_run_on(built.model.as_mut(), self.device.backend)?;
         let info = load::describe(req, &files, &config, &tokenizer, &built);
         let (model, vision) = (built.model, built.vision);
         let tokenizer = Arc::new(tokenizer);

@@ -161,11 +161,7 @@ pub(crate) fn quantize(
 ) -> Result<Option<AdapterSwitch>, EngineError> {
     let model = &mut built.model;
     if req.load_in_4bit && built.quantization.is_none() {
-        for (_, linear) in model.linears_mut() {
-            if linear.weight.dim(-1) % 64 == 0 {
-                linear.quantize(64, 4)?;
-            }
-        }
+        quantize_in_4bit(model.as_mut())?;
         built.quantization = Some(Quantization {
             bits: 4,
             group_size: 64,
@@ -194,6 +190,44 @@ pub(crate) fn quantize(
     })?;
     report(progress, LoadStage::Weights, 1, "");
     Ok(adapter)
+}
+
+/// `load_in_4bit`: every linear layer whose rows split into groups of 64 (a mixture of
+/// experts' stacked expert layers too, each expert's matrix as mlx-lm quantizes them) becomes
+/// affine 4-bit, group 64.
+pub(crate) fn quantize_in_4bit(model: &mut dyn LanguageModel) -> Result<(), EngineError> {
+    for (_, linear) in model.linears_mut() {
+        if linear.weight.dim(-1) % 64 == 0 {
+            linear.quantize(64, 4)?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, on the CPU, a mixture of experts whose expert layers are dense and not float32:
+/// MLX's CPU `gather_mm` computes float32 only (mlx-lm fails there the same way, at the first
+/// token); quantized experts (`gather_qmm`) run in any float dtype.
+pub(crate) fn check_experts_run_on(
+    model: &mut dyn LanguageModel,
+    backend: Backend,
+) -> Result<(), EngineError> {
+    if backend != Backend::Cpu {
+        return Ok(());
+    }
+    let dense_experts = model.linears_mut().into_iter().find(|(_, l)| {
+        l.weight.ndim() == 3 && l.quantized.is_none() && l.weight.dtype() != Dtype::Float32
+    });
+    match dense_experts {
+        Some((name, l)) => Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            format!(
+                "`{name}` holds {:?} experts, and on the CPU MLX runs unquantized experts in \
+                 float32 only: load with `dtype` float32 or with `load_in_4bit`",
+                l.weight.dtype()
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What is known about the model, as `load` answers it.

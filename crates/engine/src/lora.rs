@@ -232,6 +232,15 @@ impl Adapter {
                     format!("it adapts `{name}`, which this model does not have"),
                 )
             })?;
+            // A mixture of experts' projections hold one matrix per expert.
+            if linear.weight.ndim() != 2 {
+                return Err(unsupported(
+                    dir,
+                    format!(
+                        "LoRA on the experts of a mixture of experts (`{name}`) is not supported"
+                    ),
+                ));
+            }
             let (out_dims, in_dims) = linear_dims(linear);
             let fits = a.ndim() == 2
                 && b.ndim() == 2

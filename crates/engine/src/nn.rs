@@ -284,15 +284,39 @@ pub enum Qkv {
     },
 }
 
-/// Self-attention: projections, optional per-head q/k RMS norms (Qwen3, Gemma 3), RoPE, the
+/// RMS norms over the queries and keys, before RoPE.
+#[derive(Debug)]
+pub enum QkNorm {
+    /// Over each head's features (Qwen3, Gemma 3).
+    PerHead(RmsNorm, RmsNorm),
+    /// Over the whole projection, all heads at once (OLMoE).
+    Whole(RmsNorm, RmsNorm),
+}
+
+/// Which features q/k norms cover (a layer spec's choice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNormOver {
+    Head,
+    Projection,
+}
+
+impl QkNorm {
+    pub fn new(over: QkNormOver, q: RmsNorm, k: RmsNorm) -> Self {
+        match over {
+            QkNormOver::Head => Self::PerHead(q, k),
+            QkNormOver::Projection => Self::Whole(q, k),
+        }
+    }
+}
+
+/// Self-attention: projections, optional q/k RMS norms (Qwen3, Gemma 3, OLMoE), RoPE, the
 /// KV cache, scaled dot-product attention, output projection. The mask comes from the caller,
 /// built once per forward pass for all layers of one window kind (mlx-lm's model files do the
 /// same with `create_attention_mask`).
 pub struct Attention {
     pub qkv: Qkv,
     pub o_proj: Linear,
-    /// Norms over each head's features of the queries and keys, before RoPE.
-    pub qk_norm: Option<(RmsNorm, RmsNorm)>,
+    pub qk_norm: Option<QkNorm>,
     pub shape: AttentionShape,
     pub rope: Rope,
 }
@@ -318,9 +342,13 @@ impl Attention {
                 (next(), next(), next())
             }
         };
+        let (q, k) = match &self.qk_norm {
+            Some(QkNorm::Whole(q_norm, k_norm)) => (q_norm.forward(&q)?, k_norm.forward(&k)?),
+            _ => (q, k),
+        };
         let (q_norm, k_norm) = match &self.qk_norm {
-            Some((q, k)) => (Some(q), Some(k)),
-            None => (None, None),
+            Some(QkNorm::PerHead(q, k)) => (Some(q), Some(k)),
+            _ => (None, None),
         };
         let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;

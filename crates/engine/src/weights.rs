@@ -116,6 +116,13 @@ impl Weights {
         let layer = q.get(&path).filter(|v| v.is_object()).unwrap_or(q);
         let get =
             |k: &str, default: i64| layer.get(k).and_then(Value::as_i64).unwrap_or(default) as i32;
+        let mode = layer.get("mode").or(q.get("mode")).and_then(Value::as_str);
+        if let Some(mode) = mode.filter(|m| *m != "affine") {
+            return Err(EngineError::load(
+                LoadErrorKind::UnsupportedArchitecture,
+                format!("`{path}`: quantization mode `{mode}` is not supported; affine is"),
+            ));
+        }
         Ok((get("group_size", 64), get("bits", 4)))
     }
 

@@ -20,7 +20,7 @@ use crate::{
         parse_args,
         transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, NormLayout},
     },
-    nn::{self, scalar_like, Activation, AttentionShape},
+    nn::{self, scalar_like, Activation, AttentionShape, QkNormOver},
     rope::rope_from_config,
     weights::Weights,
 };
@@ -131,7 +131,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma3>, Eng
             )
         };
         layers.push(LayerSpec {
-            qk_norm: true,
+            qk_norm: Some(QkNormOver::Head),
             norms: NormLayout::Sandwich,
             activation: Activation::GeluApprox,
             ..LayerSpec::llama(c.rms_norm_eps, shape, rope)

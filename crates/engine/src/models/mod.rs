@@ -7,9 +7,13 @@
 mod gemma3_text;
 mod llama;
 mod mistral;
+mod mixtral;
+mod moe;
+mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 mod transformer;
 
 use mlx_rs::Array;
@@ -50,7 +54,17 @@ pub trait LanguageModel {
 }
 
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
-pub const ARCHITECTURES: &[&str] = &["gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3"];
+pub const ARCHITECTURES: &[&str] = &[
+    "gemma3_text",
+    "llama",
+    "mistral",
+    "mixtral",
+    "olmoe",
+    "phi3",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+];
 
 /// Builds the model named by config.json's `model_type` from its weights.
 pub fn build(
@@ -66,9 +80,12 @@ pub fn build(
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
+        "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
+        "olmoe" => Ok(Box::new(olmoe::load(config, weights)?)),
         "phi3" => Ok(Box::new(phi3::load(config, weights)?)),
         "qwen2" => Ok(Box::new(qwen2::load(config, weights)?)),
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
+        "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(

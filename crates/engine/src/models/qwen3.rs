@@ -10,6 +10,7 @@ use crate::{
         parse_args,
         transformer::{load_uniform, CommonArgs, Decoder, LayerSpec},
     },
+    nn::QkNormOver,
     weights::Weights,
 };
 
@@ -46,7 +47,7 @@ pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
     let max_pos = Some(args.max_position_embeddings);
     let rope = c.rope(args.head_dim, rope_theta, false, max_pos)?;
     let layer = LayerSpec {
-        qk_norm: true,
+        qk_norm: Some(QkNormOver::Head),
         ..c.llama_layer(args.head_dim, rope)
     };
     load_uniform(weights, c, layer, args.tie_word_embeddings, max_pos)

@@ -15,10 +15,13 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     kv_cache::{KvCache, Mask},
-    models::LanguageModel,
+    models::{
+        moe::{MoeSpec, SparseMoe},
+        LanguageModel,
+    },
     nn::{
-        Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, Qkv, Result,
-        RmsNorm, Rope,
+        Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, QkNorm,
+        QkNormOver, Qkv, Result, RmsNorm, Rope,
     },
     rope::rope_from_config,
     weights::Weights,
@@ -71,6 +74,22 @@ impl CommonArgs {
         )
     }
 
+    /// Refuses a `rope_scaling` that `family`'s mlx-lm file ignores (it runs plain RoPE), so
+    /// that no model runs with RoPE other than it was trained with.
+    pub fn refuse_rope_scaling(&self, family: &str) -> LoadResult<()> {
+        match &self.rope_scaling {
+            Some(scaling) => Err(EngineError::load(
+                LoadErrorKind::UnsupportedArchitecture,
+                format!(
+                    "{family}: `rope_scaling` ({scaling}) is not supported (mlx-lm runs this \
+                     family with plain RoPE); remove it from config.json only if the model was \
+                     trained without it"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The Llama layer for these args: families adjust it from here.
     pub fn llama_layer(&self, head_dim: i32, rope: Rope) -> LayerSpec {
         LayerSpec::llama(self.rms_norm_eps, self.attention_shape(head_dim), rope)
@@ -116,13 +135,25 @@ pub enum NormLayout {
 pub struct LayerSpec {
     /// One `qkv_proj` / `gate_up_proj` matrix instead of separate ones (Phi-3).
     pub fused: bool,
-    /// `q_norm` / `k_norm` over each head's features before RoPE (Qwen3, Gemma 3).
-    pub qk_norm: bool,
+    /// `q_norm` / `k_norm` before RoPE: over each head's features (Qwen3, Gemma 3) or the
+    /// whole projection (OLMoE).
+    pub qk_norm: Option<QkNormOver>,
     pub norms: NormLayout,
     pub activation: Activation,
+    /// A dense gated MLP, or a sparse mixture of experts.
+    pub mlp: MlpSpec,
     pub rms_norm_eps: f32,
     pub shape: AttentionShape,
     pub rope: Rope,
+}
+
+/// The MLP of a layer.
+#[derive(Debug, Clone)]
+pub enum MlpSpec {
+    /// `mlp.{gate,up,down}_proj` (or fused `gate_up_proj`).
+    Dense,
+    /// Router and experts ([`crate::models::moe`]).
+    Moe(MoeSpec),
 }
 
 impl LayerSpec {
@@ -130,9 +161,10 @@ impl LayerSpec {
     pub fn llama(rms_norm_eps: f32, shape: AttentionShape, rope: Rope) -> Self {
         Self {
             fused: false,
-            qk_norm: false,
+            qk_norm: None,
             norms: NormLayout::PreNorm,
             activation: Activation::Silu,
+            mlp: MlpSpec::Dense,
             rms_norm_eps,
             shape,
             rope,
@@ -198,9 +230,35 @@ enum Norms {
     },
 }
 
+/// A block's MLP.
+enum Mlp {
+    Dense(GatedMlp),
+    /// Under its checkpoint name (`mlp`, Mixtral's `block_sparse_moe`).
+    Moe(SparseMoe, &'static str),
+}
+
+impl Mlp {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Mlp::Dense(mlp) => mlp.forward(x),
+            Mlp::Moe(moe, _) => moe.forward(x),
+        }
+    }
+
+    /// The linear layers under their checkpoint names (relative to the block).
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let (prefix, linears) = match self {
+            Mlp::Dense(mlp) => ("mlp", mlp.linears_mut()),
+            Mlp::Moe(moe, name) => (*name, moe.linears_mut()),
+        };
+        let named = |(n, l)| (format!("{prefix}.{n}"), l);
+        linears.into_iter().map(named).collect()
+    }
+}
+
 struct Block {
     self_attn: Attention,
-    mlp: GatedMlp,
+    mlp: Mlp,
     norms: Norms,
     /// Which of the forward pass's masks this layer takes (an index into
     /// [`Decoder::mask_sources`]).
@@ -306,11 +364,12 @@ fn load_block(
         },
     };
     let qk_norm = match spec.qk_norm {
-        true => Some((
+        Some(over) => Some(QkNorm::new(
+            over,
             load_norm("self_attn.q_norm")?,
             load_norm("self_attn.k_norm")?,
         )),
-        false => None,
+        None => None,
     };
     let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
     let qkv = match spec.fused {
@@ -323,28 +382,38 @@ fn load_block(
             v_proj: linear("self_attn.v_proj")?,
         },
     };
-    let gate_up = match spec.fused {
-        true => GateUp::Fused {
-            gate_up_proj: linear("mlp.gate_up_proj")?,
-        },
-        false => GateUp::Split {
-            gate_proj: linear("mlp.gate_proj")?,
-            up_proj: linear("mlp.up_proj")?,
-        },
+    let o_proj = linear("self_attn.o_proj")?;
+    let mlp = match &spec.mlp {
+        MlpSpec::Dense => {
+            let gate_up = match spec.fused {
+                true => GateUp::Fused {
+                    gate_up_proj: linear("mlp.gate_up_proj")?,
+                },
+                false => GateUp::Split {
+                    gate_proj: linear("mlp.gate_proj")?,
+                    up_proj: linear("mlp.up_proj")?,
+                },
+            };
+            Mlp::Dense(GatedMlp {
+                gate_up,
+                down_proj: linear("mlp.down_proj")?,
+                activation: spec.activation,
+            })
+        }
+        MlpSpec::Moe(moe) => {
+            let layer = SparseMoe::load(weights, &format!("{p}.{}", moe.name), moe)?;
+            Mlp::Moe(layer, moe.name)
+        }
     };
     Ok(Block {
         self_attn: Attention {
             qkv,
-            o_proj: linear("self_attn.o_proj")?,
+            o_proj,
             qk_norm,
             shape: spec.shape,
             rope: spec.rope,
         },
-        mlp: GatedMlp {
-            gate_up,
-            down_proj: linear("mlp.down_proj")?,
-            activation: spec.activation,
-        },
+        mlp,
         norms,
         mask_kind,
     })
@@ -372,21 +441,30 @@ fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
         Qkv::Fused { qkv_proj } => vec![("self_attn.qkv_proj", qkv_proj, (q + 2 * kv, hidden))],
     };
     expected.push(("self_attn.o_proj", &a.o_proj, (hidden, q)));
-    let intermediate = block.mlp.down_proj.dims().1;
-    match &block.mlp.gate_up {
-        GateUp::Split { gate_proj, up_proj } => {
-            expected.push(("mlp.gate_proj", gate_proj, (intermediate, hidden)));
-            expected.push(("mlp.up_proj", up_proj, (intermediate, hidden)));
+    match &block.mlp {
+        Mlp::Dense(mlp) => {
+            let intermediate = mlp.down_proj.dims().1;
+            match &mlp.gate_up {
+                GateUp::Split { gate_proj, up_proj } => {
+                    expected.push(("mlp.gate_proj", gate_proj, (intermediate, hidden)));
+                    expected.push(("mlp.up_proj", up_proj, (intermediate, hidden)));
+                }
+                GateUp::Fused { gate_up_proj } => {
+                    expected.push(("mlp.gate_up_proj", gate_up_proj, (2 * intermediate, hidden)))
+                }
+            }
+            expected.push(("mlp.down_proj", &mlp.down_proj, (hidden, intermediate)));
         }
-        GateUp::Fused { gate_up_proj } => {
-            expected.push(("mlp.gate_up_proj", gate_up_proj, (2 * intermediate, hidden)))
+        // The router gives one logit per expert; the experts' gate and up projections read the
+        // hidden state (`dims` of a stacked projection: experts x inputs).
+        Mlp::Moe(moe, name) => {
+            let switch = &moe.switch_mlp;
+            let experts = switch.gate_proj.0.weight.dim(0);
+            expected.push((name, &moe.gate, (experts, hidden)));
+            expected.push((name, &switch.gate_proj.0, (experts, hidden)));
+            expected.push((name, &switch.up_proj.0, (experts, hidden)));
         }
     }
-    expected.push((
-        "mlp.down_proj",
-        &block.mlp.down_proj,
-        (hidden, intermediate),
-    ));
     for (name, linear, (out, inputs)) in expected {
         let (o, i) = linear.dims();
         if (o, i) != (out, inputs) {
@@ -508,10 +586,10 @@ impl<F: Family> LanguageModel for Decoder<F> {
         )];
         for (i, l) in self.layers.iter_mut().enumerate() {
             let attn = l.self_attn.linears_mut().into_iter();
-            let named =
-                |part: &str, (name, linear)| (format!("model.layers.{i}.{part}.{name}"), linear);
-            out.extend(attn.map(|x| named("self_attn", x)));
-            out.extend(l.mlp.linears_mut().into_iter().map(|x| named("mlp", x)));
+            let p = format!("model.layers.{i}");
+            out.extend(attn.map(|(n, linear)| (format!("{p}.self_attn.{n}"), linear)));
+            let mlp = l.mlp.linears_mut().into_iter();
+            out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
         }
         out.extend(self.lm_head.as_mut().map(|h| ("lm_head".to_owned(), h)));
         out

@@ -1,0 +1,279 @@
+//! The sparse mixture-of-experts MLP every MoE family here shares: a router (`gate`, a linear
+//! layer) picks `top_k` experts per token and weighs them; the experts are one SwiGLU MLP each,
+//! held stacked, `(experts, out, in)` per projection, and run through MLX's gathered matmuls
+//! (`gather_mm`, `gather_qmm` when quantized) as mlx-lm's `SwitchGLU` does, never one expert at
+//! a time. Hugging Face checkpoints store one matrix per expert: they are stacked at load
+//! (mlx-lm's `sanitize`), and the per-expert tensors dropped, so every weight is held once.
+
+use mlx_rs::{
+    ops::{self, gather_qmm},
+    Array,
+};
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    nn::{Activation, Linear, Quantized, Result},
+    weights::Weights,
+};
+
+type LoadResult<T> = std::result::Result<T, EngineError>;
+
+fn invalid(detail: String) -> EngineError {
+    EngineError::load(LoadErrorKind::InvalidWeights, detail)
+}
+
+/// How the router's logits become experts and their weights, as each family's mlx-lm file
+/// computes it (softmaxes are `precise`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over every expert, the top k of the probabilities (`argpartition(p, -k)[-k:]`),
+    /// renormalised to sum to 1 when `norm_topk_prob` (Qwen3-MoE).
+    SoftmaxTopK { norm_topk_prob: bool },
+    /// The same, top k taken as `argpartition(-p, k - 1)[:k]` (OLMoE).
+    SoftmaxNegTopK { norm_topk_prob: bool },
+    /// Top k of the logits (`argpartition(-logits, k - 1)[:k]`), softmax over those k (Mixtral).
+    TopKSoftmax,
+}
+
+/// A sparse MoE layer as a family's config describes it.
+#[derive(Debug, Clone)]
+pub struct MoeSpec {
+    /// The layer's checkpoint name under the block: `mlp` (Qwen3-MoE, OLMoE),
+    /// `block_sparse_moe` (Mixtral).
+    pub name: &'static str,
+    pub num_experts: i32,
+    pub top_k: i32,
+    pub routing: Routing,
+    /// The per-expert names of the gate, up and down projections in Hugging Face checkpoints
+    /// (`experts.N.<name>`): `gate_proj`, `up_proj`, `down_proj`, or Mixtral's `w1`, `w3`, `w2`.
+    pub expert_names: [&'static str; 3],
+}
+
+/// One projection of every expert: a [`Linear`] whose weight is `(experts, out, in)` (packed
+/// and with per-expert scales when quantized), bias `(experts, out)`; mlx-lm's `SwitchLinear`.
+#[derive(Debug)]
+pub struct SwitchLinear(pub Linear);
+
+impl SwitchLinear {
+    /// `x @ W[e].T (+ b[e])` for the expert `e` each row of `indices` names; `x` broadcasts
+    /// against `indices` over the batch axes (all but the last two).
+    fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        let l = &self.0;
+        let y = match &l.quantized {
+            Some(q) => gather_qmm(
+                x,
+                &l.weight,
+                &q.scales,
+                &q.biases,
+                None,
+                indices,
+                true,
+                q.group_size,
+                q.bits,
+                sorted,
+            )?,
+            None => ops::gather_mm(x, l.weight.swap_axes(-1, -2)?, None, indices, sorted)?,
+        };
+        match &l.bias {
+            Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?),
+            None => Ok(y),
+        }
+    }
+
+    /// The stacked projection at `prefix` (`<prefix>.weight`, ...), or, in a Hugging Face
+    /// checkpoint, the `num_experts` per-expert ones at `<experts>.N.<name>` stacked.
+    fn load(
+        weights: &mut Weights,
+        prefix: &str,
+        experts: &str,
+        name: &str,
+        num_experts: i32,
+    ) -> LoadResult<Self> {
+        if weights.names().any(|n| *n == format!("{prefix}.weight")) {
+            return Ok(Self(weights.linear(prefix)?));
+        }
+        let per_expert = (0..num_experts)
+            .map(|e| weights.linear(&format!("{experts}.{e}.{name}")))
+            .collect::<LoadResult<Vec<Linear>>>()?;
+        let stack = |part: fn(&Linear) -> Option<&Array>| -> LoadResult<Option<Array>> {
+            let parts: Option<Vec<&Array>> = per_expert.iter().map(part).collect();
+            let stacked = parts.map(|p| ops::stack(&p, 0)).transpose();
+            stacked.map_err(|e| invalid(format!("stacking `{experts}.*.{name}`: {e}")))
+        };
+        let weight = stack(|l| Some(&l.weight))?.expect("every expert has a weight");
+        let scales = stack(|l| l.quantized.as_ref().map(|q| &q.scales))?;
+        let quantized = match (scales, &per_expert[0].quantized) {
+            (Some(scales), Some(q)) => Some(Quantized {
+                scales,
+                biases: stack(|l| l.quantized.as_ref().map(|q| &q.biases))?
+                    .expect("quantized experts have biases"),
+                group_size: q.group_size,
+                bits: q.bits,
+            }),
+            _ => None,
+        };
+        Ok(Self(Linear {
+            weight,
+            bias: stack(|l| l.bias.as_ref())?,
+            quantized,
+            lora: None,
+        }))
+    }
+}
+
+/// The experts: `down(silu(gate(x)) * up(x))` per chosen expert (mlx-lm's `SwitchGLU`).
+#[derive(Debug)]
+pub struct SwitchGlu {
+    pub gate_proj: SwitchLinear,
+    pub up_proj: SwitchLinear,
+    pub down_proj: SwitchLinear,
+}
+
+/// From this many (token, expert) pairs on, the pairs are sorted by expert before the gathered
+/// matmuls (mlx-lm's threshold; `sorted_indices` lets MLX take each expert's rows together).
+const SORT_FROM: usize = 64;
+
+impl SwitchGlu {
+    /// `(..., D)` tokens and `(..., k)` expert indices -> `(..., k, D)`, one output per expert.
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = x.expand_dims_axes(&[-2, -3])?;
+        if indices.size() < SORT_FROM {
+            return self.experts(&x, indices, false)?.squeeze_axes(&[-2]);
+        }
+        // Sort the (token, expert) pairs by expert, run, and put the rows back in order.
+        let k = indices.dim(-1);
+        let flat = indices.flatten(None, None)?;
+        let order = ops::argsort_axis(&flat, 0)?;
+        let inv_order = ops::argsort_axis(&order, 0)?;
+        let rows = order.floor_divide(Array::from_int(k).as_dtype(order.dtype())?)?;
+        let x = x.flatten(0, -3)?.take_axis(&rows, 0)?;
+        let y = self.experts(&x, &flat.take_axis(&order, 0)?, true)?;
+        let y = y.take_axis(&inv_order, 0)?;
+        ops::unflatten(&y, 0, indices.shape())?.squeeze_axes(&[-2])
+    }
+
+    fn experts(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        let up = self.up_proj.forward(x, indices, sorted)?;
+        let gate = self.gate_proj.forward(x, indices, sorted)?;
+        let h = Activation::Silu.gated(&gate, &up)?;
+        self.down_proj.forward(&h, indices, sorted)
+    }
+}
+
+/// Router plus experts: the MLP of a sparse MoE layer.
+#[derive(Debug)]
+pub struct SparseMoe {
+    /// The router, `hidden -> experts` logits.
+    pub gate: Linear,
+    pub switch_mlp: SwitchGlu,
+    pub top_k: i32,
+    pub routing: Routing,
+}
+
+impl SparseMoe {
+    /// The layer at `prefix` (`model.layers.N.mlp`): router `gate`, experts `switch_mlp`.
+    pub fn load(weights: &mut Weights, prefix: &str, spec: &MoeSpec) -> LoadResult<Self> {
+        let (experts, k) = (spec.num_experts, spec.top_k);
+        if experts < 1 || k < 1 || k > experts {
+            return Err(invalid(format!(
+                "config.json: {k} experts per token of {experts} (need 1 <= k <= experts)"
+            )));
+        }
+        let [gate, up, down] = spec.expert_names;
+        let mut switch = |ours: &str, theirs: &str| {
+            SwitchLinear::load(
+                weights,
+                &format!("{prefix}.switch_mlp.{ours}"),
+                &format!("{prefix}.experts"),
+                theirs,
+                spec.num_experts,
+            )
+        };
+        let switch_mlp = SwitchGlu {
+            gate_proj: switch("gate_proj", gate)?,
+            up_proj: switch("up_proj", up)?,
+            down_proj: switch("down_proj", down)?,
+        };
+        let gate = weights.linear(&format!("{prefix}.gate"))?;
+        // MLX's gathers do not check bounds: every expert index the router gives must exist.
+        let projections = [
+            &switch_mlp.gate_proj,
+            &switch_mlp.up_proj,
+            &switch_mlp.down_proj,
+        ];
+        if gate.weight.dim(0) != experts || projections.iter().any(|p| p.0.weight.dim(0) != experts)
+        {
+            return Err(invalid(format!(
+                "`{prefix}`: the router and experts do not hold the {experts} experts config.json \
+                 names"
+            )));
+        }
+        Ok(Self {
+            gate,
+            switch_mlp,
+            top_k: spec.top_k,
+            routing: spec.routing,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let (indices, scores) = self.route(&self.gate.forward(x)?)?;
+        let y = self.switch_mlp.forward(x, &indices)?;
+        // Qwen3-MoE casts back to `y`'s dtype; elsewhere it is already that dtype.
+        y.multiply(scores.expand_dims(-1)?)?
+            .sum_axis(-2, false)?
+            .as_dtype(y.dtype())
+    }
+
+    /// Expert indices `(..., k)` and their weights `(..., k)` for router logits `(..., E)`.
+    fn route(&self, logits: &Array) -> Result<(Array, Array)> {
+        let k = self.top_k;
+        let softmax = |x: &Array| ops::softmax_axis(x, -1, true);
+        let renormalise = |s: Array, norm: bool| match norm {
+            true => s.divide(s.sum_axis(-1, true)?),
+            false => Ok(s),
+        };
+        match self.routing {
+            Routing::SoftmaxTopK { norm_topk_prob } => {
+                let probs = softmax(logits)?;
+                let e = probs.dim(-1);
+                let part = ops::argpartition_axis(&probs, -k, -1)?;
+                let indices = part.split_at_indices(&[e - k], -1)?.swap_remove(1);
+                let scores = probs.take_along_axis(&indices, -1)?;
+                Ok((indices, renormalise(scores, norm_topk_prob)?))
+            }
+            Routing::SoftmaxNegTopK { norm_topk_prob } => {
+                let probs = softmax(logits)?;
+                let indices = first_k_of_negated(&probs, k)?;
+                let scores = probs.take_along_axis(&indices, -1)?;
+                Ok((indices, renormalise(scores, norm_topk_prob)?))
+            }
+            Routing::TopKSoftmax => {
+                let indices = first_k_of_negated(logits, k)?;
+                let scores = softmax(&logits.take_along_axis(&indices, -1)?)?;
+                Ok((indices, scores))
+            }
+        }
+    }
+
+    /// The linear layers under their checkpoint names (relative to the layer): the router and
+    /// the expert projections (weights `(experts, out, in)`).
+    pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let s = &mut self.switch_mlp;
+        vec![
+            ("gate", &mut self.gate),
+            ("switch_mlp.gate_proj", &mut s.gate_proj.0),
+            ("switch_mlp.up_proj", &mut s.up_proj.0),
+            ("switch_mlp.down_proj", &mut s.down_proj.0),
+        ]
+    }
+}
+
+/// `argpartition(-x, k - 1)[..., :k]`: the k largest of `x`, as Mixtral and OLMoE pick them.
+fn first_k_of_negated(x: &Array, k: i32) -> Result<Array> {
+    let part = ops::argpartition_axis(x.negative()?, k - 1, -1)?;
+    Ok(part.split_at_indices(&[k], -1)?.swap_remove(0))
+}
+
+#[cfg(test)]
+mod tests;

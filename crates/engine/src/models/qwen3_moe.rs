@@ -1,0 +1,69 @@
+//! Qwen3-MoE: Qwen3's attention (q/k norms per head, `head_dim` from config.json) with a sparse
+//! mixture of experts as the MLP of every `decoder_sparse_step`-th layer not in
+//! `mlp_only_layers`; routing is a softmax over all experts, then the top k, renormalised when
+//! `norm_topk_prob`.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    error::EngineError,
+    models::{
+        moe::{MoeSpec, Routing},
+        parse_args,
+        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
+    },
+    nn::QkNormOver,
+    weights::Weights,
+};
+
+#[derive(Debug, Deserialize)]
+struct Args {
+    #[serde(flatten)]
+    common: CommonArgs,
+    head_dim: i32,
+    rope_theta: f32,
+    max_position_embeddings: usize,
+    tie_word_embeddings: bool,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    decoder_sparse_step: usize,
+    mlp_only_layers: Vec<usize>,
+    norm_topk_prob: bool,
+}
+
+pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
+    let args: Args = parse_args(config)?;
+    let c = &args.common;
+    // mlx-lm's Qwen3-MoE runs plain RoPE whatever `rope_scaling` says.
+    c.refuse_rope_scaling("qwen3_moe")?;
+    let max_pos = Some(args.max_position_embeddings);
+    let rope = c.rope(args.head_dim, args.rope_theta, false, max_pos)?;
+    let layer = LayerSpec {
+        qk_norm: Some(QkNormOver::Head),
+        ..c.llama_layer(args.head_dim, rope)
+    };
+    let moe = MoeSpec {
+        name: "mlp",
+        num_experts: args.num_experts,
+        top_k: args.num_experts_per_tok,
+        routing: Routing::SoftmaxTopK {
+            norm_topk_prob: args.norm_topk_prob,
+        },
+        expert_names: ["gate_proj", "up_proj", "down_proj"],
+    };
+    let n = c.num_hidden_layers;
+    let mut spec = DecoderSpec::uniform(layer, n, args.tie_word_embeddings, max_pos);
+    for (i, layer) in spec.layers.iter_mut().enumerate() {
+        let step = args.decoder_sparse_step;
+        let sparse = !args.mlp_only_layers.contains(&i)
+            && args.num_experts > 0
+            && step > 0
+            && (i + 1) % step == 0;
+        if sparse {
+            layer.mlp = MlpSpec::Moe(moe.clone());
+        }
+    }
+    sanitize(&mut weights, args.tie_word_embeddings);
+    Decoder::load(weights, spec, Llama)
+}
