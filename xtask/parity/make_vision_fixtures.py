@@ -501,7 +501,10 @@ def build_qwen2_5_vl(spec, out, tokenizer_dirs):
     config.pop("text_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"])
-    (out / "preprocessor_config.json").write_text(json.dumps(QWEN2_5_VL_PREPROCESSOR, indent=2))
+    # A spec's "max_pixels" widens the budget (prompts past one prefill chunk).
+    preprocessor = dict(QWEN2_5_VL_PREPROCESSOR)
+    preprocessor["max_pixels"] = spec.get("max_pixels", preprocessor["max_pixels"])
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
     processor = {"processor_class": "Qwen2_5_VLProcessor"}
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
