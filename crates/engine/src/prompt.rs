@@ -8,8 +8,7 @@ use serde_json::{json, Value};
 use text::{Message, MessageContent, ModelTokenizer};
 
 use crate::{
-    models::LanguageModel, request::Prompt, rope::MropePositions, vision::VisionModel,
-    EngineError,
+    models::LanguageModel, request::Prompt, rope::MropePositions, vision::VisionModel, EngineError,
 };
 
 pub(crate) struct PromptInputs {

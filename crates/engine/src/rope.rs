@@ -168,8 +168,8 @@ impl MRope {
                 .divide(Array::from_f32(head_dim as f32))?;
             Array::from_f32(1.0).divide(ops::power(Array::from_f32(base), &exponents)?)
         };
-        let inv_freq =
-            inv_freq().map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string()))?;
+        let inv_freq = inv_freq()
+            .map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string()))?;
         Ok(Self {
             inv_freq,
             selector: Array::from_slice(&selector, &[freqs]),
@@ -177,7 +177,11 @@ impl MRope {
     }
 
     /// The angles for `positions` `(3, L)` int32 (rows t, h, w) in `dtype`.
-    pub fn angles(&self, positions: &Array, dtype: mlx_rs::Dtype) -> crate::nn::Result<RotaryAngles> {
+    pub fn angles(
+        &self,
+        positions: &Array,
+        dtype: mlx_rs::Dtype,
+    ) -> crate::nn::Result<RotaryAngles> {
         let l = positions.dim(1);
         // (F, L) -> (1, L, F): each frequency's position, times the frequency.
         let chosen = positions.take_axis(&self.selector, 0)?;

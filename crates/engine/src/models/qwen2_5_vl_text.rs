@@ -46,7 +46,10 @@ fn mrope_section(scaling: Option<&Value>) -> Result<Vec<i32>, EngineError> {
     let Some(s) = scaling.filter(|s| !s.is_null()) else {
         return Ok(vec![24, 20, 20]);
     };
-    let kind = s.get("type").or_else(|| s.get("rope_type")).and_then(Value::as_str);
+    let kind = s
+        .get("type")
+        .or_else(|| s.get("rope_type"))
+        .and_then(Value::as_str);
     if !matches!(kind, Some("mrope" | "default")) {
         return Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,

@@ -219,7 +219,6 @@ pub fn load(
     ))
 }
 
-
 impl VisionModel for LlavaVision {
     fn image_token_id(&self) -> u32 {
         self.image_token_id

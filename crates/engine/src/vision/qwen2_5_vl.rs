@@ -118,19 +118,32 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Array, tower: &Tower, rope: &(Array, Array), bounds: &Bounds) -> nn::Result<Array> {
+    fn forward(
+        &self,
+        x: &Array,
+        tower: &Tower,
+        rope: &(Array, Array),
+        bounds: &Bounds,
+    ) -> nn::Result<Array> {
         let bounds = match self.full {
             true => &bounds.images,
             false => &bounds.windows,
         };
         let h = x.add(self.attention(&self.norm1.forward(x)?, tower, rope, bounds)?)?;
         let n = self.norm2.forward(&h)?;
-        let gated = Activation::Silu.gated(&self.gate_proj.forward(&n)?, &self.up_proj.forward(&n)?)?;
+        let gated =
+            Activation::Silu.gated(&self.gate_proj.forward(&n)?, &self.up_proj.forward(&n)?)?;
         h.add(self.down_proj.forward(&gated)?)
     }
 
     /// Attention of `x` `(S, D)` within each span of `bounds` (cumulative ends).
-    fn attention(&self, x: &Array, tower: &Tower, rope: &(Array, Array), bounds: &[i32]) -> nn::Result<Array> {
+    fn attention(
+        &self,
+        x: &Array,
+        tower: &Tower,
+        rope: &(Array, Array),
+        bounds: &[i32],
+    ) -> nn::Result<Array> {
         let s = x.dim(0);
         let qkv = self
             .qkv
@@ -156,7 +169,14 @@ impl Block {
         );
         let mut outs = Vec::with_capacity(qs.len());
         for ((q, k), v) in qs.iter().zip(&ks).zip(&vs) {
-            outs.push(fast::scaled_dot_product_attention(q, k, v, tower.scale, None, None)?);
+            outs.push(fast::scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                tower.scale,
+                None,
+                None,
+            )?);
         }
         let o = ops::concatenate(&outs, 2)?
             .transpose_axes(&[0, 2, 1, 3])?
@@ -208,10 +228,13 @@ impl Tower {
         let head_dim = args.hidden_size / args.num_heads;
         let dim = head_dim / 2;
         let inv_freq = || -> nn::Result<Array> {
-            let exponents = Array::arange::<f32, f32>(0.0, dim as f32, 2.0)?.divide(Array::from_f32(dim as f32))?;
+            let exponents = Array::arange::<f32, f32>(0.0, dim as f32, 2.0)?
+                .divide(Array::from_f32(dim as f32))?;
             Array::from_f32(1.0).divide(ops::power(Array::from_f32(10000.0), &exponents)?)
         };
-        let invalid = |e: mlx_rs::error::Exception| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string());
+        let invalid = |e: mlx_rs::error::Exception| {
+            EngineError::load(LoadErrorKind::InvalidWeights, e.to_string())
+        };
         Ok(Self {
             patch_weight: conv3d_weight(w.take("patch_embed.proj.weight")?).map_err(invalid)?,
             blocks,
@@ -233,15 +256,28 @@ impl Tower {
         let hidden = self.patch_weight.dim(0);
         let x = pixels
             .as_dtype(self.patch_weight.dtype())?
-            .reshape(&[-1, a.in_channels, a.temporal_patch_size, a.patch_size, a.patch_size])?
+            .reshape(&[
+                -1,
+                a.in_channels,
+                a.temporal_patch_size,
+                a.patch_size,
+                a.patch_size,
+            ])?
             .move_axis(1, 4)?;
         let kernel = (a.temporal_patch_size, a.patch_size, a.patch_size);
-        let x = ops::conv3d(&x, &self.patch_weight, kernel, None, None, None)?.reshape(&[-1, hidden])?;
+        let x = ops::conv3d(&x, &self.patch_weight, kernel, None, None, None)?
+            .reshape(&[-1, hidden])?;
         let s = x.dim(0);
-        let layout = WindowLayout::new(grids, a.spatial_merge_size, a.window_size / a.spatial_merge_size / a.patch_size);
+        let layout = WindowLayout::new(
+            grids,
+            a.spatial_merge_size,
+            a.window_size / a.spatial_merge_size / a.patch_size,
+        );
         let order = Array::from_slice(&layout.order, &[layout.order.len() as i32]);
         let in_windows = |t: &Array| -> nn::Result<Array> {
-            t.reshape(&[s / unit, unit, -1])?.take_axis(&order, 0)?.reshape(&[s, -1])
+            t.reshape(&[s / unit, unit, -1])?
+                .take_axis(&order, 0)?
+                .reshape(&[s, -1])
         };
         let mut x = in_windows(&x)?;
         let angles = in_windows(&self.rotary_angles(grids)?)?;
@@ -251,8 +287,13 @@ impl Tower {
         for block in &self.blocks {
             x = block.forward(&x, self, &rope, &layout.bounds)?;
         }
-        let merged = self.merger_norm.forward(&x)?.reshape(&[-1, hidden * unit])?;
-        let merged = self.merger_fc2.forward(&gelu(&self.merger_fc1.forward(&merged)?)?)?;
+        let merged = self
+            .merger_norm
+            .forward(&x)?
+            .reshape(&[-1, hidden * unit])?;
+        let merged = self
+            .merger_fc2
+            .forward(&gelu(&self.merger_fc1.forward(&merged)?)?)?;
         let mut reverse = vec![0i32; layout.order.len()];
         for (i, &o) in layout.order.iter().enumerate() {
             reverse[o as usize] = i as i32;
@@ -282,7 +323,9 @@ impl Tower {
         }
         let max_side = grids.iter().map(|g| g[1].max(g[2])).max().unwrap_or(0) as i32;
         let seq = ops::arange::<_, f32>(0.0, max_side as f32, 1.0)?;
-        let table = seq.reshape(&[-1, 1])?.multiply(self.inv_freq.reshape(&[1, -1])?)?;
+        let table = seq
+            .reshape(&[-1, 1])?
+            .multiply(self.inv_freq.reshape(&[1, -1])?)?;
         let n = ids.len() as i32;
         table
             .take_axis(Array::from_slice(&ids, &[n]), 0)?
@@ -421,12 +464,13 @@ impl Qwen25Vision {
         images
             .iter()
             .map(|img| {
-                let (h, w) = self.processor.target_size(img.height, img.width).map_err(|e| {
-                    EngineError::InvalidParams {
+                let (h, w) = self
+                    .processor
+                    .target_size(img.height, img.width)
+                    .map_err(|e| EngineError::InvalidParams {
                         field: "messages".into(),
                         reason: format!("preprocessing the images: {e}"),
-                    }
-                })?;
+                    })?;
                 Ok([1, (h / ps) as usize, (w / ps) as usize])
             })
             .collect()
@@ -484,7 +528,14 @@ impl VisionModel for Qwen25Vision {
     ) -> Result<Option<MropePositions>, EngineError> {
         let m = self.tower.args.spatial_merge_size as usize;
         let grids = self.grids(images)?;
-        rope_index(ids, self.image_token_id, self.vision_start_token_id, &grids, m).map(Some)
+        rope_index(
+            ids,
+            self.image_token_id,
+            self.vision_start_token_id,
+            &grids,
+            m,
+        )
+        .map(Some)
     }
 
     fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError> {
@@ -512,7 +563,10 @@ fn rope_index(
     grids: &[[usize; 3]],
     merge: usize,
 ) -> Result<MropePositions, EngineError> {
-    let images = ids.windows(2).filter(|p| p[0] == start_id && p[1] == image_id).count();
+    let images = ids
+        .windows(2)
+        .filter(|p| p[0] == start_id && p[1] == image_id)
+        .count();
     if images > grids.len() {
         return Err(EngineError::InvalidParams {
             field: "messages".into(),
@@ -533,7 +587,11 @@ fn rope_index(
         *next += n as i32;
     };
     for &[t, h, w] in grids.iter().take(images) {
-        let Some(ed) = ids[st..].iter().position(|&id| id == image_id).map(|p| p + st) else {
+        let Some(ed) = ids[st..]
+            .iter()
+            .position(|&id| id == image_id)
+            .map(|p| p + st)
+        else {
             break;
         };
         push_text(&mut rows, &mut next, ed - st);
