@@ -423,22 +423,7 @@ pub fn load(
             ),
         ));
     }
-    // transformers 5: `model.visual.*`, `model.language_model.*`; original Hugging Face:
-    // `visual.*`, `model.*`; mlx-vlm and mlx-community: `vision_tower.*`, `language_model.*`.
-    weights.rename_prefix("model.visual.", "vision_tower.");
-    weights.rename_prefix("visual.", "vision_tower.");
-    weights.rename_prefix("model.language_model.", "language_model.model.");
-    weights.rename_prefix("model.", "language_model.model.");
-    weights.rename_prefix("lm_head.", "language_model.lm_head.");
-    let mut tower_weights = weights.split_off("vision_tower.");
-    let language = weights.split_off("language_model.");
-    if let Some(name) = weights.names().next() {
-        return Err(EngineError::load(
-            LoadErrorKind::InvalidWeights,
-            format!("tensor `{name}` belongs to no part of a Qwen2.5-VL model"),
-        ));
-    }
-    *weights = language;
+    let mut tower_weights = split_parts(weights)?;
     let tower = Tower::load(vision, &mut tower_weights)?;
     if let Some(name) = tower_weights.names().next() {
         return Err(EngineError::load(
@@ -455,6 +440,28 @@ pub fn load(
         },
         text_config(config),
     ))
+}
+
+/// Returns the vision tower's tensors (mlx-vlm's names under `vision_tower.`) and leaves the
+/// language model's in `weights` under mlx-lm's names. transformers 5 saves `model.visual.*`,
+/// `model.language_model.*`; Qwen's original checkpoints `visual.*`, `model.*`; mlx-vlm and
+/// mlx-community `vision_tower.*`, `language_model.*`: all are read.
+fn split_parts(weights: &mut Weights) -> Result<Weights, EngineError> {
+    weights.rename_prefix("model.visual.", "vision_tower.");
+    weights.rename_prefix("visual.", "vision_tower.");
+    weights.rename_prefix("model.language_model.", "language_model.model.");
+    weights.rename_prefix("model.", "language_model.model.");
+    weights.rename_prefix("lm_head.", "language_model.lm_head.");
+    let tower = weights.split_off("vision_tower.");
+    let language = weights.split_off("language_model.");
+    if let Some(name) = weights.names().next() {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("tensor `{name}` belongs to no part of a Qwen2.5-VL model"),
+        ));
+    }
+    *weights = language;
+    Ok(tower)
 }
 
 impl Qwen25Vision {
@@ -620,6 +627,54 @@ fn rope_index(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_layout_splits_into_the_tower_and_mlx_lm_names() {
+        let layouts = [
+            [
+                "model.visual.blocks.0.norm1.weight",
+                "model.language_model.norm.weight",
+                "lm_head.weight",
+            ],
+            [
+                "visual.blocks.0.norm1.weight",
+                "model.norm.weight",
+                "lm_head.weight",
+            ],
+            [
+                "vision_tower.blocks.0.norm1.weight",
+                "language_model.model.norm.weight",
+                "language_model.lm_head.weight",
+            ],
+        ];
+        for names in layouts {
+            let tensors = names.iter().map(|n| (n.to_string(), Array::from_f32(1.0)));
+            let mut weights = Weights::from_tensors(tensors.collect(), &json!({}));
+            let tower = split_parts(&mut weights).unwrap();
+            assert_eq!(tower.names().collect::<Vec<_>>(), ["blocks.0.norm1.weight"]);
+            let mut language: Vec<_> = weights.names().cloned().collect();
+            language.sort();
+            assert_eq!(
+                language,
+                ["lm_head.weight", "model.norm.weight"],
+                "{names:?}"
+            );
+        }
+        let tensors = [("mm_projector.weight".to_string(), Array::from_f32(1.0))];
+        let mut weights = Weights::from_tensors(tensors.into_iter().collect(), &json!({}));
+        assert!(split_parts(&mut weights).is_err());
+    }
+
+    #[test]
+    fn the_text_config_is_the_top_level_or_else_text_config() {
+        let top = json!({"hidden_size": 64, "vision_config": {}, "text_config": {"x": 1}});
+        let text = text_config(&top);
+        assert_eq!(text["hidden_size"], 64);
+        assert_eq!(text["model_type"], "qwen2_5_vl_text");
+        assert!(text.get("vision_config").is_none() && text.get("text_config").is_none());
+        let nested = json!({"vision_config": {}, "text_config": {"hidden_size": 32}});
+        assert_eq!(text_config(&nested)["hidden_size"], 32);
+    }
 
     #[test]
     fn image_tokens_take_their_grid_positions_and_text_counts_on() {
