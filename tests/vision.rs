@@ -3,7 +3,8 @@
 //! token for token against mlx-vlm. Here, through the binary: every way an image can arrive,
 //! several images, the prompt cache across images, and bad images, each a clear -32602 after
 //! which the worker goes on. And a tiny LLaVA (`tiny-llava`, a CLIP tower on a Llama) answering an
-//! image question.
+//! image question, and a tiny Qwen2.5-VL (`tiny-qwen2.5-vl`) answering a second question about an
+//! image from the prompt cache.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -391,5 +392,65 @@ async fn a_llava_model_answers_an_image_question() {
     )
     .await;
     assert_ne!(other.text, by_path.text, "the pixels reach the model");
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// Qwen2.5-VL (`tiny-qwen2.5-vl`: a windowed tower, a 400x300 image resized within the
+/// fixture's pixel budget to 12x18 patches, 54 tokens after the 2x2 merge; M-RoPE positions;
+/// token-exact with mlx-vlm in `cargo xtask parity`): an image question, then a second question
+/// about the same image whose prompt reuses the cached image tokens and is answered as a fresh
+/// start answers it (the suffix and the new tokens take their positions from the whole prompt).
+#[tokio::test]
+async fn a_qwen2_5_vl_model_answers_a_second_question_from_the_cache() {
+    let Some((dir, images)) = fixture("tiny-qwen2.5-vl") else {
+        return;
+    };
+    const QWEN_IMAGE_TOKENS: u64 = 54;
+    let w = worker(&[]);
+    let init = within_for(LIMIT, w.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    assert!(init
+        .capabilities
+        .architectures
+        .iter()
+        .any(|a| a == "qwen2_5_vl"));
+    loaded(&w, &dir, "qwen2_5_vl").await;
+
+    let question = "What is in this picture?";
+    let text_only = generate(&w, &greedy(vec![ChatMessage::new("user", question)])).await;
+    let png = model_id(&images.join("gradient.png"));
+    let first = generate(
+        &w,
+        &greedy(vec![user(vec![image(png.clone()), text(question)])]),
+    )
+    .await;
+    assert!(!first.text.is_empty());
+    // `<|vision_start|>`, the image's tokens, `<|vision_end|>`.
+    assert_eq!(
+        first.usage.prompt_tokens,
+        text_only.usage.prompt_tokens + QWEN_IMAGE_TOKENS + 2
+    );
+
+    let second_turn = greedy(vec![
+        user(vec![image(png), text(question)]),
+        ChatMessage::new("assistant", &first.text),
+        ChatMessage::new("user", "Describe its colours."),
+    ]);
+    let cached = generate(&w, &second_turn).await;
+    assert!(
+        cached.usage.cached_tokens > QWEN_IMAGE_TOKENS + 2,
+        "{:?}",
+        cached.usage
+    );
+    within_for(
+        LIMIT,
+        w.call::<protocol::methods::Reset>(&Default::default()),
+    )
+    .await
+    .unwrap();
+    let fresh = generate(&w, &second_turn).await;
+    assert_eq!(fresh.usage.cached_tokens, 0);
+    assert_eq!(fresh.text, cached.text);
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }

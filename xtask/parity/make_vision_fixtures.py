@@ -19,6 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -383,7 +385,131 @@ def build_llava(spec, out, tokenizer_dirs):
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
 
-BUILDERS = {"gemma3": build_gemma3, "llava": build_llava}
+# Qwen2.5-VL's chat template (Qwen/Qwen2.5-VL-3B-Instruct's): a default system prompt, each
+# image part `<|vision_start|><|image_pad|><|vision_end|>`, which the processor expands.
+QWEN2_5_VL_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture "
+    "{{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video "
+    "{{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen's vision tokens, added after SmolLM2's vocabulary in this order (their ids in config.json).
+QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
+                      "<|video_pad|>"]
+
+# The tiny Qwen2.5-VL: a two-layer Qwen2 language model with M-RoPE (head 16: sections 2+3+3 of
+# its 8 frequencies), a four-block windowed tower (blocks 1 and 3 attend to the whole image;
+# windows of 4x4 merged patches) on images the processor resizes to at most 64 merged patches.
+# The text settings sit at the top level, as Qwen's checkpoints have them.
+QWEN2_5_VL = {
+    "model_type": "qwen2_5_vl",
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    "max_position_embeddings": 32768,
+    "vocab_size": 49216,
+    "tie_word_embeddings": True,
+    "vision_start_token_id": 49152,
+    "vision_end_token_id": 49153,
+    "vision_token_id": 49154,
+    "image_token_id": 49155,
+    "video_token_id": 49156,
+    "eos_token_id": [2],
+    "text_config": {},
+    "vision_config": {
+        "model_type": "qwen2_5_vl",
+        "depth": 4,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "out_hidden_size": 64,
+        "num_heads": 4,
+        "in_channels": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 112,
+        "fullatt_block_indexes": [1, 3],
+    },
+}
+
+# Qwen2.5-VL's preprocessor_config.json, with a small pixel budget (at most 64 merged patches).
+QWEN2_5_VL_PREPROCESSOR = {
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "max_pixels": 28 * 28 * 64,
+    "merge_size": 2,
+    "min_pixels": 28 * 28 * 4,
+    "patch_size": 14,
+    "processor_class": "Qwen2_5_VLProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "temporal_patch_size": 2,
+}
+
+
+def write_qwen_vl_tokenizer(src, out, first_id):
+    """SmolLM2's tokenizer with Qwen2's pipeline (as transformers 5 builds a Qwen2 tokenizer) and
+    Qwen's vision tokens added after its vocabulary."""
+    from make_fixtures import TOKENIZER_PIPELINES
+
+    tokenizer = json.loads((src / "tokenizer.json").read_text())
+    tokenizer.update(TOKENIZER_PIPELINES["qwen2"])
+    assert len(tokenizer["model"]["vocab"]) == first_id, len(tokenizer["model"]["vocab"])
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    for i, token in enumerate(QWEN_VISION_TOKENS):
+        entry = {"content": token, "lstrip": False, "normalized": False, "rstrip": False,
+                 "single_word": False, "special": True}
+        tokenizer["added_tokens"].append({"id": first_id + i, **entry})
+        config.setdefault("added_tokens_decoder", {})[str(first_id + i)] = entry
+    config["processor_class"] = "Qwen2_5_VLProcessor"
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    shutil.copy(src / "generation_config.json", out / "generation_config.json")
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_5_VL_TEMPLATE}, indent=2))
+
+
+def build_qwen2_5_vl(spec, out, tokenizer_dirs):
+    from mlx_vlm.models import qwen2_5_vl
+
+    model, config = random_model(qwen2_5_vl, QWEN2_5_VL, spec, lambda path, p: None)
+    quantize_like_convert(model, config, spec)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    # mlx-vlm's ModelConfig copied the top level into `text_config`; Qwen's checkpoints have none.
+    config.pop("text_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"])
+    # A spec's "max_pixels" widens the budget (prompts past one prefill chunk).
+    preprocessor = dict(QWEN2_5_VL_PREPROCESSOR)
+    preprocessor["max_pixels"] = spec.get("max_pixels", preprocessor["max_pixels"])
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    processor = {"processor_class": "Qwen2_5_VLProcessor"}
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
+BUILDERS = {"gemma3": build_gemma3, "llava": build_llava, "qwen2_5_vl": build_qwen2_5_vl}
 
 
 def write_images(out):

@@ -107,6 +107,8 @@ def main():
         if len(ids) > 1 and ids[0] == ids[1] == tokenizer.bos_token_id:
             ids = ids[1:]
         tokens = []
+        # Qwen-VL: the image grids, for the tower and the M-RoPE positions.
+        extra = {k: inputs[k] for k in ("image_grid_thw",) if inputs.get(k) is not None}
         steps = generate_step(
             mx.array([ids]),
             model,
@@ -115,6 +117,7 @@ def main():
             max_tokens=request["max_new_tokens"],
             temperature=0.0,
             prefill_step_size=PREFILL_STEP,
+            **extra,
         )
         for token, _ in steps:
             if token in eos:

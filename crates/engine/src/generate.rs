@@ -13,6 +13,7 @@ use crate::{
     prompt::PromptInputs,
     prompt_cache::PromptCache,
     request::{Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage},
+    rope::MropePositions,
     sampler::{log_softmax, Sampler},
     vision::VisionModel,
     CancelToken, EngineError,
@@ -60,6 +61,10 @@ struct Decoder<'a> {
     recent: Option<Array>,
     /// Every token sampled so far, in order (each is fed back as the next step's input).
     sampled: Vec<u32>,
+    /// The prompt's rotary positions, when the model takes them explicitly (M-RoPE).
+    positions: Option<&'a MropePositions>,
+    /// The index in the sequence of the next token run through the model.
+    next: usize,
 }
 
 impl Decoder<'_> {
@@ -73,14 +78,30 @@ impl Decoder<'_> {
         Ok(())
     }
 
-    /// Runs `tokens` `(L,)` (or their input embeddings `(1, L, D)`, when images are merged
-    /// into them) through the model and samples from the last position.
-    fn step(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Step> {
+    /// Logits for `tokens` `(L,)`, or their input embeddings `(1, L, D)` when images are
+    /// merged into them, at the next positions of the sequence.
+    fn forward(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Array> {
         let model = self.ctx.model;
-        let logits = match embeds {
-            Some(h) => model.forward_embeddings(h, &mut self.caches)?,
-            None => model.forward(&tokens.reshape(&[1, -1])?, &mut self.caches)?,
+        let n = tokens.dim(0) as usize;
+        let logits = match (self.positions, embeds) {
+            (Some(p), embeds) => {
+                let h = match embeds {
+                    Some(h) => h,
+                    None => model.embed(&tokens.reshape(&[1, -1])?)?,
+                };
+                model.forward_embeddings_at(h, &p.slice(self.next, n)?, &mut self.caches)?
+            }
+            (None, Some(h)) => model.forward_embeddings(h, &mut self.caches)?,
+            (None, None) => model.forward(&tokens.reshape(&[1, -1])?, &mut self.caches)?,
         };
+        self.next += n;
+        Ok(logits)
+    }
+
+    /// Runs `tokens` `(L,)` (or their input embeddings) through the model and samples from the
+    /// last position.
+    fn step(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Step> {
+        let logits = self.forward(tokens, embeds)?;
         self.quantize_caches()?;
         let last = logits.dim(1) - 1;
         let logits = logits.take_axis(Array::from_int(last), 1)?;
@@ -140,6 +161,8 @@ pub(crate) fn generate(
         sampler,
         recent,
         sampled: Vec::new(),
+        positions: prompt.positions.as_ref(),
+        next: 0,
     };
     let result = run(&mut dec, req, prompt, reused, on_delta, cancel, started);
     if result.is_ok() && reuse {
@@ -161,6 +184,7 @@ fn run(
 ) -> Result<Completion> {
     let ctx = dec.ctx;
     let prompt_ids = &prompt.ids[..];
+    dec.next = reused;
     let mut out = Output::new(
         ctx.tokenizer.detokenizer(),
         &req.stop,
@@ -194,17 +218,12 @@ fn run(
             return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
         }
         let n = ctx.prefill_chunk.min(rest.len() - 1);
-        match embeds.take() {
-            Some(h) => {
-                ctx.model
-                    .forward_embeddings(h.index((.., ..n as i32)), &mut dec.caches)?;
-                embeds = Some(h.index((.., n as i32..)));
-            }
-            None => {
-                let chunk = Array::from_slice(&rest[..n], &[1, n as i32]);
-                ctx.model.forward(&chunk, &mut dec.caches)?;
-            }
-        }
+        let chunk = Array::from_slice(&rest[..n], &[n as i32]);
+        let chunk_embeds = embeds.take().map(|h| {
+            embeds = Some(h.index((.., n as i32..)));
+            h.index((.., ..n as i32))
+        });
+        dec.forward(&chunk, chunk_embeds)?;
         dec.quantize_caches()?;
         transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
         rest = &rest[n..];

@@ -186,6 +186,31 @@ impl Rope {
     }
 }
 
+/// Rotary angles given per position rather than by a cache offset (M-RoPE, `rope.rs`):
+/// `cos` and `sin` `(B, 1, L, head_dim)` in the activations' dtype, applied over whole heads as
+/// mlx-vlm's `apply_multimodal_rotary_pos_emb` does: `x * cos + rotate_half(x) * sin`, in
+/// `x`'s dtype.
+pub struct RotaryAngles {
+    pub cos: Array,
+    pub sin: Array,
+}
+
+impl RotaryAngles {
+    /// `x` `(B, H, L, head_dim)` rotated.
+    pub fn rotate(&self, x: &Array) -> Result<Array> {
+        x.multiply(&self.cos)?
+            .add(rotate_half(x)?.multiply(&self.sin)?)?
+            .as_dtype(x.dtype())
+    }
+}
+
+/// `[-x2, x1]` of the two halves of the last axis.
+pub fn rotate_half(x: &Array) -> Result<Array> {
+    let half = x.dim(-1) / 2;
+    let parts = x.split_at_indices(&[half], -1)?;
+    ops::concatenate(&[parts[1].negative()?, parts[0].clone()], -1)
+}
+
 /// `x[..., :dims] * s`, the rest of the last axis unchanged (mlx-lm: `x.at[..., :dims].multiply(s)`).
 fn scale_leading(x: &Array, dims: i32, s: f32) -> Result<Array> {
     let s = scalar_like(s, x)?;
@@ -227,6 +252,13 @@ pub fn gelu_approx(x: &Array) -> Result<Array> {
     let cubic = x.add(c(0.044715)?.multiply(x.power(c(3.0)?)?)?)?;
     let inner = ops::tanh(c((2.0 / std::f64::consts::PI).sqrt())?.multiply(&cubic)?)?;
     c(0.5)?.multiply(x)?.multiply(c(1.0)?.add(&inner)?)
+}
+
+/// MLX's exact `gelu` (`nn.GELU()`): `x * (1 + erf(x / sqrt(2))) / 2`, constants in `x`'s dtype.
+pub fn gelu(x: &Array) -> Result<Array> {
+    let c = |v: f64| scalar_like(v as f32, x);
+    let erf = ops::erf(x.divide(c(std::f64::consts::SQRT_2)?)?)?;
+    x.multiply(c(1.0)?.add(&erf)?)?.divide(c(2.0)?)
 }
 
 /// The up projections of a gated MLP: separate matrices, or one fused `[gate; up]` (Phi-3).
@@ -323,8 +355,15 @@ pub struct Attention {
 
 impl Attention {
     /// `mask` is this layer's cache's mask for `x`'s length, asked before the update
-    /// ([`KvCache::mask`]).
-    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut KvCache) -> Result<Array> {
+    /// ([`KvCache::mask`]). `angles`: the pass's rotary angles when positions are given
+    /// explicitly (M-RoPE), else RoPE runs at the cache's offset.
+    pub fn forward(
+        &self,
+        x: &Array,
+        mask: &Mask,
+        cache: &mut KvCache,
+        angles: Option<&RotaryAngles>,
+    ) -> Result<Array> {
         let s = &self.shape;
         let (q, k, v) = match &self.qkv {
             Qkv::Split {
@@ -354,7 +393,7 @@ impl Attention {
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
         let v = s.split_heads(&v, s.n_kv_heads)?;
         self.o_proj
-            .forward(&s.attend(q, k, v, &self.rope, mask, cache)?)
+            .forward(&s.attend(q, k, v, &self.rope, angles, mask, cache)?)
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).
@@ -420,22 +459,28 @@ impl AttentionShape {
         x.transpose_axes(&[0, 2, 1, 3])
     }
 
-    /// Runs RoPE on q and k at the cache's offset, appends k/v to the cache, and attends with
-    /// `mask` (the cache's mask for these `L` positions, asked before the update).
-    /// Returns `(B, L, H*D)`.
+    /// Runs RoPE on q and k (at the cache's offset, or by `angles` when given), appends k/v
+    /// to the cache, and attends with `mask` (the cache's mask for these `L` positions, asked
+    /// before the update). Returns `(B, L, H*D)`.
+    #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,
         q: Array,
         k: Array,
         v: Array,
         rope: &Rope,
+        angles: Option<&RotaryAngles>,
         mask: &Mask,
         cache: &mut KvCache,
     ) -> Result<Array> {
         let (b, l) = (q.dim(0), q.dim(2));
-        let offset = cache.offset();
-        let q = rope.forward(&q, offset)?;
-        let k = rope.forward(&k, offset)?;
+        let (q, k) = match angles {
+            Some(a) => (a.rotate(&q)?, a.rotate(&k)?),
+            None => {
+                let offset = cache.offset();
+                (rope.forward(&q, offset)?, rope.forward(&k, offset)?)
+            }
+        };
         let out = cache.update_and_attend(q, k, v, self.scale, mask)?;
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
     }

@@ -7,7 +7,9 @@ use mlx_rs::{ops::indexing::IndexOp, transforms, Array};
 use serde_json::{json, Value};
 use text::{Message, MessageContent, ModelTokenizer};
 
-use crate::{models::LanguageModel, request::Prompt, vision::VisionModel, EngineError};
+use crate::{
+    models::LanguageModel, request::Prompt, rope::MropePositions, vision::VisionModel, EngineError,
+};
 
 pub(crate) struct PromptInputs {
     pub ids: Vec<u32>,
@@ -15,6 +17,8 @@ pub(crate) struct PromptInputs {
     /// image's pixels and its place in the image, so a different image never matches.
     pub cache_keys: Vec<u32>,
     pub images: Option<PromptImages>,
+    /// The whole prompt's rotary positions, for a model that takes them explicitly (M-RoPE).
+    pub positions: Option<MropePositions>,
 }
 
 /// The images of a prompt, in prompt order.
@@ -46,6 +50,7 @@ pub(crate) fn prompt_inputs(
         cache_keys: ids.clone(),
         ids,
         images: None,
+        positions: None,
     };
     let (messages, options) = match prompt {
         Prompt::Tokens(ids) => return Ok(text_only(ids.clone())),
@@ -69,7 +74,7 @@ pub(crate) fn prompt_inputs(
     let decoded = parts.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
     let mut tokens_per_image = Vec::new();
     let ids = render(tokenizer, &messages, options, |text| {
-        let expanded = vision.expand_prompt(text, decoded.len())?;
+        let expanded = vision.expand_prompt(text, &decoded)?;
         tokens_per_image = expanded.tokens_per_image;
         Ok(expanded.text)
     })?;
@@ -78,6 +83,7 @@ pub(crate) fn prompt_inputs(
     }
     let cache_keys = image_keys(&ids, vision.image_token_id(), &decoded, &tokens_per_image)?;
     Ok(PromptInputs {
+        positions: vision.positions(&ids, &decoded)?,
         ids,
         cache_keys,
         images: Some(PromptImages {

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::Rope,
+    nn::{Rope, RotaryAngles},
 };
 
 /// Builds the rotary embedding a config asks for: default, `linear` or `llama3`.
@@ -129,4 +129,97 @@ pub fn su_scaled(
         freqs: Some(freqs),
         input_scale: (mscale != 1.0).then_some(mscale as f32),
     })
+}
+
+/// Multimodal RoPE (Qwen2-VL/Qwen2.5-VL's language model), as mlx-vlm 0.7.0 computes it off
+/// Metal (`MRoPERotaryEmbedding`, "chunked" style): each position has three ids (temporal,
+/// height, width); the first `sections[0]` rotary frequencies turn with the temporal id, the
+/// next `sections[1]` with the height id, the rest with the width id. The angles are computed
+/// with MLX ops (not `fast::rope`), cos/sin cast to the activations' dtype, and applied as
+/// `x * cos + rotate_half(x) * sin` ([`RotaryAngles`]).
+#[derive(Debug)]
+pub struct MRope {
+    /// `1 / base^(2i / head_dim)`, float32.
+    inv_freq: Array,
+    /// For each frequency, which of the three position rows turns it.
+    selector: Array,
+}
+
+impl MRope {
+    pub fn new(head_dim: i32, base: f32, sections: &[i32]) -> Result<Self, EngineError> {
+        let freqs = head_dim / 2;
+        if sections.len() != 3 || sections.iter().any(|&s| s < 0) {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!("config.json: mrope_section must be three counts, got {sections:?}"),
+            ));
+        }
+        // mlx-vlm's `_chunked_position_selector`: sections past `freqs` are cut off.
+        let mut selector = vec![0i32; freqs as usize];
+        let mut start = sections[0];
+        for (row, &len) in sections.iter().enumerate().skip(1) {
+            for i in start.min(freqs)..(start + len).min(freqs) {
+                selector[i as usize] = row as i32;
+            }
+            start += len;
+        }
+        let inv_freq = || -> crate::nn::Result<Array> {
+            let exponents = Array::arange::<f32, f32>(0.0, head_dim as f32, 2.0)?
+                .divide(Array::from_f32(head_dim as f32))?;
+            Array::from_f32(1.0).divide(ops::power(Array::from_f32(base), &exponents)?)
+        };
+        let inv_freq = inv_freq()
+            .map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string()))?;
+        Ok(Self {
+            inv_freq,
+            selector: Array::from_slice(&selector, &[freqs]),
+        })
+    }
+
+    /// The angles for `positions` `(3, L)` int32 (rows t, h, w) in `dtype`.
+    pub fn angles(
+        &self,
+        positions: &Array,
+        dtype: mlx_rs::Dtype,
+    ) -> crate::nn::Result<RotaryAngles> {
+        let l = positions.dim(1);
+        // (F, L) -> (1, L, F): each frequency's position, times the frequency.
+        let chosen = positions.take_axis(&self.selector, 0)?;
+        let freqs = chosen
+            .transpose_axes(&[1, 0])?
+            .reshape(&[1, l, -1])?
+            .as_dtype(mlx_rs::Dtype::Float32)?
+            .multiply(&self.inv_freq)?;
+        let emb = ops::concatenate(&[&freqs, &freqs], -1)?.expand_dims(1)?;
+        Ok(RotaryAngles {
+            cos: emb.cos()?.as_dtype(dtype)?,
+            sin: emb.sin()?.as_dtype(dtype)?,
+        })
+    }
+}
+
+/// The M-RoPE position ids of a whole prompt, `(3, L)` rows (temporal, height, width), and the
+/// `delta` every later token adds to its index: a pure function of the prompt's ids and image
+/// grids, so a prompt-cache reuse takes the slice it has not prefilled and decoding continues
+/// from it (mlx-vlm's `get_rope_index` and `rope_deltas`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MropePositions {
+    pub rows: [Vec<i32>; 3],
+    pub delta: i32,
+}
+
+impl MropePositions {
+    /// Positions `(3, n)` of the tokens at indices `start..start + n`: the prompt's own, then
+    /// `index + delta` on all three rows.
+    pub fn slice(&self, start: usize, n: usize) -> crate::nn::Result<Array> {
+        let len = self.rows[0].len();
+        let mut out = Vec::with_capacity(3 * n);
+        for row in &self.rows {
+            out.extend((start..start + n).map(|i| match i < len {
+                true => row[i],
+                false => i as i32 + self.delta,
+            }));
+        }
+        Ok(Array::from_slice(&out, &[3, n as i32]))
+    }
 }

@@ -12,6 +12,7 @@ mod moe;
 mod olmoe;
 mod phi3;
 mod qwen2;
+mod qwen2_5_vl_text;
 mod qwen3;
 mod qwen3_moe;
 mod transformer;
@@ -38,6 +39,19 @@ pub trait LanguageModel {
     /// Logits for input embeddings `(B, L, hidden)` as [`LanguageModel::embed`] gives them
     /// (mlx-vlm's `inputs_embeds`): the family's embedding scale, the layers, the head.
     fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array>;
+    /// [`LanguageModel::forward_embeddings`] at explicit rotary positions `(3, L)` (temporal,
+    /// height, width; M-RoPE, see `rope.rs`) instead of the cache's offset: Qwen-VL's language
+    /// model. Other models take no positions.
+    fn forward_embeddings_at(
+        &self,
+        _h: Array,
+        _positions: &Array,
+        _caches: &mut [KvCache],
+    ) -> Result<Array> {
+        Err(mlx_rs::error::Exception::custom(
+            "this model takes no explicit positions",
+        ))
+    }
     /// Number of attention layers.
     fn num_layers(&self) -> usize;
     /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).
@@ -84,6 +98,8 @@ pub fn build(
         "olmoe" => Ok(Box::new(olmoe::load(config, weights)?)),
         "phi3" => Ok(Box::new(phi3::load(config, weights)?)),
         "qwen2" => Ok(Box::new(qwen2::load(config, weights)?)),
+        // Only under a Qwen2.5-VL (`vision::split`), which gives the positions.
+        "qwen2_5_vl_text" => Ok(Box::new(qwen2_5_vl_text::load(config, weights)?)),
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
         other => Err(EngineError::load(

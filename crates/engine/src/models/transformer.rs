@@ -21,9 +21,9 @@ use crate::{
     },
     nn::{
         Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, QkNorm,
-        QkNormOver, Qkv, Result, RmsNorm, Rope,
+        QkNormOver, Qkv, Result, RmsNorm, Rope, RotaryAngles,
     },
-    rope::rope_from_config,
+    rope::{rope_from_config, MRope},
     weights::Weights,
 };
 
@@ -272,8 +272,9 @@ impl Block {
         x: &Array,
         mask: &Mask,
         cache: &mut KvCache,
+        angles: Option<&RotaryAngles>,
     ) -> Result<Array> {
-        let attn = |x: &Array, cache: &mut KvCache| self.self_attn.forward(x, mask, cache);
+        let attn = |x: &Array, cache: &mut KvCache| self.self_attn.forward(x, mask, cache, angles);
         match &self.norms {
             Norms::PreNorm {
                 input_layernorm,
@@ -309,6 +310,8 @@ pub struct Decoder<F: Family = Llama> {
     norm: RmsNorm,
     lm_head: Option<Linear>,
     max_position_embeddings: Option<usize>,
+    /// Multimodal RoPE in place of every layer's own (Qwen-VL): positions are given per token.
+    mrope: Option<MRope>,
 }
 
 fn norm(
@@ -506,7 +509,66 @@ impl<F: Family> Decoder<F> {
             },
             max_position_embeddings: spec.max_position_embeddings,
             family,
+            mrope: None,
         })
+    }
+
+    /// Every layer rotates by `mrope` at explicit positions
+    /// ([`LanguageModel::forward_embeddings_at`]; without them, at the cache offset on all
+    /// three rows) instead of by its own RoPE.
+    pub fn with_mrope(mut self, mrope: MRope) -> Self {
+        self.mrope = Some(mrope);
+        self
+    }
+
+    /// The forward pass; `positions` `(3, L)` only for an M-RoPE model.
+    fn forward_at(
+        &self,
+        h: Array,
+        positions: Option<&Array>,
+        caches: &mut [KvCache],
+    ) -> Result<Array> {
+        if caches.len() != self.layers.len() {
+            return Err(mlx_rs::error::Exception::custom(format!(
+                "{} layers need one KV cache each, got {}",
+                self.layers.len(),
+                caches.len()
+            )));
+        }
+        let mut h = self.family.scale_embeddings(h)?;
+        // mlx-lm's `create_attention_mask`, once per kind of layer, asked of that kind's first
+        // cache before any layer adds this pass's positions.
+        let n = h.dim(1);
+        let masks = self
+            .mask_sources
+            .iter()
+            .map(|&i| caches[i].mask(n))
+            .collect::<Result<Vec<Mask>>>()?;
+        // M-RoPE's angles, once per pass (mlx-vlm's `position_embeddings`).
+        let angles = match (&self.mrope, positions) {
+            (Some(m), Some(p)) => Some(m.angles(p, h.dtype())?),
+            (Some(m), None) => {
+                let start = caches.first().map_or(0, KvCache::offset);
+                let row = mlx_rs::ops::arange::<_, i32>(start, start + n, 1)?;
+                let p = mlx_rs::ops::broadcast_to(&row.reshape(&[1, n])?, &[3, n])?;
+                Some(m.angles(&p, h.dtype())?)
+            }
+            (None, Some(_)) => {
+                return Err(mlx_rs::error::Exception::custom(
+                    "explicit positions given to a model without multimodal RoPE",
+                ))
+            }
+            (None, None) => None,
+        };
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            let mask = &masks[layer.mask_kind];
+            h = layer.forward(&self.family, &h, mask, cache, angles.as_ref())?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed_tokens.as_linear(&h),
+        }
     }
 }
 
@@ -534,30 +596,16 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array> {
-        if caches.len() != self.layers.len() {
-            return Err(mlx_rs::error::Exception::custom(format!(
-                "{} layers need one KV cache each, got {}",
-                self.layers.len(),
-                caches.len()
-            )));
-        }
-        let mut h = self.family.scale_embeddings(h)?;
-        // mlx-lm's `create_attention_mask`, once per kind of layer, asked of that kind's first
-        // cache before any layer adds this pass's positions.
-        let n = h.dim(1);
-        let masks = self
-            .mask_sources
-            .iter()
-            .map(|&i| caches[i].mask(n))
-            .collect::<Result<Vec<Mask>>>()?;
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            h = layer.forward(&self.family, &h, &masks[layer.mask_kind], cache)?;
-        }
-        let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed_tokens.as_linear(&h),
-        }
+        self.forward_at(h, None, caches)
+    }
+
+    fn forward_embeddings_at(
+        &self,
+        h: Array,
+        positions: &Array,
+        caches: &mut [KvCache],
+    ) -> Result<Array> {
+        self.forward_at(h, Some(positions), caches)
     }
 
     fn num_layers(&self) -> usize {

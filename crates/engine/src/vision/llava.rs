@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use crate::{
     error::{EngineError, LoadErrorKind},
     models::parse_args,
-    nn::{self, scalar_like, Linear},
+    nn::{self, gelu, Linear},
     vision::{
         clip::{ClipConfig, ClipTower},
         ImageInputs, PromptTokens, VisionModel,
@@ -219,19 +219,17 @@ pub fn load(
     ))
 }
 
-/// MLX's exact `gelu` (`nn.GELU()`): `x * (1 + erf(x / sqrt(2))) / 2`, constants in `x`'s dtype.
-fn gelu(x: &Array) -> nn::Result<Array> {
-    let c = |v: f64| scalar_like(v as f32, x);
-    let erf = ops::erf(x.divide(c(std::f64::consts::SQRT_2)?)?)?;
-    x.multiply(c(1.0)?.add(&erf)?)?.divide(c(2.0)?)
-}
-
 impl VisionModel for LlavaVision {
     fn image_token_id(&self) -> u32 {
         self.image_token_id
     }
 
-    fn expand_prompt(&self, text: &str, images: usize) -> Result<PromptTokens, EngineError> {
+    fn expand_prompt(
+        &self,
+        text: &str,
+        images: &[images::RgbImage],
+    ) -> Result<PromptTokens, EngineError> {
+        let images = images.len();
         if images == 0 {
             // mlx-vlm expands only with pixel values.
             return Ok(PromptTokens {

@@ -9,6 +9,7 @@
 mod clip;
 mod gemma3;
 mod llava;
+mod qwen2_5_vl;
 mod siglip;
 
 use std::path::Path;
@@ -19,16 +20,19 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     nn,
+    rope::MropePositions,
     weights::Weights,
 };
 
 /// The vision `model_type`s this build runs, as `capabilities.architectures` lists them.
-pub const ARCHITECTURES: &[&str] = &["gemma3", "llava"];
+pub const ARCHITECTURES: &[&str] = &["gemma3", "llava", "qwen2_5_vl"];
 
 /// A batch of images as the family's encoder takes them.
 pub struct ImageInputs {
     /// `(images, channels, height, width)`, float32, as the Hugging Face processor makes it.
     pub pixel_values: Array,
+    /// Qwen-VL: `[t, h, w]` in patches, per image.
+    pub grid_thw: Vec<[usize; 3]>,
 }
 
 /// A rendered prompt with its image placeholders expanded.
@@ -42,9 +46,22 @@ pub struct PromptTokens {
 pub trait VisionModel {
     /// The token id whose embeddings image features replace.
     fn image_token_id(&self) -> u32;
-    /// Expands each of the `images` placeholders the chat template wrote into the tokens the
+    /// Expands the placeholders the chat template wrote for `images` into the tokens the
     /// model expects (the processor's step, on text, so tokenization matches it).
-    fn expand_prompt(&self, text: &str, images: usize) -> Result<PromptTokens, EngineError>;
+    fn expand_prompt(
+        &self,
+        text: &str,
+        images: &[images::RgbImage],
+    ) -> Result<PromptTokens, EngineError>;
+    /// The rotary positions of the whole prompt `ids` with `images`, for a family whose
+    /// language model takes them explicitly (M-RoPE); `None`: positions are token indices.
+    fn positions(
+        &self,
+        _ids: &[u32],
+        _images: &[images::RgbImage],
+    ) -> Result<Option<MropePositions>, EngineError> {
+        Ok(None)
+    }
     /// The images' pixel values, as the family's Hugging Face processor computes them.
     fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError>;
     /// Feature rows `(image tokens, text hidden)` for `inputs`, computed in `dtype` (the
@@ -73,6 +90,11 @@ pub(crate) fn split(
         "llava" => {
             let processor = image_processor(dir, model_type)?;
             let (vision, text) = llava::load(dir, config, weights, processor)?;
+            Ok((Some(Box::new(vision)), text))
+        }
+        "qwen2_5_vl" => {
+            let processor = image_processor(dir, model_type)?;
+            let (vision, text) = qwen2_5_vl::load(config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
         _ if config.get("vision_config").is_some_and(|v| !v.is_null()) => Err(EngineError::load(
@@ -139,6 +161,7 @@ fn pixel_values(
     let shape: Vec<i32> = p.shape.iter().map(|&d| d as i32).collect();
     Ok(ImageInputs {
         pixel_values: Array::from_slice(&p.data, &shape),
+        grid_thw: processed.image_grid_thw,
     })
 }
 
