@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mlx_rs::Dtype;
+use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 use text::ModelTokenizer;
 
@@ -177,10 +177,10 @@ pub(crate) fn quantize(
         Some(dir) => Some(Adapter::load(dir)?.attach(dir, model.linears_mut())?),
         None => None,
     };
-    let arrays: Vec<_> = model
+    let arrays: Vec<Array> = model
         .linears_mut()
         .into_iter()
-        .map(|(_, l)| l.weight.clone())
+        .flat_map(|(_, l)| l.arrays().into_iter().cloned().collect::<Vec<_>>())
         .collect();
     mlx_rs::transforms::eval(arrays.iter()).map_err(|e| {
         EngineError::load(

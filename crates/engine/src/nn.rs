@@ -74,6 +74,16 @@ impl Linear {
         }
     }
 
+    /// The arrays the layer holds: weight, bias, quantization scales and biases.
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut out = vec![&self.weight];
+        out.extend(&self.bias);
+        if let Some(q) = &self.quantized {
+            out.extend([&q.scales, &q.biases]);
+        }
+        out
+    }
+
     /// Quantizes a dense layer in place (affine), as `load_in_4bit` asks.
     pub fn quantize(&mut self, group_size: i32, bits: i32) -> Result<()> {
         if self.quantized.is_some() {

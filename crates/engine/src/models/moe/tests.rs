@@ -120,15 +120,10 @@ fn load(config: &Value, tensors: HashMap<String, Array>) -> Box<dyn LanguageMode
 
 /// Every array the model's linear layers hold, once each.
 fn linear_arrays(model: &mut dyn LanguageModel) -> Vec<Array> {
-    let mut out = Vec::new();
-    for (_, l) in model.linears_mut() {
-        out.push(l.weight.clone());
-        out.extend(l.bias.clone());
-        if let Some(q) = &l.quantized {
-            out.extend([q.scales.clone(), q.biases.clone()]);
-        }
-    }
-    out
+    let linears = model.linears_mut().into_iter();
+    linears
+        .flat_map(|(_, l)| l.arrays().into_iter().cloned().collect::<Vec<_>>())
+        .collect()
 }
 
 /// Last-position logits for `n` tokens, from fresh caches.
