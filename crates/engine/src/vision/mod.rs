@@ -9,6 +9,7 @@
 mod clip;
 mod gemma3;
 mod llava;
+mod qwen2_5_vit;
 mod qwen2_5_vl;
 mod siglip;
 
