@@ -69,7 +69,7 @@ pub(crate) fn prompt_inputs(
     let decoded = parts.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
     let mut tokens_per_image = Vec::new();
     let ids = render(tokenizer, &messages, options, |text| {
-        let expanded = vision.expand_prompt(text, decoded.len())?;
+        let expanded = vision.expand_prompt(text, &decoded)?;
         tokens_per_image = expanded.tokens_per_image;
         Ok(expanded.text)
     })?;

@@ -194,7 +194,12 @@ impl VisionModel for Gemma3Vision {
         self.image_token_id
     }
 
-    fn expand_prompt(&self, text: &str, images: usize) -> Result<PromptTokens, EngineError> {
+    fn expand_prompt(
+        &self,
+        text: &str,
+        images: &[images::RgbImage],
+    ) -> Result<PromptTokens, EngineError> {
+        let images = images.len();
         let found = text.matches(BOI).count();
         if found != images {
             return Err(EngineError::InvalidParams {

@@ -231,7 +231,12 @@ impl VisionModel for LlavaVision {
         self.image_token_id
     }
 
-    fn expand_prompt(&self, text: &str, images: usize) -> Result<PromptTokens, EngineError> {
+    fn expand_prompt(
+        &self,
+        text: &str,
+        images: &[images::RgbImage],
+    ) -> Result<PromptTokens, EngineError> {
+        let images = images.len();
         if images == 0 {
             // mlx-vlm expands only with pixel values.
             return Ok(PromptTokens {

@@ -8,6 +8,7 @@
 
 mod clip;
 mod gemma3;
+mod idefics3;
 mod llava;
 mod siglip;
 
@@ -23,7 +24,7 @@ use crate::{
 };
 
 /// The vision `model_type`s this build runs, as `capabilities.architectures` lists them.
-pub const ARCHITECTURES: &[&str] = &["gemma3", "llava"];
+pub const ARCHITECTURES: &[&str] = &["gemma3", "llava", "idefics3", "smolvlm"];
 
 /// A batch of images as the family's encoder takes them.
 pub struct ImageInputs {
@@ -42,9 +43,14 @@ pub struct PromptTokens {
 pub trait VisionModel {
     /// The token id whose embeddings image features replace.
     fn image_token_id(&self) -> u32;
-    /// Expands each of the `images` placeholders the chat template wrote into the tokens the
-    /// model expects (the processor's step, on text, so tokenization matches it).
-    fn expand_prompt(&self, text: &str, images: usize) -> Result<PromptTokens, EngineError>;
+    /// Expands the placeholders the chat template wrote for `images` (one each, in order) into
+    /// the tokens the model expects (the processor's step, on text, so tokenization matches
+    /// it; some families' counts depend on the image's size).
+    fn expand_prompt(
+        &self,
+        text: &str,
+        images: &[images::RgbImage],
+    ) -> Result<PromptTokens, EngineError>;
     /// The images' pixel values, as the family's Hugging Face processor computes them.
     fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError>;
     /// Feature rows `(image tokens, text hidden)` for `inputs`, computed in `dtype` (the
@@ -73,6 +79,15 @@ pub(crate) fn split(
         "llava" => {
             let processor = image_processor(dir, model_type)?;
             let (vision, text) = llava::load(dir, config, weights, processor)?;
+            Ok((Some(Box::new(vision)), text))
+        }
+        "idefics3" | "smolvlm" => {
+            let family = match model_type {
+                "idefics3" => idefics3::Family::Idefics3,
+                _ => idefics3::Family::SmolVlm,
+            };
+            let processor = image_processor(dir, model_type)?;
+            let (vision, text) = idefics3::load(family, dir, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
         _ if config.get("vision_config").is_some_and(|v| !v.is_null()) => Err(EngineError::load(
