@@ -102,7 +102,10 @@ impl Family {
         });
         let mut d = common.as_object().expect("an object").clone();
         if self == Family::SmolVlm {
-            let hidden = text.get("hidden_size").and_then(Value::as_i64).unwrap_or(4096);
+            let hidden = text
+                .get("hidden_size")
+                .and_then(Value::as_i64)
+                .unwrap_or(4096);
             let heads = match text.get("head_dim").and_then(Value::as_i64) {
                 Some(h) if h > 0 => hidden / h,
                 _ => 32,
@@ -183,7 +186,11 @@ pub fn load(
     let mut vision = match args.vision_config {
         Value::Object(v) => v,
         Value::Null => Map::new(),
-        _ => return Err(invalid("config.json: `vision_config` must be an object".into())),
+        _ => {
+            return Err(invalid(
+                "config.json: `vision_config` must be an object".into(),
+            ))
+        }
     };
     family.vision_defaults(&mut vision);
     let vision: SiglipConfig = serde_json::from_value(Value::Object(vision))
@@ -195,10 +202,33 @@ pub fn load(
         )));
     };
 
+    // Each tile is a grid of patches the pixel shuffle must divide, into as many features as
+    // the processor writes `<image>` tokens per tile (mlx-vlm fails at the first image else).
+    let (tile, patch, s) = (
+        processor.tile as i32,
+        vision.patch_size.max(1),
+        args.scale_factor,
+    );
+    let grid = tile / patch;
+    if grid == 0 || tile % patch != 0 || s < 1 || grid % s != 0 {
+        return Err(invalid(format!(
+            "the image processor's {tile} px tiles (max_image_size) make no patch grid of patch \
+             {patch} that scale_factor {s} divides"
+        )));
+    }
+    let proc: ProcessorArgs = super::processor_args(dir)?;
+    let image_seq_len = proc.image_seq_len.unwrap_or(169);
+    let features = (grid * grid / (s * s)) as usize;
+    if features != image_seq_len {
+        return Err(invalid(format!(
+            "{} expands each tile to {image_seq_len} image tokens (image_seq_len), but the model \
+             makes {features} features per {tile} px tile (patch {patch}, scale_factor {s})",
+            dir.join("processor_config.json").display(),
+        )));
+    }
+
     let (mut tower_weights, mut connector) = split_parts(weights)?;
     let mut tower = SiglipTower::load(&vision, &mut tower_weights)?;
-    let patch = vision.patch_size.max(1);
-    let grid = processor.tile as i32 / patch;
     tower
         .select_positions(&position_ids(grid, vision.patches_per_side())?)
         .map_err(|e| invalid(format!("vision position embeddings: {e}")))?;
@@ -207,33 +237,6 @@ pub fn load(
         if let Some(name) = rest.names().next() {
             return Err(invalid(format!("unexpected tensor `{name}` in the {part}")));
         }
-    }
-
-    let path = dir.join("processor_config.json");
-    let proc: ProcessorArgs = match images::processors::hf::read_json(&path) {
-        Ok(Some(v)) => {
-            serde_json::from_value(v).map_err(|e| invalid(format!("{}: {e}", path.display())))?
-        }
-        Ok(None) => ProcessorArgs::default(),
-        Err(e) => return Err(invalid(e.to_string())),
-    };
-    let image_seq_len = proc.image_seq_len.unwrap_or(169);
-    let s = args.scale_factor.max(1);
-    let features = (grid * grid / (s * s)) as usize;
-    if grid % s != 0 || processor.tile as i32 % patch != 0 {
-        return Err(invalid(format!(
-            "the image processor's {} px tiles make a {grid}x{grid} patch grid that \
-             scale_factor {s} does not divide (patch {patch})",
-            processor.tile
-        )));
-    }
-    if features != image_seq_len {
-        return Err(invalid(format!(
-            "{} expands each tile to {image_seq_len} image tokens (image_seq_len), but the model \
-             makes {features} features per {} px tile (patch {patch}, scale_factor {s})",
-            path.display(),
-            processor.tile
-        )));
     }
     Ok((
         Idefics3Vision {
@@ -282,17 +285,15 @@ fn split_parts(weights: &mut Weights) -> Result<(Weights, Weights), EngineError>
 fn position_ids(grid: i32, side: i32) -> nn::Result<Array> {
     let step = 1.0 / f64::from(side);
     let boundaries = Array::arange::<f64, f32>(step, 1.0, step)?.expand_dims(0)?;
-    let fractions = Array::arange::<i32, f32>(None, grid, None)?
-        .divide(Array::from_f32(grid as f32))?;
+    let fractions =
+        Array::arange::<i32, f32>(None, grid, None)?.divide(Array::from_f32(grid as f32))?;
     let top = Array::from_f32((1.0f64 - 1e-6) as f32);
     let fractions = ops::clip(&fractions, (Array::from_f32(0.0), top))?.expand_dims(1)?;
     let buckets = fractions
         .ge(&boundaries)?
         .sum_axes(&[1], None)?
         .as_dtype(Dtype::Int32)?;
-    let rows = buckets
-        .expand_dims(1)?
-        .multiply(Array::from_int(side))?;
+    let rows = buckets.expand_dims(1)?.multiply(Array::from_int(side))?;
     rows.add(buckets.expand_dims(0)?)?.reshape(&[-1])
 }
 
@@ -390,12 +391,6 @@ impl VisionModel for Idefics3Vision {
         let d = features.dim(-1);
         features.reshape(&[-1, d])
     }
-
-    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array> {
-        // mlx-vlm: the features cast to the embeddings' dtype, written over the image rows.
-        let features = features.as_dtype(embeds.dtype())?;
-        super::scatter_rows(ids, self.image_token_id, embeds, &features)
-    }
 }
 
 #[cfg(test)]
@@ -411,6 +406,49 @@ mod tests {
         assert_eq!(&six[30..], &[24, 25, 26, 27, 28, 28]);
         assert_eq!(&ids(7)[..7], &[0, 1, 2, 2, 4, 5, 6]);
         assert_eq!(ids(8), (0..64).collect::<Vec<i32>>());
+    }
+
+    #[test]
+    fn transformers_and_mlx_vlm_names_split_alike() {
+        let names = |layout: &[&str]| {
+            let t = layout
+                .iter()
+                .map(|n| (n.to_string(), Array::from_f32(0.0)))
+                .collect();
+            let mut w = Weights::from_tensors(t, &json!({}));
+            let (tower, connector) = split_parts(&mut w).unwrap();
+            let sorted = |w: &Weights| {
+                let mut v: Vec<String> = w.names().cloned().collect();
+                v.sort();
+                v
+            };
+            (sorted(&tower), sorted(&connector), sorted(&w))
+        };
+        let hf = names(&[
+            "model.vision_model.post_layernorm.weight",
+            "model.connector.modality_projection.proj.weight",
+            "model.text_model.embed_tokens.weight",
+            "model.text_model.layers.0.mlp.up_proj.weight",
+            "model.text_model.norm.weight",
+            "lm_head.weight",
+        ]);
+        let mlx = names(&[
+            "vision_model.post_layernorm.weight",
+            "connector.modality_projection.proj.weight",
+            "language_model.embed_tokens.weight",
+            "language_model.layers.0.mlp.up_proj.weight",
+            "language_model.norm.weight",
+            "language_model.lm_head.weight",
+        ]);
+        assert_eq!(hf, mlx);
+        let language = [
+            "lm_head.weight",
+            "model.embed_tokens.weight",
+            "model.layers.0.mlp.up_proj.weight",
+            "model.norm.weight",
+        ];
+        assert_eq!(hf.2, language);
+        assert_eq!(hf.1, ["modality_projection.proj.weight"]);
     }
 
     #[test]

@@ -57,8 +57,13 @@ pub trait VisionModel {
     /// language model's embedding dtype, as mlx-vlm casts the pixels).
     fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array>;
     /// The language model's input embeddings `(1, L, hidden)` for `ids`, with `features` (one
-    /// row per image token among `ids`, in order) in the image tokens' places.
-    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array>;
+    /// row per image token among `ids`, in order) in the image tokens' places. By default as
+    /// mlx-vlm's LLaVA and Idefics3 do: the features cast to the embeddings' dtype, written over
+    /// the image rows, unscaled.
+    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array> {
+        let features = features.as_dtype(embeds.dtype())?;
+        scatter_rows(ids, self.image_token_id(), embeds, &features)
+    }
 }
 
 /// Builds the vision side of a vision-language checkpoint and leaves its language model's
@@ -137,6 +142,19 @@ fn image_processor(
             format!("image processor of {}: {e}", dir.display()),
         )
     })
+}
+
+/// The settings a family reads from `processor_config.json` (the defaults when there is none).
+fn processor_args<T: serde::de::DeserializeOwned + Default>(dir: &Path) -> Result<T, EngineError> {
+    let path = dir.join("processor_config.json");
+    let invalid = |detail: String| EngineError::load(LoadErrorKind::InvalidWeights, detail);
+    match images::processors::hf::read_json(&path) {
+        Ok(Some(v)) => {
+            serde_json::from_value(v).map_err(|e| invalid(format!("{}: {e}", path.display())))
+        }
+        Ok(None) => Ok(T::default()),
+        Err(e) => Err(invalid(e.to_string())),
+    }
 }
 
 /// The pixel values `processor` makes of `images`, as an MLX array.

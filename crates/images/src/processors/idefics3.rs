@@ -263,7 +263,14 @@ mod tests {
             "size": {"longest_edge": 160}, "max_image_size": {"longest_edge": 80}
         });
         let mut p = Idefics3ImageProcessor::from_config(config.as_object().unwrap()).unwrap();
-        for (w, h) in [(400, 300), (100, 300), (60, 40), (161, 20), (80, 80), (1000, 999)] {
+        for (w, h) in [
+            (400, 300),
+            (100, 300),
+            (60, 40),
+            (161, 20),
+            (80, 80),
+            (1000, 999),
+        ] {
             let img = RgbImage {
                 width: w,
                 height: h,
@@ -273,7 +280,11 @@ mod tests {
             for split in [true, false] {
                 p.do_image_splitting = split;
                 let tiles = p.tiles(&img);
-                assert_eq!(p.grid(h, w), (tiles.rows, tiles.cols), "{w}x{h} split {split}");
+                assert_eq!(
+                    p.grid(h, w),
+                    (tiles.rows, tiles.cols),
+                    "{w}x{h} split {split}"
+                );
             }
         }
     }
