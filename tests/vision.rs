@@ -3,7 +3,7 @@
 //! token for token against mlx-vlm. Here, through the binary: every way an image can arrive,
 //! several images, the prompt cache across images, and bad images, each a clear -32602 after
 //! which the worker goes on. And a tiny LLaVA (`tiny-llava`, a CLIP tower on a Llama) answering an
-//! image question.
+//! image question, and a tiny Idefics3 (`tiny-idefics3`) one about an image split into tiles.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
