@@ -347,18 +347,8 @@ impl VisionModel for Idefics3Vision {
                 tokens_per_image: Vec::new(),
             });
         }
+        super::check_placeholders(text, IMAGE, images.len())?;
         let pieces: Vec<&str> = text.split(IMAGE).collect();
-        if pieces.len() - 1 != images.len() {
-            return Err(EngineError::InvalidParams {
-                field: "messages".into(),
-                reason: format!(
-                    "the prompt has {} `{IMAGE}` placeholders for {} images (the chat template \
-                     writes one per image part; do not write `{IMAGE}` in text)",
-                    pieces.len() - 1,
-                    images.len()
-                ),
-            });
-        }
         let mut out = pieces[0].to_owned();
         let mut tokens_per_image = Vec::with_capacity(images.len());
         for (image, rest) in images.iter().zip(&pieces[1..]) {

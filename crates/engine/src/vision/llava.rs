@@ -239,16 +239,7 @@ impl VisionModel for LlavaVision {
             });
         }
         let token = &self.image_token;
-        let found = text.matches(token.as_str()).count();
-        if found != images {
-            return Err(EngineError::InvalidParams {
-                field: "messages".into(),
-                reason: format!(
-                    "the prompt has {found} `{token}` placeholders for {images} images (the chat \
-                     template writes one per image part; do not write `{token}` in text)"
-                ),
-            });
-        }
+        super::check_placeholders(text, token, images)?;
         Ok(PromptTokens {
             text: text.replace(token.as_str(), &token.repeat(self.tokens_per_image)),
             tokens_per_image: vec![self.tokens_per_image; images],

@@ -144,6 +144,22 @@ fn image_processor(
     })
 }
 
+/// Checks that the rendered `text` has one `placeholder` per image, as the chat template writes
+/// them; a count that differs (a placeholder typed in the text) is the request's error.
+fn check_placeholders(text: &str, placeholder: &str, images: usize) -> Result<(), EngineError> {
+    let found = text.matches(placeholder).count();
+    match found == images {
+        true => Ok(()),
+        false => Err(EngineError::InvalidParams {
+            field: "messages".into(),
+            reason: format!(
+                "the prompt has {found} `{placeholder}` placeholders for {images} images (the \
+                 chat template writes one per image part; do not write `{placeholder}` in text)"
+            ),
+        }),
+    }
+}
+
 /// The settings a family reads from `processor_config.json` (the defaults when there is none).
 fn processor_args<T: serde::de::DeserializeOwned + Default>(dir: &Path) -> Result<T, EngineError> {
     let path = dir.join("processor_config.json");
