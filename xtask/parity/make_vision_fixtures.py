@@ -459,9 +459,26 @@ def write_idefics3_tokenizer(src, out, processor_class):
     (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
     config["processor_class"] = processor_class
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    shutil.copy(src / "generation_config.json", out / "generation_config.json")
     (out / "chat_template.json").write_text(json.dumps({"chat_template": IDEFICS3_TEMPLATE}, indent=2))
     return {name: first + i for i, name in enumerate(names)}
+
+
+def idefics3_transformers_layout(weights):
+    """mlx-vlm's names and layout as transformers saves them: `model.vision_model.*`,
+    `model.connector.*`, `model.text_model.*`, `lm_head.*`, the patch convolution in PyTorch's
+    (out, in, kh, kw)."""
+    out = {}
+    for name, w in weights.items():
+        if name.startswith("language_model.lm_head."):
+            name = name[len("language_model."):]
+        elif name.startswith("language_model."):
+            name = "model.text_model." + name[len("language_model."):]
+        else:
+            name = "model." + name
+        if name.endswith("patch_embedding.weight"):
+            w = w.transpose(0, 3, 1, 2)
+        out[name] = w
+    return out
 
 
 def build_idefics3(spec, out, tokenizer_dirs):
@@ -473,11 +490,18 @@ def build_idefics3(spec, out, tokenizer_dirs):
     model, config = random_model(family, base, spec, lambda path, p: None)
     quantize_like_convert(model, config, spec)
     weights = dict(tree_flatten(model.parameters()))
+    if spec.get("layout") == "transformers":
+        weights = idefics3_transformers_layout(weights)
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     image_class, processor_class = IDEFICS3_CLASSES[spec["family"]]
     ids = write_idefics3_tokenizer(tokenizer_dirs["smollm2"], out, processor_class)
     assert ids["<image>"] == config["image_token_id"], (ids, config["image_token_id"])
+    # A turn ends with `<end_of_utterance>`, in generation_config.json too: mlx-vlm takes its
+    # `eos_token_id` over config.json's, the worker both.
+    generation = json.loads((tokenizer_dirs["smollm2"] / "generation_config.json").read_text())
+    generation["eos_token_id"] = config["eos_token_id"]
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     preprocessor = deep_update(json.loads(json.dumps(IDEFICS3_PREPROCESSOR)), spec.get("processor", {}))
     preprocessor.update(image_processor_type=image_class, processor_class=processor_class)
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
