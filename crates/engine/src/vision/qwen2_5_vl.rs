@@ -173,17 +173,7 @@ impl VisionModel for Qwen25Vision {
         text: &str,
         images: &[images::RgbImage],
     ) -> Result<PromptTokens, EngineError> {
-        let found = text.matches(IMAGE_PAD).count();
-        if found != images.len() {
-            return Err(EngineError::InvalidParams {
-                field: "messages".into(),
-                reason: format!(
-                    "the prompt has {found} `{IMAGE_PAD}` placeholders for {} images (the chat \
-                     template writes one per image part; do not write `{IMAGE_PAD}` in text)",
-                    images.len()
-                ),
-            });
-        }
+        super::check_placeholders(text, IMAGE_PAD, images.len())?;
         let counts: Vec<usize> = self
             .grids(images)?
             .iter()
