@@ -128,7 +128,8 @@ Dtype = Literal['bfloat16', 'float16', 'float32']
 #:
 #: `Debug` and `Display` print `<redacted>`; the value is reached only through
 #: [`Secret::expose`]. It serialises as the plain string so that a host can send it; the worker
-#: never puts one into a response, a notification, a log line or the environment.
+#: never puts one into a response, a notification, a log line or the environment. Its bytes are
+#: overwritten with zeros when it is dropped.
 Secret = str
 
 
