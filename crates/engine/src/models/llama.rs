@@ -40,6 +40,13 @@ fn default_true() -> bool {
 
 /// Builds a Llama-layout model; `family` names the model_type in errors.
 pub fn load(config: &Value, mut weights: Weights, family: &str) -> Result<Decoder, EngineError> {
+    let spec = decoder_spec(config, family)?;
+    sanitize(&mut weights, spec.tie_word_embeddings);
+    Decoder::load(weights, spec, Llama)
+}
+
+/// The Llama layers config.json describes, for families that adjust them (SmolLM3).
+pub fn decoder_spec(config: &Value, family: &str) -> Result<DecoderSpec, EngineError> {
     let args: Args = parse_args(config)?;
     let windows = layer_windows(&args, family)?;
     let c = &args.common;
@@ -59,8 +66,7 @@ pub fn load(config: &Value, mut weights: Weights, family: &str) -> Result<Decode
     for (layer, window) in spec.layers.iter_mut().zip(windows) {
         layer.shape.window = window;
     }
-    sanitize(&mut weights, args.tie_word_embeddings);
-    Decoder::load(weights, spec, Llama)
+    Ok(spec)
 }
 
 /// Each layer's attention window (`None`: full attention), from `layer_types`.

@@ -1,7 +1,7 @@
 //! The decoder-only transformer every architecture file here builds: embedding, blocks of
 //! attention + gated MLP with RMS norms, final norm, head. A model file reads its config.json
 //! into a [`LayerSpec`] per layer (what differs between families: fused projections, q/k norms,
-//! norm placement, activation, attention window, RoPE) and calls [`Decoder::load`] with its
+//! norm placement, activation, attention window, RoPE or none) and calls [`Decoder::load`] with its
 //! tensor names and its [`Family`]: the few computations a family does its own way (Gemma's
 //! `1 + w` norms, scaled embeddings, clipped residuals), kept in the family's file.
 //!
@@ -128,6 +128,9 @@ pub enum NormLayout {
     PreNorm,
     /// Also a norm on each sublayer's output before the residual add (Gemma 3).
     Sandwich,
+    /// Only the norms on the sublayers' outputs: `h = x + norm(attn(x)); h + norm(mlp(h))`
+    /// (OLMo 2).
+    PostNorm,
 }
 
 /// How one layer of a family is built from its checkpoint.
@@ -144,7 +147,8 @@ pub struct LayerSpec {
     pub mlp: MlpSpec,
     pub rms_norm_eps: f32,
     pub shape: AttentionShape,
-    pub rope: Rope,
+    /// `None`: the layer attends without positional encoding (SmolLM3's NoPE layers).
+    pub rope: Option<Rope>,
 }
 
 /// The MLP of a layer.
@@ -167,7 +171,7 @@ impl LayerSpec {
             mlp: MlpSpec::Dense,
             rms_norm_eps,
             shape,
-            rope,
+            rope: Some(rope),
         }
     }
 }
@@ -226,6 +230,10 @@ enum Norms {
         input_layernorm: RmsNorm,
         post_attention_layernorm: RmsNorm,
         pre_feedforward_layernorm: RmsNorm,
+        post_feedforward_layernorm: RmsNorm,
+    },
+    PostNorm {
+        post_attention_layernorm: RmsNorm,
         post_feedforward_layernorm: RmsNorm,
     },
 }
@@ -293,6 +301,15 @@ impl Block {
                 let r = attn(&input_layernorm.forward(x)?, cache)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
                 let r = self.mlp.forward(&pre_feedforward_layernorm.forward(&h)?)?;
+                family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
+            }
+            Norms::PostNorm {
+                post_attention_layernorm,
+                post_feedforward_layernorm,
+            } => {
+                let r = attn(x, cache)?;
+                let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
+                let r = self.mlp.forward(&h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }
         }
@@ -363,6 +380,10 @@ fn load_block(
             input_layernorm: load_norm("input_layernorm")?,
             post_attention_layernorm: load_norm("post_attention_layernorm")?,
             pre_feedforward_layernorm: load_norm("pre_feedforward_layernorm")?,
+            post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
+        },
+        NormLayout::PostNorm => Norms::PostNorm {
+            post_attention_layernorm: load_norm("post_attention_layernorm")?,
             post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
         },
     };
