@@ -96,6 +96,52 @@ impl CommonArgs {
     }
 }
 
+/// The fields mlx-lm's Llama `ModelArgs` adds to [`CommonArgs`], with its defaults: shared by
+/// the families whose mlx-lm `ModelArgs` repeat them (llama, olmoe, olmo2).
+#[derive(Debug, Deserialize)]
+pub struct LlamaArgs {
+    #[serde(flatten)]
+    pub common: CommonArgs,
+    /// Absent: `hidden_size / num_attention_heads`.
+    pub head_dim: Option<i32>,
+    pub max_position_embeddings: Option<usize>,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+}
+
+fn default_rope_theta() -> f32 {
+    10000.0
+}
+fn default_true() -> bool {
+    true
+}
+
+impl LlamaArgs {
+    pub fn head_dim(&self) -> i32 {
+        self.head_dim.unwrap_or(self.common.default_head_dim())
+    }
+
+    /// The Llama layer these args describe (RoPE as `rope_scaling` asks): families adjust it.
+    pub fn layer(&self) -> LoadResult<LayerSpec> {
+        let head_dim = self.head_dim();
+        let max_pos = self.max_position_embeddings;
+        let rope = self
+            .common
+            .rope(head_dim, self.rope_theta, self.rope_traditional, max_pos)?;
+        Ok(self.common.llama_layer(head_dim, rope))
+    }
+
+    /// [`load_uniform`] with every layer `layer`.
+    pub fn load_uniform(&self, weights: Weights, layer: LayerSpec) -> LoadResult<Decoder> {
+        let (tie, max_pos) = (self.tie_word_embeddings, self.max_position_embeddings);
+        load_uniform(weights, &self.common, layer, tie, max_pos)
+    }
+}
+
 /// What a family computes its own way around the shared layers, where mlx-lm's model file for
 /// it differs from Llama's. Every hook defaults to what Llama does; a family overrides the ones
 /// it needs in its own file.
