@@ -3,8 +3,9 @@
 //! token for token against mlx-vlm. Here, through the binary: every way an image can arrive,
 //! several images, the prompt cache across images, and bad images, each a clear -32602 after
 //! which the worker goes on. And a tiny LLaVA (`tiny-llava`, a CLIP tower on a Llama) answering an
-//! image question, and a tiny Qwen2.5-VL (`tiny-qwen2.5-vl`) answering a second question about an
-//! image from the prompt cache.
+//! image question, a tiny Qwen2.5-VL (`tiny-qwen2.5-vl`) answering a second question about an
+//! image from the prompt cache, and a tiny Idefics3 (`tiny-idefics3`) one about an image split
+//! into tiles.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -452,5 +453,53 @@ async fn a_qwen2_5_vl_model_answers_a_second_question_from_the_cache() {
     let fresh = generate(&w, &second_turn).await;
     assert_eq!(fresh.usage.cached_tokens, 0);
     assert_eq!(fresh.text, cached.text);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// Idefics3 (`tiny-idefics3`: 80 px tiles, 25 image tokens each, images resized to 160 px on the
+/// long side; token-exact with mlx-vlm in `cargo xtask parity`): a 400x300 image is split into
+/// 2x2 tiles plus the global image, and the prompt carries all of them; the same answer from a
+/// path and from base64, another from other pixels.
+#[tokio::test]
+async fn an_idefics3_model_answers_about_a_split_image() {
+    let Some((dir, images)) = fixture("tiny-idefics3") else {
+        return;
+    };
+    let w = worker(&[]);
+    let init = within_for(LIMIT, w.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    for family in ["idefics3", "smolvlm"] {
+        assert!(init.capabilities.architectures.iter().any(|a| a == family));
+    }
+    loaded(&w, &dir, "idefics3").await;
+
+    let png = images.join("gradient.png");
+    let question = "What is in this picture?";
+    let one = |source: String| greedy(vec![user(vec![image(source), text(question)])]);
+    let by_path = generate(&w, &one(model_id(&png))).await;
+    let by_base64 = generate(&w, &one(base64_of(&png))).await;
+    assert_eq!(by_base64.text, by_path.text);
+    assert!(!by_path.text.is_empty());
+    // A second image adds its expansion: four tiles, each `<fake_token_around_image>`,
+    // `<row_r_col_c>` and 25 `<image>`; `\n` after the first row and `\n\n` after the second
+    // (one token each in SmolLM2's vocabulary); the global image as
+    // `<fake_token_around_image><global-img>`, 25 `<image>`, `<fake_token_around_image>`.
+    let two = greedy(vec![user(vec![
+        image(model_id(&png)),
+        image(model_id(&png)),
+        text(question),
+    ])]);
+    let two = generate(&w, &two).await;
+    let tiles = 4 * (2 + 25);
+    let global = 2 + 25 + 1;
+    let newlines = 2;
+    assert_eq!(
+        two.usage.prompt_tokens - by_path.usage.prompt_tokens,
+        tiles + newlines + global
+    );
+    let noise = images.join("noise.jpg");
+    let other = generate(&w, &one(model_id(&noise))).await;
+    assert_ne!(other.text, by_path.text, "the pixels reach the model");
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }

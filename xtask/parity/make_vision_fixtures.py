@@ -509,7 +509,142 @@ def build_qwen2_5_vl(spec, out, tokenizer_dirs):
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
 
-BUILDERS = {"gemma3": build_gemma3, "llava": build_llava, "qwen2_5_vl": build_qwen2_5_vl}
+# SmolVLM's chat template (HuggingFaceTB/SmolVLM-256M-Instruct's), with string content rendered
+# as text: `<|im_start|>`, then per message `Role:` and its parts in order, an image part as
+# `<image>` (the processor expands it into tiles), `<end_of_utterance>\n`. Idefics3's is the same
+# after its own `<|begin_of_text|>`; the SmolLM2 tokenizer of these fixtures has `<|im_start|>`.
+IDEFICS3_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'] is string %}{{ ': ' + message['content'] }}{% else %}"
+    "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+# The tiny Idefics3: a SigLIP tower of two layers on 80 px tiles (10x10 patches of 8 px: a grid
+# whose bucketed position ids repeat some rows, as mlx-vlm computes them), pixel shuffle by 2 (25
+# image tokens per tile), a two-layer Llama. Images are resized to 160 px on the long side and
+# split into 2x2 tiles plus the global image. The vocabulary is SmolLM2's plus the image tokens
+# (as SmolVLM's: `<global-img>`, `<row_r_col_c>`, `<fake_token_around_image>`, `<image>`,
+# `<end_of_utterance>`), padded to a multiple of 64.
+IDEFICS3 = {
+    "model_type": "idefics3",
+    "architectures": ["Idefics3ForConditionalGeneration"],
+    "image_token_id": 49190,
+    "scale_factor": 2,
+    "eos_token_id": [2, 49191],
+    "text_config": dict(LLAVA["text_config"], rope_theta=100000.0, max_position_embeddings=8192),
+    "vision_config": {
+        "model_type": "idefics3_vision",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "patch_size": 8,
+        "image_size": 80,
+        "layer_norm_eps": 1e-6,
+    },
+}
+
+# Idefics3's / SmolVLM's processor files (`size` and `max_image_size` scaled down); a spec's
+# "processor" updates them.
+IDEFICS3_PREPROCESSOR = {
+    "do_convert_rgb": True,
+    "do_image_splitting": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "max_image_size": {"longest_edge": 80},
+    "resample": 1,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 160},
+}
+IDEFICS3_CLASSES = {
+    "idefics3": ("Idefics3ImageProcessor", "Idefics3Processor"),
+    "smolvlm": ("SmolVLMImageProcessor", "SmolVLMProcessor"),
+}
+
+
+def write_idefics3_tokenizer(src, out, processor_class):
+    """SmolLM2's tokenizer with SmolVLM's image tokens added after its vocabulary."""
+    tokenizer = json.loads((src / "tokenizer.json").read_text())
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    names = ["<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    names += ["<fake_token_around_image>", "<image>", "<end_of_utterance>"]
+    first = len(tokenizer["model"]["vocab"])
+    for i, name in enumerate(names):
+        token = {"content": name, "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": True}
+        tokenizer["added_tokens"].append(dict(token, id=first + i))
+        config.setdefault("added_tokens_decoder", {})[str(first + i)] = token
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    config["processor_class"] = processor_class
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": IDEFICS3_TEMPLATE}, indent=2))
+    return {name: first + i for i, name in enumerate(names)}
+
+
+def idefics3_transformers_layout(weights):
+    """mlx-vlm's names and layout as transformers saves them: `model.vision_model.*`,
+    `model.connector.*`, `model.text_model.*`, `lm_head.*`, the patch convolution in PyTorch's
+    (out, in, kh, kw)."""
+    out = {}
+    for name, w in weights.items():
+        if name.startswith("language_model.lm_head."):
+            name = name[len("language_model."):]
+        elif name.startswith("language_model."):
+            name = "model.text_model." + name[len("language_model."):]
+        else:
+            name = "model." + name
+        if name.endswith("patch_embedding.weight"):
+            w = w.transpose(0, 3, 1, 2)
+        out[name] = w
+    return out
+
+
+def build_idefics3(spec, out, tokenizer_dirs):
+    """Idefics3 or SmolVLM (the spec's "family"; mlx-vlm's smolvlm is idefics3's model)."""
+    import importlib
+
+    family = importlib.import_module(f"mlx_vlm.models.{spec['family']}")
+    base = dict(IDEFICS3, model_type=spec["family"])
+    model, config = random_model(family, base, spec, lambda path, p: None)
+    quantize_like_convert(model, config, spec)
+    weights = dict(tree_flatten(model.parameters()))
+    if spec.get("layout") == "transformers":
+        weights = idefics3_transformers_layout(weights)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    image_class, processor_class = IDEFICS3_CLASSES[spec["family"]]
+    ids = write_idefics3_tokenizer(tokenizer_dirs["smollm2"], out, processor_class)
+    assert ids["<image>"] == config["image_token_id"], (ids, config["image_token_id"])
+    # A turn ends with `<end_of_utterance>`, in generation_config.json too: mlx-vlm takes its
+    # `eos_token_id` over config.json's, the worker both.
+    generation = json.loads((tokenizer_dirs["smollm2"] / "generation_config.json").read_text())
+    generation["eos_token_id"] = config["eos_token_id"]
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    preprocessor = deep_update(json.loads(json.dumps(IDEFICS3_PREPROCESSOR)), spec.get("processor", {}))
+    preprocessor.update(image_processor_type=image_class, processor_class=processor_class)
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    # Tokens per tile follow the model: the tile's patch grid shrunk by the pixel shuffle.
+    grid = preprocessor["max_image_size"]["longest_edge"] // config["vision_config"]["patch_size"]
+    image_seq_len = (grid // config["scale_factor"]) ** 2
+    processor = {"image_seq_len": image_seq_len, "processor_class": processor_class}
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
+BUILDERS = {
+    "gemma3": build_gemma3,
+    "llava": build_llava,
+    "qwen2_5_vl": build_qwen2_5_vl,
+    "idefics3": build_idefics3,
+    "smolvlm": build_idefics3,
+}
 
 
 def write_images(out):

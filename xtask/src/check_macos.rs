@@ -98,24 +98,11 @@ struct Tools {
 /// cargo-zigbuild (crates.io) under `<target>/xtask-tools`, and zig (PyPI's `ziglang`) in the
 /// reference venv; cargo-zigbuild finds zig through `python3 -m ziglang`.
 fn tools() -> anyhow::Result<Tools> {
-    let root = target_dir().join("xtask-tools");
-    let cargo_bin = root.join("bin");
-    if !cargo_bin.join("cargo-zigbuild").is_file() {
-        eprintln!("check-macos: cargo install cargo-zigbuild@{CARGO_ZIGBUILD}");
-        run_checked(
-            cargo()
-                .args([
-                    "install",
-                    "--locked",
-                    "--version",
-                    CARGO_ZIGBUILD,
-                    "cargo-zigbuild",
-                    "--root",
-                ])
-                .arg(&root),
-            "cargo install cargo-zigbuild",
-        )?;
-    }
+    let zigbuild = crate::tools::cargo_tool("cargo-zigbuild", CARGO_ZIGBUILD)?;
+    let cargo_bin = zigbuild
+        .parent()
+        .context("a tool has a directory")?
+        .to_path_buf();
     let python = venv::reference_python()?;
     let zig_bin = python
         .parent()

@@ -8,11 +8,13 @@ mod bench_vision;
 mod check_import;
 mod check_macos;
 mod demo;
+mod deny;
 mod long_runs;
 mod parity;
 mod pytest;
 mod setup;
 mod test;
+mod tools;
 mod venv;
 mod worker_bin;
 
@@ -53,6 +55,8 @@ enum Cmd {
     /// What can be proved here about the Mac build: Metal in the feature resolution for
     /// aarch64-apple-darwin, and `cargo check` of the worker for that target.
     CheckMacos,
+    /// cargo-deny's license, ban and source checks (deny.toml); advisories need GitHub.
+    Deny,
     /// Greedy tokens and prompt ids against mlx-lm 0.32.2 on the same MLX build
     /// (xtask/parity/cases.json); exits non-zero on any mismatch.
     Parity(parity::Options),
@@ -85,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Test) => test::run(),
         Some(Cmd::CheckImport) => check_import::run(),
         Some(Cmd::CheckMacos) => check_macos::run(),
+        Some(Cmd::Deny) => deny::run(),
         Some(Cmd::Parity(opts)) => parity::run(&opts),
         Some(Cmd::Bench(opts)) => bench::run(&opts),
         Some(Cmd::Fuzz(opts)) => long_runs::fuzz(&opts),

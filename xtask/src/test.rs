@@ -1,11 +1,13 @@
-//! `cargo xtask test`: the README's test command, and what CI runs. Provisions the real models,
+//! `cargo xtask test`: the README's test command, and what CI runs. Checks the dependency tree's
+//! licenses and sources (cargo-deny), provisions the real models,
 //! the vision fixtures and the mlx-lm / mlx-vlm reference, runs every test of the workspace
 //! (failing, not skipping, when a model is missing), then the parity check against mlx-lm and
 //! mlx-vlm, then the Python package's tests against the release worker.
 
-use crate::{cargo, check_macos, parity, pytest, run_checked, setup, venv, worker_bin};
+use crate::{cargo, check_macos, deny, parity, pytest, run_checked, setup, venv, worker_bin};
 
 pub fn run() -> anyhow::Result<()> {
+    deny::run()?;
     let model = setup::default_model_dir()?;
     let gemma3_gguf = setup::gemma3_gguf()?;
     let gemma3 = setup::gemma3_270m_dir()?;

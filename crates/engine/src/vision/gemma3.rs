@@ -200,16 +200,7 @@ impl VisionModel for Gemma3Vision {
         images: &[images::RgbImage],
     ) -> Result<PromptTokens, EngineError> {
         let images = images.len();
-        let found = text.matches(BOI).count();
-        if found != images {
-            return Err(EngineError::InvalidParams {
-                field: "messages".into(),
-                reason: format!(
-                    "the prompt has {found} `{BOI}` placeholders for {images} images (the chat \
-                     template writes one per image part; do not write `{BOI}` in text)"
-                ),
-            });
-        }
+        super::check_placeholders(text, BOI, images)?;
         let full = format!("\n\n{BOI}{}{EOI}\n\n", IMAGE.repeat(self.tokens_per_image));
         Ok(PromptTokens {
             text: text.replace(BOI, &full),

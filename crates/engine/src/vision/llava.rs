@@ -178,13 +178,7 @@ pub fn load(
     // mlx-vlm's `LlavaProcessor`: (side / patch)^2 + num_additional_image_tokens, one less with
     // the "default" strategy. The side is the tower's: the processor must make images of it.
     let path = dir.join("processor_config.json");
-    let proc: ProcessorArgs = match images::processors::hf::read_json(&path) {
-        Ok(Some(v)) => {
-            serde_json::from_value(v).map_err(|e| invalid(format!("{}: {e}", path.display())))?
-        }
-        Ok(None) => ProcessorArgs::default(),
-        Err(e) => return Err(invalid(e.to_string())),
-    };
+    let proc: ProcessorArgs = super::processor_args(dir)?;
     let patch = proc.patch_size.unwrap_or(vision.patch_size).max(1);
     let side = vision.image_size / patch;
     let mut tokens = side * side + proc.num_additional_image_tokens;
@@ -238,16 +232,7 @@ impl VisionModel for LlavaVision {
             });
         }
         let token = &self.image_token;
-        let found = text.matches(token.as_str()).count();
-        if found != images {
-            return Err(EngineError::InvalidParams {
-                field: "messages".into(),
-                reason: format!(
-                    "the prompt has {found} `{token}` placeholders for {images} images (the chat \
-                     template writes one per image part; do not write `{token}` in text)"
-                ),
-            });
-        }
+        super::check_placeholders(text, token, images)?;
         Ok(PromptTokens {
             text: text.replace(token.as_str(), &token.repeat(self.tokens_per_image)),
             tokens_per_image: vec![self.tokens_per_image; images],
@@ -278,12 +263,6 @@ impl VisionModel for LlavaVision {
             .forward(&gelu(&self.linear_1.forward(&selected)?)?)?;
         let d = features.dim(-1);
         features.reshape(&[-1, d])
-    }
-
-    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array> {
-        // mlx-vlm: the features cast to the embeddings' dtype, written over the image rows.
-        let features = features.as_dtype(embeds.dtype())?;
-        super::scatter_rows(ids, self.image_token_id, embeds, &features)
     }
 }
 

@@ -1,14 +1,16 @@
 //! Vision-language models: an image encoder (vision tower and projector) whose features take
 //! the place of the prompt's image tokens, in front of a language model from `models/`.
 //!
-//! A family file (`gemma3.rs`, `llava.rs`) splits its checkpoint into the vision side, built
+//! A family file (`gemma3.rs`, `llava.rs`, `idefics3.rs`) splits its checkpoint into the vision side, built
 //! there, and the language model's tensors and config, which `models::build` turns into the
 //! decoder. Shared towers live beside it (`siglip.rs`, `clip.rs`). What a family does to the
 //! prompt (its processor's text-level expansion of image placeholders) lives in its file too.
 
 mod clip;
 mod gemma3;
+mod idefics3;
 mod llava;
+mod qwen2_5_vit;
 mod qwen2_5_vl;
 mod siglip;
 
@@ -25,7 +27,7 @@ use crate::{
 };
 
 /// The vision `model_type`s this build runs, as `capabilities.architectures` lists them.
-pub const ARCHITECTURES: &[&str] = &["gemma3", "llava", "qwen2_5_vl"];
+pub const ARCHITECTURES: &[&str] = &["gemma3", "llava", "qwen2_5_vl", "idefics3", "smolvlm"];
 
 /// A batch of images as the family's encoder takes them.
 pub struct ImageInputs {
@@ -46,8 +48,9 @@ pub struct PromptTokens {
 pub trait VisionModel {
     /// The token id whose embeddings image features replace.
     fn image_token_id(&self) -> u32;
-    /// Expands the placeholders the chat template wrote for `images` into the tokens the
-    /// model expects (the processor's step, on text, so tokenization matches it).
+    /// Expands the placeholders the chat template wrote for `images` (one each, in order) into
+    /// the tokens the model expects (the processor's step, on text, so tokenization matches
+    /// it; some families' counts depend on the image's size).
     fn expand_prompt(
         &self,
         text: &str,
@@ -68,8 +71,13 @@ pub trait VisionModel {
     /// language model's embedding dtype, as mlx-vlm casts the pixels).
     fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array>;
     /// The language model's input embeddings `(1, L, hidden)` for `ids`, with `features` (one
-    /// row per image token among `ids`, in order) in the image tokens' places.
-    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array>;
+    /// row per image token among `ids`, in order) in the image tokens' places. By default as
+    /// mlx-vlm's LLaVA and Idefics3 do: the features cast to the embeddings' dtype, written over
+    /// the image rows, unscaled.
+    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array> {
+        let features = features.as_dtype(embeds.dtype())?;
+        scatter_rows(ids, self.image_token_id(), embeds, &features)
+    }
 }
 
 /// Builds the vision side of a vision-language checkpoint and leaves its language model's
@@ -95,6 +103,15 @@ pub(crate) fn split(
         "qwen2_5_vl" => {
             let processor = image_processor(dir, model_type)?;
             let (vision, text) = qwen2_5_vl::load(config, weights, processor)?;
+            Ok((Some(Box::new(vision)), text))
+        }
+        "idefics3" | "smolvlm" => {
+            let family = match model_type {
+                "idefics3" => idefics3::Family::Idefics3,
+                _ => idefics3::Family::SmolVlm,
+            };
+            let processor = image_processor(dir, model_type)?;
+            let (vision, text) = idefics3::load(family, dir, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
         _ if config.get("vision_config").is_some_and(|v| !v.is_null()) => Err(EngineError::load(
@@ -144,6 +161,35 @@ fn image_processor(
             format!("image processor of {}: {e}", dir.display()),
         )
     })
+}
+
+/// Checks that the rendered `text` has one `placeholder` per image, as the chat template writes
+/// them; a count that differs (a placeholder typed in the text) is the request's error.
+fn check_placeholders(text: &str, placeholder: &str, images: usize) -> Result<(), EngineError> {
+    let found = text.matches(placeholder).count();
+    match found == images {
+        true => Ok(()),
+        false => Err(EngineError::InvalidParams {
+            field: "messages".into(),
+            reason: format!(
+                "the prompt has {found} `{placeholder}` placeholders for {images} images (the \
+                 chat template writes one per image part; do not write `{placeholder}` in text)"
+            ),
+        }),
+    }
+}
+
+/// The settings a family reads from `processor_config.json` (the defaults when there is none).
+fn processor_args<T: serde::de::DeserializeOwned + Default>(dir: &Path) -> Result<T, EngineError> {
+    let path = dir.join("processor_config.json");
+    let invalid = |detail: String| EngineError::load(LoadErrorKind::InvalidWeights, detail);
+    match images::processors::hf::read_json(&path) {
+        Ok(Some(v)) => {
+            serde_json::from_value(v).map_err(|e| invalid(format!("{}: {e}", path.display())))
+        }
+        Ok(None) => Ok(T::default()),
+        Err(e) => Err(invalid(e.to_string())),
+    }
 }
 
 /// The pixel values `processor` makes of `images`, as an MLX array.

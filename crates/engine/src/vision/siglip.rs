@@ -144,15 +144,37 @@ impl SiglipTower {
 
     /// Hidden states `(B, patches, hidden)` for images `(B, H, W, C)` (channels last).
     pub fn forward(&self, pixels: &Array) -> Result<Array> {
+        self.encode(self.embed(pixels)?)
+    }
+
+    /// The patch embeddings plus position embeddings, `(B, patches, hidden)`.
+    pub fn embed(&self, pixels: &Array) -> Result<Array> {
         let p = self.patch_size;
         let x = ops::conv2d(pixels, &self.patch_weight, (p, p), None, None, None)?
             .add(&self.patch_bias)?;
         let (b, d) = (x.dim(0), x.dim(-1));
-        let mut x = x.reshape(&[b, -1, d])?.add(&self.position_embedding)?;
+        x.reshape(&[b, -1, d])?.add(&self.position_embedding)
+    }
+
+    /// Embeddings through the encoder layers and the final LayerNorm.
+    pub fn encode(&self, mut x: Array) -> Result<Array> {
         for layer in &self.layers {
             x = layer.forward(&x, self.heads, self.scale, gelu_approx)?;
         }
         self.post_layernorm.forward(&x)
+    }
+
+    /// Patch k takes the position embedding `ids[k]` instead of the k-th (Idefics3's bucketed
+    /// patch grid); `ids` `(patches,)`.
+    pub fn select_positions(&mut self, ids: &Array) -> Result<()> {
+        let table = self.position_embedding.squeeze_axes(&[0])?;
+        self.position_embedding = table.take_axis(ids, 0)?.expand_dims(0)?;
+        Ok(())
+    }
+
+    /// The dtype of the tower's weights.
+    pub fn dtype(&self) -> mlx_rs::Dtype {
+        self.patch_weight.dtype()
     }
 }
 

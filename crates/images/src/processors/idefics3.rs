@@ -101,16 +101,14 @@ impl Idefics3ImageProcessor {
         }
         let (h, w) = tile_multiple_size(img.height, img.width, t);
         img = resize(&img, w, h, self.resample);
-        if img.height <= t && img.width <= t {
+        let (rows, cols) = split_grid(img.height, img.width, t);
+        if rows == 0 {
             return Tiles {
                 images: vec![img],
                 rows: 0,
                 cols: 0,
             };
         }
-        // (size - tile) // tile + 1 per axis; the sizes are multiples of the tile here.
-        let rows = ((img.height - t) / t + 1) as usize;
-        let cols = ((img.width - t) / t + 1) as usize;
         let mut images = Vec::with_capacity(rows * cols + 1);
         for r in 0..rows {
             for c in 0..cols {
@@ -119,6 +117,21 @@ impl Idefics3ImageProcessor {
         }
         images.push(resize(&img, t, t, self.resample));
         Tiles { images, rows, cols }
+    }
+
+    /// The tile rows and columns of an image of `height` x `width` pixels (before any resize),
+    /// as [`Self::tiles`] cuts it: `(0, 0)` for an image kept whole. Needs no pixels, so the
+    /// prompt can be expanded before preprocessing.
+    pub fn grid(&self, height: u32, width: u32) -> (usize, usize) {
+        let (mut h, mut w) = (height, width);
+        if self.do_resize {
+            (h, w) = longest_edge_size(h, w, self.longest_edge);
+        }
+        if !self.do_image_splitting {
+            return (0, 0);
+        }
+        let (h, w) = tile_multiple_size(h, w, self.tile);
+        split_grid(h, w, self.tile)
     }
 
     /// All images of one prompt (one batch entry, as mlx-vlm passes them): `pixel_values`
@@ -178,6 +191,18 @@ impl Idefics3ImageProcessor {
     }
 }
 
+/// Tile rows and columns of an image already resized to tile multiples: `(size - tile) //
+/// tile + 1` per axis, `(0, 0)` when it fits in one tile.
+fn split_grid(height: u32, width: u32, tile: u32) -> (usize, usize) {
+    match height <= tile && width <= tile {
+        true => (0, 0),
+        false => (
+            ((height - tile) / tile + 1) as usize,
+            ((width - tile) / tile + 1) as usize,
+        ),
+    }
+}
+
 /// Step 1: `_resize_output_size_rescale_to_max_len` then `_scale_below_upper_bound(4096)`.
 /// Returns `(height, width)`.
 pub fn longest_edge_size(height: u32, width: u32, max_len: u32) -> (u32, u32) {
@@ -225,5 +250,42 @@ pub fn tile_multiple_size(height: u32, width: u32, tile: u32) -> (u32, u32) {
         let w = ((h * aspect) as i64) as f64;
         let w = (w / t).ceil() * t;
         (h as u32, w as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grid_from_the_size_is_the_tiling() {
+        let config = serde_json::json!({
+            "size": {"longest_edge": 160}, "max_image_size": {"longest_edge": 80}
+        });
+        let mut p = Idefics3ImageProcessor::from_config(config.as_object().unwrap()).unwrap();
+        for (w, h) in [
+            (400, 300),
+            (100, 300),
+            (60, 40),
+            (161, 20),
+            (80, 80),
+            (1000, 999),
+        ] {
+            let img = RgbImage {
+                width: w,
+                height: h,
+                pixels: vec![7; (w * h * 3) as usize],
+                transparency: None,
+            };
+            for split in [true, false] {
+                p.do_image_splitting = split;
+                let tiles = p.tiles(&img);
+                assert_eq!(
+                    p.grid(h, w),
+                    (tiles.rows, tiles.cols),
+                    "{w}x{h} split {split}"
+                );
+            }
+        }
     }
 }
