@@ -32,6 +32,9 @@ FAMILY_BASE = {
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0},
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0, "head_dim": 32},
     "phi3": {"architectures": ["Phi3ForCausalLM"], "tie_word_embeddings": False},
+    # Four layers, so that some run without RoPE (which ones: the spec's config).
+    "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 4},
+    "olmo2": {"architectures": ["Olmo2ForCausalLM"]},
     # Mixtures of experts: 4 experts, top 2, expert MLPs of 64 (groups of 64 when quantized).
     "qwen3_moe": {
         "architectures": ["Qwen3MoeForCausalLM"],

@@ -360,7 +360,8 @@ pub struct Attention {
     pub o_proj: Linear,
     pub qk_norm: Option<QkNorm>,
     pub shape: AttentionShape,
-    pub rope: Rope,
+    /// `None`: no positional encoding in this layer (SmolLM3's NoPE layers).
+    pub rope: Option<Rope>,
 }
 
 impl Attention {
@@ -403,7 +404,7 @@ impl Attention {
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
         let v = s.split_heads(&v, s.n_kv_heads)?;
         self.o_proj
-            .forward(&s.attend(q, k, v, &self.rope, angles, mask, cache)?)
+            .forward(&s.attend(q, k, v, self.rope.as_ref(), angles, mask, cache)?)
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).
@@ -469,27 +470,28 @@ impl AttentionShape {
         x.transpose_axes(&[0, 2, 1, 3])
     }
 
-    /// Runs RoPE on q and k (at the cache's offset, or by `angles` when given), appends k/v
-    /// to the cache, and attends with `mask` (the cache's mask for these `L` positions, asked
-    /// before the update). Returns `(B, L, H*D)`.
+    /// Runs RoPE on q and k (at the cache's offset, or by `angles` when given; neither for a
+    /// layer without RoPE), appends k/v to the cache, and attends with `mask` (the cache's mask
+    /// for these `L` positions, asked before the update). Returns `(B, L, H*D)`.
     #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,
         q: Array,
         k: Array,
         v: Array,
-        rope: &Rope,
+        rope: Option<&Rope>,
         angles: Option<&RotaryAngles>,
         mask: &Mask,
         cache: &mut KvCache,
     ) -> Result<Array> {
         let (b, l) = (q.dim(0), q.dim(2));
-        let (q, k) = match angles {
-            Some(a) => (a.rotate(&q)?, a.rotate(&k)?),
-            None => {
+        let (q, k) = match (angles, rope) {
+            (Some(a), _) => (a.rotate(&q)?, a.rotate(&k)?),
+            (None, Some(rope)) => {
                 let offset = cache.offset();
                 (rope.forward(&q, offset)?, rope.forward(&k, offset)?)
             }
+            (None, None) => (q, k),
         };
         let out = cache.update_and_attend(q, k, v, self.scale, mask)?;
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])

@@ -7,23 +7,16 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     models::{
         parse_args,
-        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, Llama},
+        transformer::{sanitize, Decoder, DecoderSpec, Llama, LlamaArgs},
     },
     weights::Weights,
 };
 
+/// mlx-lm's Llama `ModelArgs`.
 #[derive(Debug, Deserialize)]
 struct Args {
     #[serde(flatten)]
-    common: CommonArgs,
-    head_dim: Option<i32>,
-    #[serde(default = "default_rope_theta")]
-    rope_theta: f32,
-    #[serde(default)]
-    rope_traditional: bool,
-    max_position_embeddings: Option<usize>,
-    #[serde(default = "default_true")]
-    tie_word_embeddings: bool,
+    llama: LlamaArgs,
     /// `full_attention` or `sliding_attention` per layer (a rotating cache of `sliding_window`
     /// positions, as in mlx-lm); without it every layer is full attention, whatever
     /// `sliding_window` says.
@@ -31,41 +24,33 @@ struct Args {
     sliding_window: Option<i32>,
 }
 
-fn default_rope_theta() -> f32 {
-    10000.0
-}
-fn default_true() -> bool {
-    true
-}
-
 /// Builds a Llama-layout model; `family` names the model_type in errors.
 pub fn load(config: &Value, mut weights: Weights, family: &str) -> Result<Decoder, EngineError> {
+    let spec = decoder_spec(config, family)?;
+    sanitize(&mut weights, spec.tie_word_embeddings);
+    Decoder::load(weights, spec, Llama)
+}
+
+/// The Llama layers config.json describes, for families that adjust them (SmolLM3).
+pub fn decoder_spec(config: &Value, family: &str) -> Result<DecoderSpec, EngineError> {
     let args: Args = parse_args(config)?;
     let windows = layer_windows(&args, family)?;
-    let c = &args.common;
-    let head_dim = args.head_dim.unwrap_or(c.default_head_dim());
-    let rope = c.rope(
-        head_dim,
-        args.rope_theta,
-        args.rope_traditional,
-        args.max_position_embeddings,
-    )?;
+    let a = &args.llama;
     let mut spec = DecoderSpec::uniform(
-        c.llama_layer(head_dim, rope),
-        c.num_hidden_layers,
-        args.tie_word_embeddings,
-        args.max_position_embeddings,
+        a.layer()?,
+        a.common.num_hidden_layers,
+        a.tie_word_embeddings,
+        a.max_position_embeddings,
     );
     for (layer, window) in spec.layers.iter_mut().zip(windows) {
         layer.shape.window = window;
     }
-    sanitize(&mut weights, args.tie_word_embeddings);
-    Decoder::load(weights, spec, Llama)
+    Ok(spec)
 }
 
 /// Each layer's attention window (`None`: full attention), from `layer_types`.
 fn layer_windows(args: &Args, family: &str) -> Result<Vec<Option<i32>>, EngineError> {
-    let n = args.common.num_hidden_layers;
+    let n = args.llama.common.num_hidden_layers;
     let Some(types) = &args.layer_types else {
         return Ok(vec![None; n]);
     };

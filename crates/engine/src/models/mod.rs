@@ -9,12 +9,14 @@ mod llama;
 mod mistral;
 mod mixtral;
 mod moe;
+mod olmo2;
 mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen2_5_vl_text;
 mod qwen3;
 mod qwen3_moe;
+mod smollm3;
 mod transformer;
 
 use mlx_rs::Array;
@@ -73,11 +75,13 @@ pub const ARCHITECTURES: &[&str] = &[
     "llama",
     "mistral",
     "mixtral",
+    "olmo2",
     "olmoe",
     "phi3",
     "qwen2",
     "qwen3",
     "qwen3_moe",
+    "smollm3",
 ];
 
 /// Builds the model named by config.json's `model_type` from its weights.
@@ -95,6 +99,7 @@ pub fn build(
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
+        "olmo2" => Ok(Box::new(olmo2::load(config, weights)?)),
         "olmoe" => Ok(Box::new(olmoe::load(config, weights)?)),
         "phi3" => Ok(Box::new(phi3::load(config, weights)?)),
         "qwen2" => Ok(Box::new(qwen2::load(config, weights)?)),
@@ -102,6 +107,7 @@ pub fn build(
         "qwen2_5_vl_text" => Ok(Box::new(qwen2_5_vl_text::load(config, weights)?)),
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
+        "smollm3" => Ok(Box::new(smollm3::load(config, weights)?)),
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(

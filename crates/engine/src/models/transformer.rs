@@ -1,7 +1,7 @@
 //! The decoder-only transformer every architecture file here builds: embedding, blocks of
 //! attention + gated MLP with RMS norms, final norm, head. A model file reads its config.json
 //! into a [`LayerSpec`] per layer (what differs between families: fused projections, q/k norms,
-//! norm placement, activation, attention window, RoPE) and calls [`Decoder::load`] with its
+//! norm placement, activation, attention window, RoPE or none) and calls [`Decoder::load`] with its
 //! tensor names and its [`Family`]: the few computations a family does its own way (Gemma's
 //! `1 + w` norms, scaled embeddings, clipped residuals), kept in the family's file.
 //!
@@ -96,6 +96,52 @@ impl CommonArgs {
     }
 }
 
+/// The fields mlx-lm's Llama `ModelArgs` adds to [`CommonArgs`], with its defaults: shared by
+/// the families whose mlx-lm `ModelArgs` repeat them (llama, olmoe, olmo2).
+#[derive(Debug, Deserialize)]
+pub struct LlamaArgs {
+    #[serde(flatten)]
+    pub common: CommonArgs,
+    /// Absent: `hidden_size / num_attention_heads`.
+    pub head_dim: Option<i32>,
+    pub max_position_embeddings: Option<usize>,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+}
+
+fn default_rope_theta() -> f32 {
+    10000.0
+}
+fn default_true() -> bool {
+    true
+}
+
+impl LlamaArgs {
+    pub fn head_dim(&self) -> i32 {
+        self.head_dim.unwrap_or(self.common.default_head_dim())
+    }
+
+    /// The Llama layer these args describe (RoPE as `rope_scaling` asks): families adjust it.
+    pub fn layer(&self) -> LoadResult<LayerSpec> {
+        let head_dim = self.head_dim();
+        let max_pos = self.max_position_embeddings;
+        let rope = self
+            .common
+            .rope(head_dim, self.rope_theta, self.rope_traditional, max_pos)?;
+        Ok(self.common.llama_layer(head_dim, rope))
+    }
+
+    /// [`load_uniform`] with every layer `layer`.
+    pub fn load_uniform(&self, weights: Weights, layer: LayerSpec) -> LoadResult<Decoder> {
+        let (tie, max_pos) = (self.tie_word_embeddings, self.max_position_embeddings);
+        load_uniform(weights, &self.common, layer, tie, max_pos)
+    }
+}
+
 /// What a family computes its own way around the shared layers, where mlx-lm's model file for
 /// it differs from Llama's. Every hook defaults to what Llama does; a family overrides the ones
 /// it needs in its own file.
@@ -128,6 +174,9 @@ pub enum NormLayout {
     PreNorm,
     /// Also a norm on each sublayer's output before the residual add (Gemma 3).
     Sandwich,
+    /// Only the norms on the sublayers' outputs: `h = x + norm(attn(x)); h + norm(mlp(h))`
+    /// (OLMo 2).
+    PostNorm,
 }
 
 /// How one layer of a family is built from its checkpoint.
@@ -144,7 +193,8 @@ pub struct LayerSpec {
     pub mlp: MlpSpec,
     pub rms_norm_eps: f32,
     pub shape: AttentionShape,
-    pub rope: Rope,
+    /// `None`: the layer attends without positional encoding (SmolLM3's NoPE layers).
+    pub rope: Option<Rope>,
 }
 
 /// The MLP of a layer.
@@ -167,7 +217,7 @@ impl LayerSpec {
             mlp: MlpSpec::Dense,
             rms_norm_eps,
             shape,
-            rope,
+            rope: Some(rope),
         }
     }
 }
@@ -226,6 +276,10 @@ enum Norms {
         input_layernorm: RmsNorm,
         post_attention_layernorm: RmsNorm,
         pre_feedforward_layernorm: RmsNorm,
+        post_feedforward_layernorm: RmsNorm,
+    },
+    PostNorm {
+        post_attention_layernorm: RmsNorm,
         post_feedforward_layernorm: RmsNorm,
     },
 }
@@ -293,6 +347,15 @@ impl Block {
                 let r = attn(&input_layernorm.forward(x)?, cache)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
                 let r = self.mlp.forward(&pre_feedforward_layernorm.forward(&h)?)?;
+                family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
+            }
+            Norms::PostNorm {
+                post_attention_layernorm,
+                post_feedforward_layernorm,
+            } => {
+                let r = attn(x, cache)?;
+                let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
+                let r = self.mlp.forward(&h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }
         }
@@ -363,6 +426,10 @@ fn load_block(
             input_layernorm: load_norm("input_layernorm")?,
             post_attention_layernorm: load_norm("post_attention_layernorm")?,
             pre_feedforward_layernorm: load_norm("pre_feedforward_layernorm")?,
+            post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
+        },
+        NormLayout::PostNorm => Norms::PostNorm {
+            post_attention_layernorm: load_norm("post_attention_layernorm")?,
             post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
         },
     };
