@@ -166,6 +166,18 @@ impl GgufFile {
             }
             let ggml_type = GgmlType::from_id(cur.u32(|| format!("the type of tensor {name:?}"))?);
             let offset = cur.u64(|| format!("the offset of tensor {name:?}"))?;
+            if dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).is_none() {
+                return Err(GgufError::BadTensor {
+                    name,
+                    reason: format!("dimensions {dims:?} hold more than 2^64 values"),
+                });
+            }
+            if tensor_index.contains_key(&name) {
+                return Err(GgufError::BadTensor {
+                    name,
+                    reason: "the name is used twice".into(),
+                });
+            }
             tensor_index.insert(name.clone(), tensors.len());
             tensors.push(TensorInfo {
                 name,
@@ -297,6 +309,8 @@ impl GgufFile {
         let info = self
             .tensor(name)
             .ok_or_else(|| GgufError::MissingTensor(name.into()))?;
+        // The data first: a tensor of unknown geometry fails before anything is allocated.
+        self.tensor_data(info)?;
         let mut out = vec![0.0; info.n_elements() as usize];
         self.dequantize_into(info, &mut out)?;
         Ok(out)

@@ -157,3 +157,26 @@ fn unknown_tensor_types_open_but_do_not_read() {
         Err(GgufError::BadTensor { .. })
     ));
 }
+
+#[test]
+fn duplicate_names_and_overflowing_dimensions_are_refused() {
+    // Found by `fuzz/gguf`: a second tensor of the same name made `dequantize(name)` read
+    // another tensor than the one checked.
+    let twice = TestGguf::new()
+        .f32_tensor("w", &[2], &[1.0, 2.0])
+        .f32_tensor("w", &[1], &[3.0])
+        .build();
+    match GgufFile::from_bytes(twice) {
+        Err(GgufError::BadTensor { name, reason }) => {
+            assert_eq!(name, "w");
+            assert!(reason.contains("twice"), "{reason}");
+        }
+        other => panic!("expected a duplicate-name error, got {other:?}"),
+    }
+    let mut spec = TestGguf::new().f32_tensor("w", &[2, 2], &[0.0; 4]);
+    spec.tensors[0].1 = vec![u64::MAX, 4];
+    match GgufFile::from_bytes(spec.build()) {
+        Err(GgufError::BadTensor { reason, .. }) => assert!(reason.contains("2^64"), "{reason}"),
+        other => panic!("expected an overflow error, got {other:?}"),
+    }
+}

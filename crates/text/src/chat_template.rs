@@ -290,7 +290,8 @@ fn rewrite_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // The closing `%}` after the opening `{%` (in `{%}` they would overlap).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             break;
         };
         let inner = &tag[2..end];
@@ -371,6 +372,15 @@ mod tests {
         assert!(err
             .to_string()
             .contains("Conversation must start with user"));
+    }
+
+    #[test]
+    fn overlapping_tag_marks_are_a_syntax_error_not_a_panic() {
+        // Found by `fuzz/chat_template`.
+        for source in ["-{%}", "{%}", "{%-}%}"] {
+            let err = ChatTemplate::new(source, SpecialTokens::default()).err();
+            assert!(matches!(err, Some(ChatTemplateError::Syntax { .. })), "{source}: {err:?}");
+        }
     }
 
     #[test]
