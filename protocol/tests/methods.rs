@@ -131,15 +131,28 @@ fn sampler_settings_must_survive_narrowing_to_f32() {
     // The engine samples in f32: what it would refuse (infinite, or rounded to 0 where 0 is out
     // of range) is refused here, where the error can name the field.
     let msgs = json!([{"role": "user", "content": "hi"}]);
-    for (field, value) in [
-        ("temperature", 1e300),
-        ("top_p", 1e-50),
-        ("repetition_penalty", 1e300),
-        ("repetition_penalty", 1e-50),
-    ] {
+    for (field, value) in [("temperature", 1e300), ("top_p", 1e-50)] {
         let data = bad_field::<Generate>(json!({"messages": msgs, field: value}));
         assert_eq!(data.field, field, "{data:?}");
         assert!(data.reason.contains("f32"), "{data:?}");
+    }
+    // Penalties in ranges that keep every logit finite.
+    for (field, value) in [
+        ("repetition_penalty", 1e300),
+        ("repetition_penalty", 1e-50),
+        ("repetition_penalty", 0.001),
+        ("presence_penalty", 1e30),
+        ("frequency_penalty", -101.0),
+    ] {
+        let data = bad_field::<Generate>(json!({"messages": msgs, field: value}));
+        assert_eq!(data.field, field, "{data:?}");
+    }
+    for (field, value) in [
+        ("repetition_penalty", 100.0),
+        ("presence_penalty", -100.0),
+        ("frequency_penalty", 2.0),
+    ] {
+        Generate::parse_params(&json!({"messages": msgs, field: value})).unwrap();
     }
     // A tiny temperature rounds to 0, which is in range (greedy).
     let p = Generate::parse_params(&json!({"messages": msgs, "temperature": 1e-50})).unwrap();

@@ -195,6 +195,15 @@ fn per_second(n: usize, ms: f64) -> f64 {
     }
 }
 
+/// A log-probability as JSON can carry it: -inf (and NaN, from a model that computes NaN) is
+/// the lowest finite float, as protocol.md says.
+fn json_logprob(logprob: f32) -> f32 {
+    match logprob.is_finite() {
+        true => logprob,
+        false => f32::MIN,
+    }
+}
+
 /// A delta's `tokens`: present only when log-probabilities were asked for.
 pub fn delta_tokens(tokens: Vec<mlx_engine::TokenLogprob>) -> Option<Vec<TokenLogprob>> {
     (!tokens.is_empty()).then(|| {
@@ -203,11 +212,14 @@ pub fn delta_tokens(tokens: Vec<mlx_engine::TokenLogprob>) -> Option<Vec<TokenLo
             .map(|t| TokenLogprob {
                 id: t.id,
                 text: t.text,
-                logprob: t.logprob,
+                logprob: json_logprob(t.logprob),
                 top: t
                     .top
                     .into_iter()
-                    .map(|(id, logprob)| TopLogprob { id, logprob })
+                    .map(|(id, logprob)| TopLogprob {
+                        id,
+                        logprob: json_logprob(logprob),
+                    })
                     .collect(),
             })
             .collect()
@@ -315,6 +327,21 @@ mod tests {
 
     fn field(e: ResponseError) -> String {
         e.data_as::<InvalidParamsData>().unwrap().field
+    }
+
+    #[test]
+    fn logprobs_json_cannot_carry_become_the_lowest_float() {
+        let token = mlx_engine::TokenLogprob {
+            id: 7,
+            text: "x".into(),
+            logprob: f32::NAN,
+            top: vec![(7, f32::NEG_INFINITY), (8, -1.5)],
+        };
+        let out = delta_tokens(vec![token]).unwrap();
+        assert_eq!(out[0].logprob, f32::MIN);
+        let top: Vec<f32> = out[0].top.iter().map(|t| t.logprob).collect();
+        assert_eq!(top, [f32::MIN, -1.5]);
+        assert!(serde_json::to_string(&out).unwrap().contains("-3.4028235e38"));
     }
 
     #[test]

@@ -44,18 +44,21 @@ impl Method for Generate {
         if !(0.0..=1.0).contains(&p.min_p) {
             return bad("min_p", format!("must be in [0, 1], not {}", p.min_p));
         }
-        if !(p.repetition_penalty.is_finite() && p.repetition_penalty > 0.0) {
+        if !(0.01..=100.0).contains(&p.repetition_penalty) {
             return bad(
                 "repetition_penalty",
-                format!("must be > 0, not {}", p.repetition_penalty),
+                format!("must be in 0.01..=100, not {}", p.repetition_penalty),
             );
         }
-        fits_f32("repetition_penalty", p.repetition_penalty, true)?;
-        if !p.presence_penalty.is_finite() {
-            return bad("presence_penalty", "must be a finite number".into());
-        }
-        if !p.frequency_penalty.is_finite() {
-            return bad("frequency_penalty", "must be a finite number".into());
+        // Past these, penalties push logits out of float range (their log-probabilities become
+        // NaN): the fuzzer found such a generation.
+        for (field, value) in [
+            ("presence_penalty", p.presence_penalty),
+            ("frequency_penalty", p.frequency_penalty),
+        ] {
+            if !(-100.0..=100.0).contains(&value) {
+                return bad(field, format!("must be in -100..=100, not {value}"));
+            }
         }
         for (id, bias) in &p.logit_bias {
             if id.parse::<u32>().is_err() {
