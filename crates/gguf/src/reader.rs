@@ -166,7 +166,11 @@ impl GgufFile {
             }
             let ggml_type = GgmlType::from_id(cur.u32(|| format!("the type of tensor {name:?}"))?);
             let offset = cur.u64(|| format!("the offset of tensor {name:?}"))?;
-            if dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).is_none() {
+            if dims
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d))
+                .is_none()
+            {
                 return Err(GgufError::BadTensor {
                     name,
                     reason: format!("dimensions {dims:?} hold more than 2^64 values"),

@@ -379,7 +379,10 @@ mod tests {
         // Found by `fuzz/chat_template`.
         for source in ["-{%}", "{%}", "{%-}%}"] {
             let err = ChatTemplate::new(source, SpecialTokens::default()).err();
-            assert!(matches!(err, Some(ChatTemplateError::Syntax { .. })), "{source}: {err:?}");
+            assert!(
+                matches!(err, Some(ChatTemplateError::Syntax { .. })),
+                "{source}: {err:?}"
+            );
         }
     }
 

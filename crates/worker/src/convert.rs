@@ -341,7 +341,8 @@ mod tests {
         assert_eq!(out[0].logprob, f32::MIN);
         let top: Vec<f32> = out[0].top.iter().map(|t| t.logprob).collect();
         assert_eq!(top, [f32::MIN, -1.5]);
-        assert!(serde_json::to_string(&out).unwrap().contains("-3.4028235e38"));
+        let json = serde_json::to_string(&out).unwrap();
+        assert!(json.contains("-3.4028235e+38"), "{json}");
     }
 
     #[test]

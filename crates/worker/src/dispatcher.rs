@@ -404,11 +404,18 @@ impl Dispatcher {
     fn status(&self) -> StatusResult {
         let residents = self.residents.lock().expect("residents lock");
         StatusResult {
-            state: self.running.as_ref().map_or(WorkerState::Idle, |r| r.state),
+            state: match &self.running {
+                Some(r) if residents.finished.as_ref() != Some(&r.id) => r.state,
+                _ => WorkerState::Idle,
+            },
             active_model: residents.active_model.clone(),
             models: residents.models.clone(),
             queue: QueueInfo {
-                running: u32::from(self.running.is_some()),
+                running: u32::from(
+                    self.running
+                        .as_ref()
+                        .is_some_and(|r| residents.finished.as_ref() != Some(&r.id)),
+                ),
                 waiting: self.queue.len() as u32,
             },
             memory: residents.memory.clone(),

@@ -144,6 +144,7 @@ impl EngineAdapter {
                 .collect(),
             memory: convert::memory(self.engine.memory()),
             tokenizers: self.tokenizers.clone(),
+            finished: None,
         }
     }
 

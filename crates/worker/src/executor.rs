@@ -14,7 +14,7 @@ use protocol::{Notification, RequestId, Response, ResponseError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine_adapter::{EngineAdapter, EngineInfo};
-use crate::residents::SharedResidents;
+use crate::residents::{Residents, SharedResidents};
 use crate::transport::Outbox;
 
 /// Work that must run on the MLX thread, in arrival order.
@@ -139,7 +139,10 @@ fn run(
             });
         // Before the response goes out, so that a host that reads it and asks `status` or
         // `tokenize` at once finds the models as the response left them.
-        *residents.lock().expect("residents lock") = engine.residents();
+        *residents.lock().expect("residents lock") = Residents {
+            finished: Some(id.clone()),
+            ..engine.residents()
+        };
         outbox.send(response);
         let _ = events.send(ExecutorEvent::Done(id));
     }

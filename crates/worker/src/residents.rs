@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use mlx_engine::text::{ModelTokenizer, RenderOptions};
 use protocol::methods::{MemoryInfo, ResidentModel, TokenizeParams, TokenizeResult};
-use protocol::ResponseError;
+use protocol::{RequestId, ResponseError};
 
 use crate::convert;
 use crate::errors::engine_error;
@@ -23,6 +23,10 @@ pub struct Residents {
     pub memory: MemoryInfo,
     /// Each resident model's tokenizer, by model id.
     pub tokenizers: HashMap<String, Arc<ModelTokenizer>>,
+    /// The last job whose response the MLX thread has sent: a host that has read that response
+    /// and asks `status` at once must not see the job as still running, even before the
+    /// dispatcher has heard that it is done.
+    pub finished: Option<RequestId>,
 }
 
 /// The snapshot, shared by the dispatcher and the MLX thread.
