@@ -264,16 +264,10 @@ fn split_parts(weights: &mut Weights) -> Result<(Weights, Weights), EngineError>
     let tower = weights.split_off("vision_model.");
     let connector = weights.split_off("connector.");
     let mut language = weights.split_off("language_model.");
-    if let Some(name) = weights.names().next() {
-        return Err(EngineError::load(
-            LoadErrorKind::InvalidWeights,
-            format!("tensor `{name}` belongs to no part of an Idefics3/SmolVLM model"),
-        ));
-    }
     for part in ["embed_tokens.", "layers.", "norm."] {
         language.rename_prefix(part, &format!("model.{part}"));
     }
-    *weights = language;
+    super::keep_language(weights, language, "Idefics3/SmolVLM")?;
     Ok((tower, connector))
 }
 

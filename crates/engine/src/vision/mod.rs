@@ -140,14 +140,25 @@ fn split_parts(weights: &mut Weights, family: &str) -> Result<(Weights, Weights)
     let tower = weights.split_off("vision_tower.vision_model.");
     let projector = weights.split_off("multi_modal_projector.");
     let language = weights.split_off("language_model.");
+    keep_language(weights, language, family)?;
+    Ok((tower, projector))
+}
+
+/// Ends a family's split of its checkpoint: a tensor that went to no part is an error naming
+/// `family`; otherwise `weights` becomes `language`, the language model's tensors.
+fn keep_language(
+    weights: &mut Weights,
+    language: Weights,
+    family: &str,
+) -> Result<(), EngineError> {
     if let Some(name) = weights.names().next() {
         return Err(EngineError::load(
             LoadErrorKind::InvalidWeights,
-            format!("tensor `{name}` belongs to no part of a {family} vision model"),
+            format!("tensor `{name}` belongs to no part of the {family} vision model"),
         ));
     }
     *weights = language;
-    Ok((tower, projector))
+    Ok(())
 }
 
 /// The model's Hugging Face image processor, from its processor files.

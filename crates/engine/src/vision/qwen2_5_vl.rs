@@ -128,13 +128,7 @@ fn split_parts(weights: &mut Weights) -> Result<Weights, EngineError> {
     weights.rename_prefix("lm_head.", "language_model.lm_head.");
     let tower = weights.split_off("vision_tower.");
     let language = weights.split_off("language_model.");
-    if let Some(name) = weights.names().next() {
-        return Err(EngineError::load(
-            LoadErrorKind::InvalidWeights,
-            format!("tensor `{name}` belongs to no part of a Qwen2.5-VL model"),
-        ));
-    }
-    *weights = language;
+    super::keep_language(weights, language, "Qwen2.5-VL")?;
     Ok(tower)
 }
 
