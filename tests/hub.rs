@@ -77,6 +77,15 @@ impl FakeHub {
     fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
+
+    /// The `Range` headers of the GETs of `model.safetensors`, in order.
+    fn weight_ranges(&self) -> Vec<String> {
+        self.seen()
+            .iter()
+            .filter(|s| s.method == "GET" && s.path.ends_with("/model.safetensors"))
+            .filter_map(|s| s.range.clone())
+            .collect()
+    }
 }
 
 /// Answers one request.
@@ -470,12 +479,7 @@ async fn a_partial_download_resumes_with_a_range_request() {
         .await
         .unwrap();
     assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
-    let ranges: Vec<String> = hub
-        .seen()
-        .iter()
-        .filter(|s| s.method == "GET" && s.path.ends_with("/model.safetensors"))
-        .filter_map(|s| s.range.clone())
-        .collect();
+    let ranges = hub.weight_ranges();
     // The metadata probe (bytes=0-0), then the rest from where the partial file ends.
     assert_eq!(ranges, ["bytes=0-0".to_owned(), format!("bytes={half}-")]);
     assert_eq!(std::fs::read(blobs.join(&blob)).unwrap(), weights);
@@ -516,12 +520,7 @@ async fn a_server_that_dies_mid_download_leaves_nothing_that_looks_complete() {
     within(w.generate(&greedy("hi", 4)).unwrap().finish())
         .await
         .unwrap();
-    let ranges: Vec<String> = hub
-        .seen()
-        .iter()
-        .filter(|s| s.method == "GET" && s.path.ends_with("/model.safetensors"))
-        .filter_map(|s| s.range.clone())
-        .collect();
+    let ranges = hub.weight_ranges();
     assert!(
         ranges.iter().any(|r| r != "bytes=0-0"),
         "resumed with a range: {ranges:?}"

@@ -324,31 +324,31 @@ fn a_host_that_stops_reading_pauses_the_generation_instead_of_queueing_without_b
     std::thread::sleep(Duration::from_secs(2));
     let status = json!({"jsonrpc": "2.0", "id": 3, "method": "status"});
     stdin.write_all(format!("{status}\n").as_bytes()).unwrap();
-    let mut deltas = 0;
-    let mut line = String::new();
-    let status = loop {
-        line.clear();
-        assert!(
-            stdout.read_line(&mut line).unwrap() > 0,
-            "stdout ended early"
-        );
-        let message: serde_json::Value = serde_json::from_str(&line).unwrap();
-        match (message["method"].as_str(), message["id"].as_i64()) {
-            (Some("generate/delta"), _) => deltas += 1,
-            (_, Some(3)) => break message["result"].clone(),
-            _ => {}
-        }
-    };
+    let (before, status) = read_answer(&mut stdout, 3);
     // What waited for stdout: the pipe (64 KiB) and at most 256 queued messages.
     assert!(
-        deltas < 1500,
-        "{deltas} deltas were queued while nobody read"
+        before < 1500,
+        "{before} deltas were queued while nobody read"
     );
     assert_eq!(
-        status["state"], "generating",
+        status["result"]["state"], "generating",
         "the generation paused: {status}"
     );
     // Read again, it goes on to the end, nothing lost.
+    let (after, message) = read_answer(&mut stdout, 2);
+    let result = &message["result"];
+    assert_eq!(result["finish_reason"], "length", "{message}");
+    assert_eq!(result["usage"]["completion_tokens"], LONG);
+    let deltas = before + after;
+    assert!(deltas > 0);
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}
+
+/// Reads `stdout` up to the response with id `id`: the number of deltas before it, and it.
+fn read_answer(stdout: &mut impl std::io::BufRead, id: i64) -> (usize, serde_json::Value) {
+    let mut deltas = 0;
+    let mut line = String::new();
     loop {
         line.clear();
         assert!(
@@ -358,16 +358,8 @@ fn a_host_that_stops_reading_pauses_the_generation_instead_of_queueing_without_b
         let message: serde_json::Value = serde_json::from_str(&line).unwrap();
         match (message["method"].as_str(), message["id"].as_i64()) {
             (Some("generate/delta"), _) => deltas += 1,
-            (_, Some(2)) => {
-                let result = &message["result"];
-                assert_eq!(result["finish_reason"], "length", "{message}");
-                assert_eq!(result["usage"]["completion_tokens"], LONG);
-                break;
-            }
+            (_, Some(answered)) if answered == id => return (deltas, message),
             _ => {}
         }
     }
-    assert!(deltas > 0);
-    drop(child.stdin.take());
-    assert!(child.wait().unwrap().success());
 }
