@@ -309,7 +309,7 @@ fn a_dead_parent_cancels_and_exits_within_a_second() {
 
 #[test]
 fn a_host_that_stops_reading_pauses_the_generation_instead_of_queueing_without_bound() {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
     let mut child = crate::support::raw_worker();
     let stdin = child.stdin.as_mut().unwrap();

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod constrain;
 mod faults;
 mod fuzz;
 mod gemma3;

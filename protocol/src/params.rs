@@ -12,7 +12,10 @@ use crate::error::ResponseError;
 /// Absent (`null`) params decode as `{}`. Positional (array) params are refused. A serde error
 /// becomes [`InvalidParams`](crate::ErrorCode::InvalidParams) whose `data.field` is the JSON
 /// path of the offending field (`.` for the params as a whole) and `data.reason` serde's
-/// explanation. Unknown fields are ignored.
+/// explanation. A request's params refuse fields their method does not define (each params
+/// struct denies unknown fields, `data.field` names the unknown one): a field the worker does
+/// not know, silently ignored, would let a host believe it held (a `response_format` that
+/// constrains nothing). Notifications' params ignore them: no answer could say so.
 pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ResponseError> {
     let empty;
     let params = match params {

@@ -50,9 +50,20 @@ fn generate_reads_every_field_by_its_contract_name() {
         "frequency_penalty": -0.5, "seed": 42, "stop": ["\n\n"], "use_adapter": false,
         "logprobs": 20, "enable_thinking": true, "tools": [{"type": "function"}],
         "add_generation_prompt": false, "continue_final_message": true,
-        "some_future_field": {"ignored": true}
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}, "strict": true}}
     }))
     .unwrap();
+    assert_eq!(
+        p.response_format,
+        Some(ResponseFormat::JsonSchema {
+            json_schema: JsonSchemaFormat {
+                name: "n".into(),
+                description: None,
+                schema: json!({"type": "object"}),
+                strict: Some(true),
+            }
+        })
+    );
     assert_eq!(p.max_new_tokens, 5);
     assert_eq!(p.temperature, 0.0);
     assert_eq!(p.top_k, -1);
@@ -168,10 +179,36 @@ fn absent_params_mean_empty_object() {
         Initialize::parse_params(&Value::Null).unwrap(),
         InitializeParams::default()
     );
-    assert_eq!(
-        Reset::parse_params(&json!({"x": 1})).unwrap(),
-        ResetParams {}
-    );
+}
+
+/// A field the worker does not know is refused, never ignored: the host would believe it held.
+#[test]
+fn unknown_fields_are_refused_by_name() {
+    assert_eq!(bad_field::<Reset>(json!({"x": 1})).field, "x");
+    assert_eq!(bad_field::<Load>(json!({"model": "m", "rope_scaling": 2})).field, "rope_scaling");
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let generate = bad_field::<Generate>(json!({"messages": messages, "tool_choice": "auto"}));
+    assert_eq!(generate.field, "tool_choice");
+    assert!(generate.reason.contains("unknown field"), "{}", generate.reason);
+    let nested = json!({"messages": messages, "response_format": {"type": "json_object", "schema": {}}});
+    // Inside a tagged member serde knows the member, not the path within it.
+    let nested = bad_field::<Generate>(nested);
+    assert_eq!(nested.field, "response_format");
+    assert!(nested.reason.contains("unknown field `schema`"), "{}", nested.reason);
+}
+
+#[test]
+fn one_constraint_per_request() {
+    let two = bad_field::<Generate>(json!({
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_object"}, "regex": "a+"
+    }));
+    assert_eq!(two.field, "regex");
+    let text = Generate::parse_params(&json!({
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "text"}, "regex": "a+"
+    }));
+    assert!(text.is_ok(), "a text format constrains nothing");
 }
 
 #[test]

@@ -62,6 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             stop: Vec::new(),
             logprobs: 0,
             use_adapter: None,
+            constraint: None,
         };
         // No prompt-cache reuse between cases (tests/worker_prompt_cache.rs covers reuse).
         engine.reset();

@@ -2,6 +2,7 @@
 
 use std::{sync::Arc, time::Instant};
 
+use constrain::{Constraint, ConstraintError, Guide};
 use text::ModelTokenizer;
 
 use crate::{
@@ -32,6 +33,37 @@ struct Resident {
     adapter: Option<AdapterSwitch>,
     /// The last generation's KV caches, for the next prompt that starts the same way.
     prompt_cache: PromptCache,
+    /// The tokenizer as the grammar engine reads it, made by the first constrained request.
+    vocabulary: Option<constrain::Vocabulary>,
+}
+
+impl Resident {
+    /// `constraint` compiled for this model (before any compute: a bad one is -32602).
+    fn guide(&mut self, constraint: &Constraint) -> Result<(Guide, &'static str), EngineError> {
+        let field = constraint.field();
+        let invalid = |e: ConstraintError| match e {
+            ConstraintError::Invalid { field, reason } => EngineError::InvalidParams {
+                field: field.into(),
+                reason,
+            },
+            other => EngineError::InvalidParams {
+                field: field.into(),
+                reason: other.to_string(),
+            },
+        };
+        let vocabulary = match &mut self.vocabulary {
+            Some(v) => v,
+            empty => empty.insert(
+                constrain::Vocabulary::new(
+                    self.tokenizer.inner(),
+                    self.tokenizer.eos_token_ids(),
+                    self.info.vocab_size.max(1),
+                )
+                .map_err(invalid)?,
+            ),
+        };
+        Ok((Guide::new(vocabulary, constraint).map_err(invalid)?, field))
+    }
 }
 
 /// Resident models and MLX state. Lives on one thread; see the crate docs.
@@ -152,6 +184,7 @@ impl Engine {
             },
             adapter: adapter_switch,
             prompt_cache: PromptCache::default(),
+            vocabulary: None,
         });
         load::report(progress, LoadStage::Ready, 1, "");
         Ok(Loaded {
@@ -177,6 +210,7 @@ impl Engine {
             }
         }
         let resident = &mut self.models[i];
+        let guide = req.constraint.as_ref().map(|c| resident.guide(c)).transpose()?;
         let vision = resident.vision.as_deref();
         let prompt = prompt::prompt_inputs(&resident.tokenizer, vision, &req.prompt)?;
         let (n, context) = (prompt.ids.len(), resident.info.context_length);
@@ -207,7 +241,7 @@ impl Engine {
             },
         };
         let cache = &mut resident.prompt_cache;
-        let result = generate(&ctx, &req, &prompt, cache, on_delta, cancel, started);
+        let result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel, started);
         if result.is_err() {
             // An MLX error mid-graph can leave work and buffers behind; start the next clean.
             device::synchronize();

@@ -1,10 +1,12 @@
 //! The generation loop: chunked, cancellable prefill, then decoding pipelined the way mlx-lm's
 //! `generate_step` is (step n+1 is queued with `async_eval` before step n's token is read), with
-//! streaming detokenization and stop-sequence holdback on the host.
+//! streaming detokenization and stop-sequence holdback on the host; a constraint's token mask
+//! (`constrain`) is applied before sampling.
 
 use std::time::Instant;
 
 use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
+use constrain::{ConstraintError, Guide};
 use text::{StopMatcher, StreamingDetokenizer};
 
 use crate::{
@@ -98,9 +100,9 @@ impl Decoder<'_> {
         Ok(logits)
     }
 
-    /// Runs `tokens` `(L,)` (or their input embeddings) through the model and samples from the
-    /// last position.
-    fn step(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Step> {
+    /// Runs `tokens` `(L,)` (or their input embeddings) through the model: the last position's
+    /// logits `(1, V)`, still lazy.
+    fn logits(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Array> {
         let logits = self.forward(tokens, embeds)?;
         self.quantize_caches()?;
         let last = logits.dim(1) - 1;
@@ -115,10 +117,73 @@ impl Decoder<'_> {
                 joined
             });
         }
+        Ok(logits)
+    }
+
+    /// Samples from `logits`; with a constraint's `mask` (`(1, V)` booleans) only allowed
+    /// tokens can come, before any other processor sees the logits.
+    fn sample(&mut self, logits: Array, mask: Option<Array>) -> Result<Step> {
+        let logits = match mask {
+            Some(mask) => {
+                let never = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
+                ops::select(&mask, &logits, never)?
+            }
+            None => logits,
+        };
         let logits = self.sampler.process(logits, self.recent.as_ref())?;
         let logprobs = log_softmax(&logits)?;
         let token = self.sampler.sample(&logprobs)?;
         Ok(Step { token, logprobs })
+    }
+
+    /// Runs `tokens` through the model and samples from the last position; with a `guide`, its
+    /// mask (computed on the host while the forward pass runs) restricts the choice.
+    fn step(
+        &mut self,
+        tokens: &Array,
+        embeds: Option<Array>,
+        guide: Option<&mut Guided>,
+    ) -> Result<Step> {
+        let logits = self.logits(tokens, embeds)?;
+        let mask = match guide {
+            Some(guide) => {
+                transforms::async_eval([&logits])?;
+                Some(guide.mask()?)
+            }
+            None => None,
+        };
+        self.sample(logits, mask)
+    }
+}
+
+/// A generation's constraint and the buffer its masks are written to.
+struct Guided {
+    guide: Guide,
+    field: &'static str,
+    allowed: Vec<bool>,
+}
+
+impl Guided {
+    fn error(&self, e: ConstraintError) -> EngineError {
+        EngineError::InvalidParams {
+            field: self.field.into(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// The tokens allowed next, as a `(1, V)` boolean row.
+    fn mask(&mut self) -> Result<Array> {
+        let mut allowed = std::mem::take(&mut self.allowed);
+        let result = self.guide.allowed(&mut allowed).map_err(|e| self.error(e));
+        let mask = result.map(|()| Array::from_slice(&allowed, &[1, allowed.len() as i32]));
+        self.allowed = allowed;
+        mask
+    }
+
+    /// Follows `id`; true when the output is complete.
+    fn advance(&mut self, id: u32) -> Result<bool> {
+        self.guide.advance(id).map_err(|e| self.error(e))?;
+        Ok(self.guide.is_finished())
     }
 }
 
@@ -129,6 +194,7 @@ pub(crate) fn generate(
     req: &GenerateRequest,
     prompt: &PromptInputs,
     cache: &mut PromptCache,
+    guide: Option<(Guide, &'static str)>,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
     started: Instant,
@@ -164,7 +230,12 @@ pub(crate) fn generate(
         positions: prompt.positions.as_ref(),
         next: 0,
     };
-    let result = run(&mut dec, req, prompt, reused, on_delta, cancel, started);
+    let guide = guide.map(|(guide, field)| Guided {
+        guide,
+        field,
+        allowed: Vec::new(),
+    });
+    let result = run(&mut dec, req, prompt, reused, guide, on_delta, cancel, started);
     if result.is_ok() && reuse {
         let caches = std::mem::take(&mut dec.caches);
         cache.keep(caches, keys, &dec.sampled, ctx.adapter_on);
@@ -178,6 +249,7 @@ fn run(
     req: &GenerateRequest,
     prompt: &PromptInputs,
     reused: usize,
+    mut guide: Option<Guided>,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
     started: Instant,
@@ -234,15 +306,24 @@ fn run(
         prompt_n: prompt_ids.len() - reused,
         ..Timings::default()
     };
-    let mut step = dec.step(&Array::from_slice(rest, &[rest.len() as i32]), embeds)?;
+    let last = Array::from_slice(rest, &[rest.len() as i32]);
+    let mut step = dec.step(&last, embeds, guide.as_mut())?;
     transforms::async_eval([&step.token, &step.logprobs])?;
     let mut decode_start = Instant::now();
     let mut n = 0usize;
     let finish = loop {
+        // Unconstrained, step n+1 is queued whole before token n is read. Constrained, only its
+        // forward pass is: its mask needs token n, and is computed while that pass runs.
         let next = if n < req.max_new_tokens && !cancel.is_cancelled() {
-            let next = dec.step(&step.token, None)?;
-            transforms::async_eval([&next.token, &next.logprobs])?;
-            Some(next)
+            let next = dec.logits(&step.token, None)?;
+            if guide.is_some() {
+                transforms::async_eval([&next])?;
+                Some(Next::Logits(next))
+            } else {
+                let next = dec.sample(next, None)?;
+                transforms::async_eval([&next.token, &next.logprobs])?;
+                Some(Next::Step(next))
+            }
         } else {
             None
         };
@@ -263,14 +344,29 @@ fn run(
         if ctx.eos.contains(&id) {
             break FinishReason::Stop;
         }
+        let complete = match guide.as_mut() {
+            Some(guide) => guide.advance(id)?,
+            None => false,
+        };
         if out.push(id, &step.logprobs, on_delta)? {
             break FinishReason::StopSequence;
+        }
+        if complete {
+            break FinishReason::Stop;
         }
         n += 1;
         if n.is_multiple_of(CLEAR_CACHE_EVERY) {
             mlx_rs::memory::clear_cache()?;
         }
-        step = next.expect("queued while n < max_new_tokens");
+        step = match next.expect("queued while n < max_new_tokens") {
+            Next::Step(next) => next,
+            Next::Logits(logits) => {
+                let mask = guide.as_mut().map(Guided::mask).transpose()?;
+                let next = dec.sample(logits, mask)?;
+                transforms::async_eval([&next.token, &next.logprobs])?;
+                next
+            }
+        };
     };
     // A step queued ahead (before EOS or a stop string was seen) may still be running.
     crate::device::synchronize();
@@ -278,6 +374,12 @@ fn run(
     timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
     let completion = out.ids.len();
     Ok(out.finish_with(finish, usage(completion), timings, on_delta))
+}
+
+/// What is queued ahead of the token being read: a whole step, or (constrained) its logits.
+enum Next {
+    Step(Step),
+    Logits(Array),
 }
 
 fn ms(since: Instant) -> f64 {

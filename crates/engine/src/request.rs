@@ -3,6 +3,8 @@
 pub use model_store::{HfToken, LoadProgress, LoadStage};
 use std::path::PathBuf;
 
+pub use constrain::Constraint;
+
 /// Compute dtype for unquantized weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightDtype {
@@ -191,6 +193,8 @@ pub struct GenerateRequest {
     pub logprobs: usize,
     /// `Some(false)`: generate with the base weights although an adapter is loaded.
     pub use_adapter: Option<bool>,
+    /// What the output must be (a JSON schema, a regex, a grammar); `None`: free text.
+    pub constraint: Option<Constraint>,
 }
 
 /// One token's log-probabilities, when asked for.

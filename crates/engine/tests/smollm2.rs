@@ -34,6 +34,7 @@ fn ask_capital(model: &Path) -> (Loaded, Completion, String) {
         stop: vec![],
         logprobs: 0,
         use_adapter: None,
+        constraint: None,
     };
     let mut deltas = String::new();
     let out = engine

@@ -1,10 +1,10 @@
 //! Protocol params to engine requests, and engine results to protocol results. Plain data
 //! mapping; engine errors are mapped in `errors.rs`.
 
-use mlx_engine::{text, GenerateRequest, HfToken, LoadRequest, Prompt, SamplerParams, WeightDtype};
+use mlx_engine::{text, Constraint, GenerateRequest, HfToken, LoadRequest, Prompt, SamplerParams, WeightDtype};
 use protocol::methods::{
     Backend, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo, Dtype,
-    FinishReason, GenerateParams, GenerateResult, KvQuantization, LoadParams, LoadStage,
+    FinishReason, GenerateParams, GenerateResult, ResponseFormat, KvQuantization, LoadParams, LoadStage,
     MemoryInfo, MessageContent, MlxInfo, ModelInfo, Quantization, ResidentModel, SpecialTokens,
     Timings, TokenLogprob, TopLogprob, Usage,
 };
@@ -74,7 +74,21 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
         stop: p.stop.clone(),
         logprobs: usize::from(p.logprobs),
         use_adapter: p.use_adapter,
+        constraint: constraint(p),
     })
+}
+
+/// The request's constraint (`Generate::validate` let at most one through).
+fn constraint(p: &GenerateParams) -> Option<Constraint> {
+    match (&p.response_format, &p.regex, &p.grammar) {
+        (Some(ResponseFormat::JsonObject {}), ..) => Some(Constraint::JsonObject),
+        (Some(ResponseFormat::JsonSchema { json_schema }), ..) => {
+            Some(Constraint::JsonSchema(json_schema.schema.clone()))
+        }
+        (_, Some(regex), _) => Some(Constraint::Regex(regex.clone())),
+        (_, _, Some(grammar)) => Some(Constraint::Lark(grammar.clone())),
+        _ => None,
+    }
 }
 
 /// The seed's `image`: the first part of the last user message, before its text. The part

@@ -16,6 +16,7 @@ method!(
 
 /// Params of `cancel`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CancelParams {
     /// The id of the queued or running request to cancel.
     pub request_id: RequestId,

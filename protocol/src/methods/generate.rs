@@ -71,6 +71,20 @@ impl Method for Generate {
                 );
             }
         }
+        let constraints: Vec<&str> = [
+            ("response_format", p.response_format.as_ref().is_some_and(|f| *f != ResponseFormat::Text {})),
+            ("regex", p.regex.is_some()),
+            ("grammar", p.grammar.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(field, set)| set.then_some(field))
+        .collect();
+        if let [first, second, ..] = constraints[..] {
+            return bad(
+                second,
+                format!("only one constraint per request: {first} is given too"),
+            );
+        }
         if p.logprobs > MAX_LOGPROBS {
             return bad(
                 "logprobs",
@@ -121,6 +135,7 @@ fn default_repetition_context_size() -> u32 {
 
 /// Params of `generate`. Absent fields take the contract's defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct GenerateParams {
     /// Which resident model; default the active one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -193,6 +208,50 @@ pub struct GenerateParams {
     /// Passed to the chat template (keep earlier turns' thinking); undefined when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preserve_thinking: Option<bool>,
+    /// OpenAI's output format: text (default), any JSON object, or JSON valid against a schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// The completion, as a whole, matches this regular expression (Rust `regex` syntax, no
+    /// look-around or back-references).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// The completion is a sentence of this Lark grammar (llguidance's dialect: rule `start`,
+    /// `%json {schema}` for embedded JSON, regex terminals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+}
+
+/// `response_format`, as OpenAI's chat completions take it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    // Struct variants, not unit ones: serde lets a unit variant of an internally tagged enum
+    // ignore unknown members even with `deny_unknown_fields`.
+    /// Free text: no constraint.
+    Text {},
+    /// Any JSON object.
+    JsonObject {},
+    /// JSON valid against `json_schema.schema`.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// The `json_schema` member of a `json_schema` response format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    /// The schema's name (OpenAI requires one; the worker only echoes it in errors).
+    pub name: String,
+    /// What the schema is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON Schema (draft 2020-12 as llguidance supports it).
+    pub schema: Value,
+    /// Accepted for OpenAI compatibility: the schema is always enforced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 impl GenerateParams {

@@ -27,6 +27,7 @@ pub struct ProgramInfo {
 
 /// Params of `initialize`; all optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct InitializeParams {
     /// Who is calling.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -44,6 +44,7 @@ fn default_revision() -> String {
 
 /// Params of `load`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct LoadParams {
     /// A Hugging Face repo id (`org/name`), a local model directory, or a `.gguf` file.
     pub model: String,

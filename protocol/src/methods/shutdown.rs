@@ -17,6 +17,7 @@ method!(
 
 /// Params of `shutdown` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ShutdownParams {}
 
 /// Result of `shutdown`: `{}`.

@@ -15,6 +15,7 @@ method!(
 
 /// Params of `status` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct StatusParams {}
 
 /// What the worker is doing.

@@ -34,6 +34,7 @@ impl Method for Tokenize {
 
 /// Params of `tokenize`: exactly one of `text` and `messages`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct TokenizeParams {
     /// Which resident model; default the active one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

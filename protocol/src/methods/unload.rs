@@ -15,6 +15,7 @@ method!(
 
 /// Params of `unload`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct UnloadParams {
     /// The model to unload; default all.
     #[serde(default, skip_serializing_if = "Option::is_none")]

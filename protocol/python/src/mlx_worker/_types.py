@@ -309,6 +309,14 @@ class GenerateParams(_GenerateParamsRequired, total=False):
     reasoning_effort: str | None
     #: Passed to the chat template (keep earlier turns' thinking); undefined when absent.
     preserve_thinking: bool | None
+    #: OpenAI's output format: text (default), any JSON object, or JSON valid against a schema.
+    response_format: ResponseFormat | None
+    #: The completion, as a whole, matches this regular expression (Rust `regex` syntax, no
+    #: look-around or back-references).
+    regex: str | None
+    #: The completion is a sentence of this Lark grammar (llguidance's dialect: rule `start`,
+    #: `%json {schema}` for embedded JSON, regex terminals).
+    grammar: str | None
 
 
 class ChatMessage(TypedDict):
@@ -357,6 +365,42 @@ class ImageUrl(TypedDict):
     #: A data URL (`data:image/png;base64,...`), base64 or a local path; `http(s)` URLs are
     #: refused (the worker does not fetch).
     url: str
+
+
+class ResponseFormatText(TypedDict):
+    """Free text: no constraint."""
+    type: Literal['text']
+
+
+class ResponseFormatJsonObject(TypedDict):
+    """Any JSON object."""
+    type: Literal['json_object']
+
+
+class ResponseFormatJsonSchema(TypedDict):
+    """JSON valid against `json_schema.schema`."""
+    type: Literal['json_schema']
+    #: The schema and its name.
+    json_schema: JsonSchemaFormat
+
+
+#: `response_format`, as OpenAI's chat completions take it.
+ResponseFormat = Union[ResponseFormatText, ResponseFormatJsonObject, ResponseFormatJsonSchema]
+
+
+class _JsonSchemaFormatRequired(TypedDict):
+    #: The schema's name (OpenAI requires one; the worker only echoes it in errors).
+    name: str
+    #: A JSON Schema (draft 2020-12 as llguidance supports it).
+    schema: Any
+
+
+class JsonSchemaFormat(_JsonSchemaFormatRequired, total=False):
+    """The `json_schema` member of a `json_schema` response format."""
+    #: What the schema is for.
+    description: str | None
+    #: Accepted for OpenAI compatibility: the schema is always enforced.
+    strict: bool | None
 
 
 class GenerateResult(TypedDict):

@@ -1,0 +1,221 @@
+//! Constrained output on the real SmolLM2 (byte-level BPE) and Gemma 3 270M (SentencePiece with
+//! byte fallback) through the binary: every output the worker calls complete is valid against
+//! its schema (checked by an independent validator, the `jsonschema` crate), matches its regex,
+//! or parses with its grammar; bad constraints are -32602 before any compute.
+
+use std::time::Duration;
+
+use protocol::methods::{
+    FinishReason, GenerateParams, GenerateResult, JsonSchemaFormat, Load, LoadParams,
+    ResponseFormat,
+};
+use protocol::{Client, ErrorCode};
+use serde_json::{json, Value};
+
+use crate::support::{greedy, model_id, rpc_error, within_for, worker};
+
+/// Twenty schemas of varied shapes; strings and arrays bounded so a 135M model ends them.
+fn schemas() -> Vec<Value> {
+    let name = json!({"type": "string", "minLength": 1, "maxLength": 16});
+    vec![
+        json!({"type": "object", "properties": {"name": name, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"person": {"type": "object", "properties": {"name": name, "address": {"type": "object", "properties": {"street": name, "city": name}, "required": ["street", "city"], "additionalProperties": false}}, "required": ["name", "address"], "additionalProperties": false}}, "required": ["person"], "additionalProperties": false}),
+        json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 2, "maxItems": 4}),
+        json!({"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}, "tag": name}, "required": ["id", "tag"], "additionalProperties": false}, "minItems": 1, "maxItems": 2}),
+        json!({"type": "object", "properties": {"done": {"type": "boolean"}, "note": {"type": ["string", "null"], "maxLength": 12}}, "required": ["done", "note"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}}, "required": ["code"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"temperature": {"type": "number", "minimum": -50, "maximum": 60}}, "required": ["temperature"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"stars": {"type": "integer", "enum": [1, 2, 3, 4, 5]}}, "required": ["stars"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"version": {"const": "v1"}, "ok": {"type": "boolean"}}, "required": ["version", "ok"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"value": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 8}]}}, "required": ["value"], "additionalProperties": false}),
+        json!({"anyOf": [{"type": "object", "properties": {"cat": name}, "required": ["cat"], "additionalProperties": false}, {"type": "object", "properties": {"dog": name}, "required": ["dog"], "additionalProperties": false}]}),
+        json!({"type": "object", "properties": {"title": name, "subtitle": name, "year": {"type": "integer"}}, "required": ["title"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"when": {"type": "string", "format": "date"}}, "required": ["when"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"word": {"type": "string", "minLength": 3, "maxLength": 6}}, "required": ["word"], "additionalProperties": false}),
+        json!({"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}, "minItems": 2, "maxItems": 2}),
+        json!({"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"], "additionalProperties": false}}, "type": "object", "properties": {"from": {"$ref": "#/$defs/point"}, "to": {"$ref": "#/$defs/point"}}, "required": ["from", "to"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"scores": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 3}}, "required": ["scores"], "additionalProperties": false}),
+        json!({"enum": ["yes", "no", "maybe"]}),
+        json!({"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3}),
+    ]
+}
+
+/// A 135M or 270M model on a slow CPU, a debug build.
+const LIMIT: Duration = Duration::from_secs(240);
+
+fn with_schema(prompt: &str, schema: &Value) -> GenerateParams {
+    let mut p = greedy(prompt, 160);
+    p.response_format = Some(ResponseFormat::JsonSchema {
+        json_schema: JsonSchemaFormat {
+            name: "answer".into(),
+            description: None,
+            schema: schema.clone(),
+            strict: Some(true),
+        },
+    });
+    p
+}
+
+async fn generate(w: &Client, p: &GenerateParams) -> GenerateResult {
+    let (deltas, result) = within_for(LIMIT, w.generate(p).unwrap().collect())
+        .await
+        .unwrap();
+    let streamed: String = deltas.iter().map(|d| d.text.as_str()).collect();
+    assert_eq!(streamed, result.text, "the deltas add up to the text");
+    result
+}
+
+/// Every schema gives a complete output (`stop`, not `length`) that validates.
+async fn every_schema_validates(w: &Client) {
+    for (i, schema) in schemas().iter().enumerate() {
+        let validator = jsonschema::validator_for(schema).unwrap();
+        let r = generate(w, &with_schema("Answer with a short example as JSON.", schema)).await;
+        assert_eq!(r.finish_reason, FinishReason::Stop, "schema {i}: {:?}", r.text);
+        let value: Value = serde_json::from_str(&r.text)
+            .unwrap_or_else(|e| panic!("schema {i}: {:?} is not JSON: {e}", r.text));
+        let errors: Vec<String> = validator.iter_errors(&value).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "schema {i}: {value} is invalid: {errors:?}");
+    }
+}
+
+async fn load(w: &Client, model: &std::path::Path) {
+    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(model))))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn smollm2_twenty_json_schemas_validate() {
+    let Some(dir) = fixtures::smollm2_dir() else { return };
+    let w = worker(&[]);
+    load(&w, &dir).await;
+    every_schema_validates(&w).await;
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
+async fn gemma3_twenty_json_schemas_validate() {
+    let Some(gguf) = fixtures::gemma3_gguf() else { return };
+    let w = worker(&[]);
+    load(&w, &gguf).await;
+    every_schema_validates(&w).await;
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// Regexes, a Lark grammar and a JSON object, sampled (seeded) rather than greedy, with
+/// logprobs and a stop string: each output matches, and a seed repeats its output.
+#[tokio::test]
+async fn smollm2_regex_grammar_and_json_object_with_sampling() {
+    let Some(dir) = fixtures::smollm2_dir() else { return };
+    let w = worker(&[]);
+    load(&w, &dir).await;
+    let sampled = |prompt: &str| {
+        let mut p = greedy(prompt, 60);
+        p.temperature = 0.9;
+        p.seed = Some(11);
+        p.logprobs = 2;
+        p
+    };
+
+    let mut date = sampled("When did the Apollo 11 mission land?");
+    date.regex = Some("[0-9]{4}-[0-9]{2}-[0-9]{2}".into());
+    let a = generate(&w, &date).await;
+    assert_eq!(a.finish_reason, FinishReason::Stop, "{:?}", a.text);
+    let bytes = a.text.as_bytes();
+    assert!(
+        a.text.len() == 10 && bytes[4] == b'-' && bytes[7] == b'-'
+            && a.text.chars().filter(char::is_ascii_digit).count() == 8,
+        "{:?}",
+        a.text
+    );
+    let again = generate(&w, &date).await;
+    assert_eq!(again.text, a.text, "same seed, same constrained output");
+
+    let mut yes_no = sampled("Is the sky blue? Explain briefly.");
+    yes_no.grammar = Some(
+        "start: answer \", because \" reason \".\"\nanswer: \"Yes\" | \"No\"\nreason: /[a-z ]{1,40}/\n"
+            .into(),
+    );
+    let r = generate(&w, &yes_no).await;
+    assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.text);
+    let (answer, reason) = r.text.split_once(", because ").expect("the grammar's shape");
+    assert!(matches!(answer, "Yes" | "No"), "{:?}", r.text);
+    let reason = reason.strip_suffix('.').expect("ends with a period");
+    assert!(
+        (1..=40).contains(&reason.len())
+            && reason.chars().all(|c| c.is_ascii_lowercase() || c == ' '),
+        "{:?}",
+        r.text
+    );
+
+    let mut object = sampled("Describe a cat as JSON.");
+    object.max_new_tokens = 120;
+    object.temperature = 0.0;
+    object.response_format = Some(ResponseFormat::JsonObject {});
+    let r = generate(&w, &object).await;
+    if r.finish_reason == FinishReason::Stop {
+        let value: Value = serde_json::from_str(&r.text).unwrap();
+        assert!(value.is_object(), "{value}");
+    } else {
+        assert_eq!(r.finish_reason, FinishReason::Length);
+        assert!(r.text.starts_with('{'), "{:?}", r.text);
+    }
+
+    // A stop string still cuts a constrained output (and is not emitted).
+    let mut cut = greedy("Count from one to five in words.", 40);
+    cut.regex = Some("one, two, three, four, five".into());
+    cut.stop = vec![", three".into()];
+    let r = generate(&w, &cut).await;
+    assert_eq!((r.finish_reason, r.text.as_str()), (FinishReason::StopSequence, "one, two"));
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// A bad constraint is -32602 naming its field, before anything is generated; the worker and its
+/// model keep serving; a field the worker does not know is refused, never ignored.
+#[tokio::test]
+async fn bad_constraints_and_unknown_fields_are_refused() {
+    let Some(dir) = fixtures::smollm2_dir() else { return };
+    let w = worker(&[]);
+    load(&w, &dir).await;
+    let mut schema = with_schema("hi", &json!({"type": "frobnicate"}));
+    schema.max_new_tokens = 5;
+    let data = refused(&w, schema).await;
+    assert_eq!(data["field"], "response_format.json_schema.schema", "{data}");
+    let mut regex = greedy("hi", 5);
+    regex.regex = Some("(unclosed".into());
+    assert_eq!(refused(&w, regex).await["field"], "regex");
+    let mut grammar = greedy("hi", 5);
+    grammar.grammar = Some("start: undefined_rule\n".into());
+    assert_eq!(refused(&w, grammar).await["field"], "grammar");
+    let mut two = greedy("hi", 5);
+    two.regex = Some("a".into());
+    two.grammar = Some("start: \"a\"\n".into());
+    assert_eq!(refused(&w, two).await["field"], "grammar");
+
+    let mut unknown = serde_json::to_value(greedy("hi", 5)).unwrap();
+    unknown["tool_choice"] = json!("required");
+    let e = rpc_error(
+        within_for(LIMIT, w.generate_value(unknown).unwrap().collect()).await,
+        ErrorCode::InvalidParams,
+    );
+    assert_eq!(e.data.unwrap()["field"], "tool_choice");
+
+    // Still serving, with the model resident.
+    let r = generate(&w, &greedy("What is the capital of France?", 12)).await;
+    assert!(r.text.contains("Paris"), "{:?}", r.text);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// The `{field, reason}` of a generate refused with -32602 before any delta.
+async fn refused(w: &Client, p: GenerateParams) -> Value {
+    let mut handle = w.generate(&p).unwrap();
+    let mut deltas = 0;
+    while within_for(LIMIT, handle.next_delta()).await.is_some() {
+        deltas += 1;
+    }
+    assert_eq!(deltas, 0, "nothing generated");
+    rpc_error(handle.finish().await, ErrorCode::InvalidParams)
+        .data
+        .expect("{field, reason}")
+}
