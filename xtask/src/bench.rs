@@ -57,6 +57,9 @@ pub struct Options {
     /// Instead: a vision model with one 800 px image beside mlx-vlm (`xtask/bench/vision.json`).
     #[arg(long)]
     vision: bool,
+    /// Instead: the worker's decode with a JSON schema beside the same without one.
+    #[arg(long)]
+    constrained: bool,
 }
 
 /// One measured generation, from either side.
@@ -82,16 +85,13 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if opts.vision {
         return crate::bench_vision::run(opts.runs, opts.max_new_tokens);
     }
-    let prompts_path = workspace_root().join("xtask/bench/prompts.json");
-    let file: PromptsFile = serde_json::from_str(
-        &std::fs::read_to_string(&prompts_path)
-            .with_context(|| format!("reading {}", prompts_path.display()))?,
-    )
-    .with_context(|| format!("{} is not a valid prompts file", prompts_path.display()))?;
+    let file = prompts()?;
     let max_new_tokens = opts.max_new_tokens.unwrap_or(file.max_new_tokens);
-
     let model = setup::default_model_dir()
         .context("the benchmark model is missing: run `cargo xtask setup`")?;
+    if opts.constrained {
+        return crate::bench_constrained::run(&model, &file.prompts[0], opts.runs, max_new_tokens);
+    }
     let python = venv::reference_python()?;
     if opts.openblas && !Path::new(OPENBLAS).is_file() {
         bail!(
@@ -175,6 +175,15 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         print_table(prompt, &sides, &samples[p], max_new_tokens);
     }
     Ok(())
+}
+
+/// `xtask/bench/prompts.json`.
+fn prompts() -> anyhow::Result<PromptsFile> {
+    let path = workspace_root().join("xtask/bench/prompts.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a valid prompts file", path.display()))
 }
 
 fn print_table(prompt: &BenchPrompt, sides: &[Side], samples: &[Vec<Sample>], max: u32) {
@@ -296,6 +305,16 @@ impl Worker {
     }
 
     pub async fn generate(&self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {
+        self.generate_with(prompt, max, |_| {}).await
+    }
+
+    /// [`Worker::generate`] with `edit` applied to the measured request's params.
+    pub async fn generate_with(
+        &self,
+        prompt: &BenchPrompt,
+        max: u32,
+        edit: impl FnOnce(&mut GenerateParams),
+    ) -> anyhow::Result<Sample> {
         // Every run starts from an empty prompt cache, which would otherwise hold all but the
         // last token of the same prompt from the run before.
         self.client
@@ -316,6 +335,7 @@ impl Worker {
         let mut params = GenerateParams::new(prompt.messages.clone());
         params.max_new_tokens = max;
         params.temperature = 0.0;
+        edit(&mut params);
         let result = self
             .client
             .generate(&params)?

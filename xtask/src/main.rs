@@ -4,6 +4,7 @@
 //! the engine's parity example) built by cargo, so MLX is compiled once per profile.
 
 mod bench;
+mod bench_constrained;
 mod bench_vision;
 mod check_import;
 mod check_macos;
