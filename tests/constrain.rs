@@ -72,12 +72,27 @@ async fn generate(w: &Client, p: &GenerateParams) -> GenerateResult {
 async fn every_schema_validates(w: &Client) {
     for (i, schema) in schemas().iter().enumerate() {
         let validator = jsonschema::validator_for(schema).unwrap();
-        let r = generate(w, &with_schema("Answer with a short example as JSON.", schema)).await;
-        assert_eq!(r.finish_reason, FinishReason::Stop, "schema {i}: {:?}", r.text);
+        let r = generate(
+            w,
+            &with_schema("Answer with a short example as JSON.", schema),
+        )
+        .await;
+        assert_eq!(
+            r.finish_reason,
+            FinishReason::Stop,
+            "schema {i}: {:?}",
+            r.text
+        );
         let value: Value = serde_json::from_str(&r.text)
             .unwrap_or_else(|e| panic!("schema {i}: {:?} is not JSON: {e}", r.text));
-        let errors: Vec<String> = validator.iter_errors(&value).map(|e| e.to_string()).collect();
-        assert!(errors.is_empty(), "schema {i}: {value} is invalid: {errors:?}");
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "schema {i}: {value} is invalid: {errors:?}"
+        );
     }
 }
 
@@ -91,7 +106,9 @@ async fn load_with(w: &Client, params: LoadParams) {
 
 #[tokio::test]
 async fn smollm2_twenty_json_schemas_validate() {
-    let Some(dir) = fixtures::smollm2_dir() else { return };
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
     let w = worker(&[]);
     load(&w, &dir).await;
     every_schema_validates(&w).await;
@@ -100,7 +117,9 @@ async fn smollm2_twenty_json_schemas_validate() {
 
 #[tokio::test]
 async fn gemma3_twenty_json_schemas_validate() {
-    let Some(gguf) = fixtures::gemma3_gguf() else { return };
+    let Some(gguf) = fixtures::gemma3_gguf() else {
+        return;
+    };
     let w = worker(&[]);
     // The base model has no chat template: a question-and-answer one.
     let mut params = LoadParams::new(model_id(&gguf));
@@ -115,7 +134,9 @@ async fn gemma3_twenty_json_schemas_validate() {
 /// logprobs and a stop string: each output matches, and a seed repeats its output.
 #[tokio::test]
 async fn smollm2_regex_grammar_and_json_object_with_sampling() {
-    let Some(dir) = fixtures::smollm2_dir() else { return };
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
     let w = worker(&[]);
     load(&w, &dir).await;
     let sampled = |prompt: &str| {
@@ -132,7 +153,9 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
     assert_eq!(a.finish_reason, FinishReason::Stop, "{:?}", a.text);
     let bytes = a.text.as_bytes();
     assert!(
-        a.text.len() == 10 && bytes[4] == b'-' && bytes[7] == b'-'
+        a.text.len() == 10
+            && bytes[4] == b'-'
+            && bytes[7] == b'-'
             && a.text.chars().filter(char::is_ascii_digit).count() == 8,
         "{:?}",
         a.text
@@ -147,7 +170,10 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
     );
     let r = generate(&w, &yes_no).await;
     assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.text);
-    let (answer, reason) = r.text.split_once(", because ").expect("the grammar's shape");
+    let (answer, reason) = r
+        .text
+        .split_once(", because ")
+        .expect("the grammar's shape");
     assert!(matches!(answer, "Yes" | "No"), "{:?}", r.text);
     let reason = reason.strip_suffix('.').expect("ends with a period");
     assert!(
@@ -175,7 +201,10 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
     cut.regex = Some("one, two, three, four, five".into());
     cut.stop = vec![", three".into()];
     let r = generate(&w, &cut).await;
-    assert_eq!((r.finish_reason, r.text.as_str()), (FinishReason::StopSequence, "one, two"));
+    assert_eq!(
+        (r.finish_reason, r.text.as_str()),
+        (FinishReason::StopSequence, "one, two")
+    );
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 
@@ -183,13 +212,18 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
 /// model keep serving; a field the worker does not know is refused, never ignored.
 #[tokio::test]
 async fn bad_constraints_and_unknown_fields_are_refused() {
-    let Some(dir) = fixtures::smollm2_dir() else { return };
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
     let w = worker(&[]);
     load(&w, &dir).await;
     let mut schema = with_schema("hi", &json!({"type": "frobnicate"}));
     schema.max_new_tokens = 5;
     let data = refused(&w, schema).await;
-    assert_eq!(data["field"], "response_format.json_schema.schema", "{data}");
+    assert_eq!(
+        data["field"], "response_format.json_schema.schema",
+        "{data}"
+    );
     let mut regex = greedy("hi", 5);
     regex.regex = Some("(unclosed".into());
     assert_eq!(refused(&w, regex).await["field"], "regex");
@@ -202,12 +236,12 @@ async fn bad_constraints_and_unknown_fields_are_refused() {
     assert_eq!(refused(&w, two).await["field"], "grammar");
 
     let mut unknown = serde_json::to_value(greedy("hi", 5)).unwrap();
-    unknown["tool_choice"] = json!("required");
+    unknown["n"] = json!(2);
     let e = rpc_error(
         within_for(LIMIT, w.generate_value(unknown).unwrap().collect()).await,
         ErrorCode::InvalidParams,
     );
-    assert_eq!(e.data.unwrap()["field"], "tool_choice");
+    assert_eq!(e.data.unwrap()["field"], "n");
 
     // Still serving, with the model resident.
     let r = generate(&w, &greedy("What is the capital of France?", 12)).await;
@@ -226,4 +260,152 @@ async fn refused(w: &Client, p: GenerateParams) -> Value {
     rpc_error(handle.finish().await, ErrorCode::InvalidParams)
         .data
         .expect("{field, reason}")
+}
+
+/// Two tools with small, bounded arguments.
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "description": "Current time in a time zone",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}},
+                "required": ["zone"], "additionalProperties": false}}}
+    ])
+}
+
+/// Chat templates (ChatML, as SmolLM2's) teaching each family's tool-call syntax: what the
+/// worker detects the syntax from.
+const HERMES: &str = "{% if tools %}<|im_start|>system\nCall tools as <tool_call>\n{\"name\": name, \"arguments\": args}\n</tool_call>\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n";
+const LLAMA3: &str = "{% if tools %}<|im_start|>system\nRespond with a JSON object {\"name\": function name, \"parameters\": dictionary of arguments}. Tools: {{ tools | tojson }}<|eot_id|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n";
+const MISTRAL: &str = "{% if tools %}<|im_start|>system\n[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS] Call tools as [TOOL_CALLS][{\"name\": .., \"arguments\": ..}]<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n";
+
+fn with_tools(prompt: &str, choice: Value) -> Value {
+    let mut p = serde_json::to_value(greedy(prompt, 100)).unwrap();
+    p["tools"] = tools();
+    p["tool_choice"] = choice;
+    p
+}
+
+/// Every call names one of the tools (or `only`) and its arguments validate against that
+/// tool's parameters schema.
+fn check_calls(r: &GenerateResult, only: Option<&str>) {
+    // Parallel calls may run out of tokens; every complete call still parses.
+    assert!(
+        matches!(
+            r.finish_reason,
+            FinishReason::ToolCalls | FinishReason::Length
+        ),
+        "{:?}",
+        r.text
+    );
+    assert!(!r.tool_calls.is_empty(), "{:?}", r.text);
+    for call in &r.tool_calls {
+        assert!(call.id.starts_with("call_"), "{call:?}");
+        let tool = tools()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["function"]["name"] == call.function.name.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("unknown tool in {call:?}"));
+        if let Some(only) = only {
+            assert_eq!(call.function.name, only);
+        }
+        let arguments: Value = serde_json::from_str(&call.function.arguments).unwrap();
+        let validator = jsonschema::validator_for(&tool["function"]["parameters"]).unwrap();
+        assert!(validator.is_valid(&arguments), "{call:?}");
+    }
+}
+
+async fn generate_value(w: &Client, p: Value) -> GenerateResult {
+    within_for(LIMIT, w.generate_value(p).unwrap().finish())
+        .await
+        .unwrap()
+}
+
+/// `tool_choice: "required"` and a named function, in three families' syntaxes; `"auto"` parses
+/// what the model wrote; `"none"` parses nothing.
+#[tokio::test]
+async fn smollm2_tool_calls_in_three_families_syntaxes() {
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
+    let w = worker(&[]);
+    let question = "What is the weather in Paris, and the time in Tokyo?";
+    for (template, marker) in [
+        (HERMES, "<tool_call>"),
+        (LLAMA3, "{\"name\""),
+        (MISTRAL, "[TOOL_CALLS]"),
+    ] {
+        let mut params = LoadParams::new(model_id(&dir));
+        params.chat_template_override = Some(template.into());
+        load_with(&w, params).await;
+        // One call: a small model would otherwise go on calling until max_new_tokens.
+        let mut one = with_tools(question, json!("required"));
+        one["parallel_tool_calls"] = json!(false);
+        let r = generate_value(&w, one).await;
+        check_calls(&r, None);
+        assert_eq!(r.tool_calls.len(), 1, "{:?}", r.text);
+        assert!(r.text.trim_start().starts_with(marker), "{:?}", r.text);
+        let named = json!({"type": "function", "function": {"name": "get_time"}});
+        let mut named = with_tools(question, named);
+        named["parallel_tool_calls"] = json!(false);
+        let r = generate_value(&w, named).await;
+        check_calls(&r, Some("get_time"));
+    }
+
+    // Hermes, `auto`: a call the output holds is parsed (a regex makes the model write one).
+    let mut params = LoadParams::new(model_id(&dir));
+    params.chat_template_override = Some(HERMES.into());
+    load_with(&w, params).await;
+    // Parallel calls (the default): every complete call parses and validates.
+    let r = generate_value(&w, with_tools(question, json!("required"))).await;
+    check_calls(&r, None);
+    let call = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"Asia/Tokyo\"}}\n</tool_call>";
+    let mut auto = with_tools(question, json!("auto"));
+    auto["regex"] = json!(regex_escape(call));
+    let r = generate_value(&w, auto.clone()).await;
+    assert_eq!(r.text, call);
+    assert_eq!(r.finish_reason, FinishReason::ToolCalls);
+    assert_eq!(r.tool_calls.len(), 1);
+    assert_eq!(r.tool_calls[0].function.name, "get_time");
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.tool_calls[0].function.arguments).unwrap(),
+        json!({"zone": "Asia/Tokyo"})
+    );
+    auto["tool_choice"] = json!("none");
+    let r = generate_value(&w, auto).await;
+    assert_eq!((r.text.as_str(), r.tool_calls.len()), (call, 0));
+    assert_eq!(r.finish_reason, FinishReason::Stop);
+
+    // Without a syntax in the template, a forced call says what to do.
+    load(&w, &dir).await;
+    let e = rpc_error(
+        within_for(
+            LIMIT,
+            w.generate_value(with_tools(question, json!("required")))
+                .unwrap()
+                .finish(),
+        )
+        .await,
+        ErrorCode::InvalidParams,
+    );
+    assert_eq!(e.data.unwrap()["field"], "tool_choice");
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// `text` as a regex matching exactly itself.
+fn regex_escape(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\\' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$' => {
+                format!("\\{c}")
+            }
+            '\n' => "\\n".into(),
+            c => c.to_string(),
+        })
+        .collect()
 }

@@ -185,16 +185,28 @@ fn absent_params_mean_empty_object() {
 #[test]
 fn unknown_fields_are_refused_by_name() {
     assert_eq!(bad_field::<Reset>(json!({"x": 1})).field, "x");
-    assert_eq!(bad_field::<Load>(json!({"model": "m", "rope_scaling": 2})).field, "rope_scaling");
+    assert_eq!(
+        bad_field::<Load>(json!({"model": "m", "rope_scaling": 2})).field,
+        "rope_scaling"
+    );
     let messages = json!([{"role": "user", "content": "hi"}]);
-    let generate = bad_field::<Generate>(json!({"messages": messages, "tool_choice": "auto"}));
-    assert_eq!(generate.field, "tool_choice");
-    assert!(generate.reason.contains("unknown field"), "{}", generate.reason);
-    let nested = json!({"messages": messages, "response_format": {"type": "json_object", "schema": {}}});
+    let generate = bad_field::<Generate>(json!({"messages": messages, "n": 2}));
+    assert_eq!(generate.field, "n");
+    assert!(
+        generate.reason.contains("unknown field"),
+        "{}",
+        generate.reason
+    );
+    let nested =
+        json!({"messages": messages, "response_format": {"type": "json_object", "schema": {}}});
     // Inside a tagged member serde knows the member, not the path within it.
     let nested = bad_field::<Generate>(nested);
     assert_eq!(nested.field, "response_format");
-    assert!(nested.reason.contains("unknown field `schema`"), "{}", nested.reason);
+    assert!(
+        nested.reason.contains("unknown field `schema`"),
+        "{}",
+        nested.reason
+    );
 }
 
 #[test]
@@ -209,6 +221,33 @@ fn one_constraint_per_request() {
         "response_format": {"type": "text"}, "regex": "a+"
     }));
     assert!(text.is_ok(), "a text format constrains nothing");
+    let forced = bad_field::<Generate>(json!({
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tool_choice": "required", "regex": "a+"
+    }));
+    assert_eq!(forced.field, "tool_choice");
+}
+
+#[test]
+fn tool_choice_needs_the_tools_it_names() {
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+    let no_tools = bad_field::<Generate>(json!({"messages": messages, "tool_choice": "required"}));
+    assert_eq!(no_tools.field, "tool_choice");
+    let unknown = bad_field::<Generate>(json!({
+        "messages": messages, "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "send_mail"}}
+    }));
+    assert!(unknown.reason.contains("send_mail"), "{}", unknown.reason);
+    let named = Generate::parse_params(&json!({
+        "messages": messages, "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}
+    }))
+    .unwrap();
+    assert!(matches!(named.tool_choice, Some(ToolChoice::Function(_))));
+    let auto = Generate::parse_params(&json!({"messages": messages, "tool_choice": "auto"}));
+    assert!(auto.is_ok(), "auto needs no tools");
 }
 
 #[test]
@@ -305,9 +344,11 @@ fn results_use_the_contracts_names() {
             cached_tokens: 0,
         },
         timings: Timings::default(),
+        tool_calls: Vec::new(),
     };
     let v = serde_json::to_value(&generate).unwrap();
     assert_eq!(v["finish_reason"], "stop_sequence");
+    assert!(v.get("tool_calls").is_none(), "absent when there are none");
     let timing_keys: Vec<&str> = v["timings"]
         .as_object()
         .unwrap()

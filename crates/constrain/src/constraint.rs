@@ -3,6 +3,8 @@
 use llguidance::api::TopLevelGrammar;
 use serde_json::{json, Value};
 
+use crate::{ConstraintError, ToolSyntax, Vocabulary};
+
 /// What the output must be.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Constraint {
@@ -14,6 +16,15 @@ pub enum Constraint {
     Regex(String),
     /// Text of this Lark grammar, in llguidance's dialect (`grammar`).
     Lark(String),
+    /// Calls of `tools` (OpenAI definitions) in the family's `syntax`: one, or with `parallel`
+    /// one or more; of the tool named `only` when given (`tool_choice: "required"` or a named
+    /// function).
+    ToolCalls {
+        syntax: ToolSyntax,
+        tools: Vec<Value>,
+        only: Option<String>,
+        parallel: bool,
+    },
 }
 
 impl Constraint {
@@ -24,11 +35,12 @@ impl Constraint {
             Constraint::JsonSchema(_) => "response_format.json_schema.schema",
             Constraint::Regex(_) => "regex",
             Constraint::Lark(_) => "grammar",
+            Constraint::ToolCalls { .. } => "tool_choice",
         }
     }
 
-    pub(crate) fn grammar(&self) -> TopLevelGrammar {
-        match self {
+    pub(crate) fn grammar(&self, vocab: &Vocabulary) -> Result<TopLevelGrammar, ConstraintError> {
+        Ok(match self {
             Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(json!({
                 "type": "object"
             }))),
@@ -37,14 +49,32 @@ impl Constraint {
             }
             Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Constraint::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
-        }
+            Constraint::ToolCalls {
+                syntax,
+                tools,
+                only,
+                parallel,
+            } => {
+                let marker = match vocab.special_token("[TOOL_CALLS]") {
+                    Some(id) => format!("<[{id}]>"),
+                    None => "\"[TOOL_CALLS]\"".into(),
+                };
+                let lark = syntax
+                    .grammar(tools, only.as_deref(), *parallel, &marker)
+                    .map_err(|reason| ConstraintError::Invalid {
+                        field: self.field(),
+                        reason,
+                    })?;
+                TopLevelGrammar::from_lark(lark)
+            }
+        })
     }
 }
 
 /// JSON as Python's `json.dumps` writes it (`", "` and `": "`, no other whitespace), unless the
 /// schema sets llguidance's own `x-guidance` options. Flexible whitespace lets a small model
 /// loop on newlines until `max_new_tokens` and never close the object.
-fn compact(mut schema: Value) -> Value {
+pub(crate) fn compact(mut schema: Value) -> Value {
     if let Some(object) = schema.as_object_mut() {
         object.entry("x-guidance").or_insert_with(|| {
             json!({

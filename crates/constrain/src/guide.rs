@@ -18,7 +18,7 @@ impl Guide {
     pub fn new(vocab: &Vocabulary, constraint: &Constraint) -> Result<Self, ConstraintError> {
         let parser = vocab
             .factory
-            .create_parser(constraint.grammar())
+            .create_parser(constraint.grammar(vocab)?)
             .map_err(|e| ConstraintError::Invalid {
                 field: constraint.field(),
                 reason: e.to_string(),

@@ -1,6 +1,7 @@
 //! Constrained output: what a `generate` may produce, enforced token by token.
 //!
-//! A [`Constraint`] (a JSON schema, any JSON object, a regular expression, a Lark grammar) is
+//! A [`Constraint`] (a JSON schema, any JSON object, a regular expression, a Lark grammar, the
+//! tool calls of a model family's [`ToolSyntax`]) is
 //! compiled by llguidance against a model's [`Vocabulary`] into a [`Guide`]: before every
 //! sampling step the guide says which tokens may come next (its mask, which the engine applies
 //! to the logits on the device), and after it is told the sampled token it says whether the
@@ -8,10 +9,12 @@
 
 mod constraint;
 mod guide;
+mod tools;
 mod vocabulary;
 
 pub use constraint::Constraint;
 pub use guide::Guide;
+pub use tools::{ToolCall, ToolSyntax};
 pub use vocabulary::Vocabulary;
 
 /// What goes wrong when constraining a generation.

@@ -135,3 +135,95 @@ fn bad_constraints_name_their_field() {
         }
     }
 }
+
+fn weather_tool() -> serde_json::Value {
+    json!({"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": false}}})
+}
+
+#[test]
+fn tool_call_grammars_admit_their_familys_syntax() {
+    use crate::ToolSyntax;
+    let Some((tok, vocab)) = smollm2() else {
+        return;
+    };
+    let cases = [
+        (ToolSyntax::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
+        (ToolSyntax::Llama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"),
+        (ToolSyntax::Mistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"),
+    ];
+    for (syntax, text) in cases {
+        let constraint = Constraint::ToolCalls {
+            syntax,
+            tools: vec![weather_tool()],
+            only: None,
+            parallel: true,
+        };
+        assert!(admits(&tok, &vocab, &constraint, text), "{syntax:?} {text}");
+        let wrong = text.replace("\"city\"", "\"town\"");
+        assert!(
+            !admits(&tok, &vocab, &constraint, &wrong),
+            "{syntax:?} {wrong}"
+        );
+        let calls = syntax.parse(text);
+        assert_eq!(calls.len(), 1, "{syntax:?}");
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+    }
+    let one = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+    let two = format!("{one}\n{one}");
+    for (parallel, admits_two) in [(true, true), (false, false)] {
+        let constraint = Constraint::ToolCalls {
+            syntax: ToolSyntax::Hermes,
+            tools: vec![weather_tool()],
+            only: Some("get_weather".into()),
+            parallel,
+        };
+        assert!(admits(&tok, &vocab, &constraint, one));
+        assert_eq!(
+            admits(&tok, &vocab, &constraint, &two),
+            admits_two,
+            "parallel {parallel}"
+        );
+    }
+    let only_missing = Constraint::ToolCalls {
+        syntax: ToolSyntax::Hermes,
+        tools: vec![weather_tool()],
+        only: Some("send_mail".into()),
+        parallel: false,
+    };
+    assert!(matches!(
+        Guide::new(&vocab, &only_missing),
+        Err(ConstraintError::Invalid {
+            field: "tool_choice",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn tool_syntax_is_read_from_the_template() {
+    use crate::ToolSyntax;
+    assert_eq!(
+        ToolSyntax::detect("{{ '<tool_call>' }}"),
+        Some(ToolSyntax::Hermes)
+    );
+    assert_eq!(
+        ToolSyntax::detect("[TOOL_CALLS]"),
+        Some(ToolSyntax::Mistral)
+    );
+    assert_eq!(
+        ToolSyntax::detect("<|python_tag|>"),
+        Some(ToolSyntax::Llama3)
+    );
+    assert_eq!(ToolSyntax::detect("{{ messages }}"), None);
+    // Text around and between calls; a call that does not parse is left out.
+    let text = "Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\nnot json\n</tool_call>";
+    let calls = ToolSyntax::Hermes.parse(text);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0].name.as_str(), calls[0].arguments.as_str()),
+        ("a", "{}")
+    );
+}

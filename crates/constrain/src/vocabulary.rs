@@ -63,6 +63,13 @@ impl Vocabulary {
     }
 }
 
+impl Vocabulary {
+    /// The id of the special token `name` (e.g. `[TOOL_CALLS]`), if the tokenizer has one.
+    pub(crate) fn special_token(&self, name: &str) -> Option<u32> {
+        self.factory.tok_env().tok_trie().get_special_token(name)
+    }
+}
+
 /// The tokenizer behind the trie: llguidance tokenizes the grammar's literal strings with it.
 struct Env {
     trie: TokTrie,

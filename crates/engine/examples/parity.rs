@@ -63,6 +63,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             logprobs: 0,
             use_adapter: None,
             constraint: None,
+            tool_choice: Default::default(),
+            parallel_tool_calls: true,
         };
         // No prompt-cache reuse between cases (tests/worker_prompt_cache.rs covers reuse).
         engine.reset();

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Instant};
 
-use constrain::{Constraint, ConstraintError, Guide};
+use constrain::{Constraint, ConstraintError, Guide, ToolSyntax};
 use text::ModelTokenizer;
 
 use crate::{
@@ -63,6 +63,35 @@ impl Resident {
             ),
         };
         Ok((Guide::new(vocabulary, constraint).map_err(invalid)?, field))
+    }
+}
+
+/// With tools and calls to read: the syntax the model's template writes them in, and, when
+/// calls are forced, which tool (`Some(None)`: any). `None`: no tools, or `ToolChoice::None`.
+type Tools = Option<(ToolSyntax, Option<Option<String>>)>;
+
+fn tool_syntax(tokenizer: &ModelTokenizer, req: &GenerateRequest) -> Result<Tools, EngineError> {
+    if req.tools().is_empty() || req.tool_choice == ToolChoice::None {
+        return Ok(None);
+    }
+    let forced = match &req.tool_choice {
+        ToolChoice::Required => Some(None),
+        ToolChoice::Function(name) => Some(Some(name.clone())),
+        ToolChoice::Auto | ToolChoice::None => None,
+    };
+    let syntax = tokenizer
+        .chat_template()
+        .and_then(|t| ToolSyntax::detect(t.tools_source()));
+    match (syntax, forced) {
+        (Some(syntax), forced) => Ok(Some((syntax, forced))),
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(EngineError::InvalidParams {
+            field: "tool_choice".into(),
+            reason: "this model's chat template writes tool calls in no syntax the worker knows \
+                     (Hermes `<tool_call>`, Llama 3 JSON, Mistral `[TOOL_CALLS]`): load it with a \
+                     chat_template_override that does, or use tool_choice \"auto\""
+                .into(),
+        }),
     }
 }
 
@@ -210,7 +239,18 @@ impl Engine {
             }
         }
         let resident = &mut self.models[i];
-        let guide = req.constraint.as_ref().map(|c| resident.guide(c)).transpose()?;
+        let tools = tool_syntax(&resident.tokenizer, req)?;
+        let constraint = match (&req.constraint, &tools) {
+            (Some(c), _) => Some(c.clone()),
+            (None, Some((syntax, Some(only)))) => Some(Constraint::ToolCalls {
+                syntax: *syntax,
+                tools: req.tools().to_vec(),
+                only: only.clone(),
+                parallel: req.parallel_tool_calls,
+            }),
+            _ => None,
+        };
+        let guide = constraint.as_ref().map(|c| resident.guide(c)).transpose()?;
         let vision = resident.vision.as_deref();
         let prompt = prompt::prompt_inputs(&resident.tokenizer, vision, &req.prompt)?;
         let (n, context) = (prompt.ids.len(), resident.info.context_length);
@@ -241,7 +281,13 @@ impl Engine {
             },
         };
         let cache = &mut resident.prompt_cache;
-        let result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel, started);
+        let mut result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel, started);
+        if let (Ok(completion), Some((syntax, _))) = (&mut result, tools) {
+            completion.tool_calls = syntax.parse(&completion.text);
+            if !completion.tool_calls.is_empty() && completion.finish_reason == FinishReason::Stop {
+                completion.finish_reason = FinishReason::ToolCalls;
+            }
+        }
         if result.is_err() {
             // An MLX error mid-graph can leave work and buffers behind; start the next clean.
             device::synchronize();

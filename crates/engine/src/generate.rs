@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
 use constrain::{ConstraintError, Guide};
+use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
 use text::{StopMatcher, StreamingDetokenizer};
 
 use crate::{
@@ -235,7 +235,9 @@ pub(crate) fn generate(
         field,
         allowed: Vec::new(),
     });
-    let result = run(&mut dec, req, prompt, reused, guide, on_delta, cancel, started);
+    let result = run(
+        &mut dec, req, prompt, reused, guide, on_delta, cancel, started,
+    );
     if result.is_ok() && reuse {
         let caches = std::mem::take(&mut dec.caches);
         cache.keep(caches, keys, &dec.sampled, ctx.adapter_on);
@@ -491,6 +493,7 @@ impl<'t> Output<'t> {
             text: self.text,
             token_ids: self.ids,
             finish_reason: reason,
+            tool_calls: Vec::new(),
             usage,
             timings,
         }

@@ -195,6 +195,34 @@ pub struct GenerateRequest {
     pub use_adapter: Option<bool>,
     /// What the output must be (a JSON schema, a regex, a grammar); `None`: free text.
     pub constraint: Option<Constraint>,
+    /// With tools in the prompt's options: whether calls are parsed, or forced.
+    pub tool_choice: ToolChoice,
+    /// Forced calls: one or more (true), or exactly one.
+    pub parallel_tool_calls: bool,
+}
+
+impl GenerateRequest {
+    /// The tool definitions the prompt carries (empty without tools).
+    pub fn tools(&self) -> &[serde_json::Value] {
+        match &self.prompt {
+            Prompt::Chat { options, .. } => options.tools.as_deref().unwrap_or_default(),
+            _ => &[],
+        }
+    }
+}
+
+/// What a generation with tools does about tool calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model may write calls; they are parsed.
+    #[default]
+    Auto,
+    /// Nothing is parsed.
+    None,
+    /// The output is one or more calls (constrained to the family's syntax).
+    Required,
+    /// The output is one or more calls of this tool.
+    Function(String),
 }
 
 /// One token's log-probabilities, when asked for.
@@ -221,6 +249,8 @@ pub enum FinishReason {
     Length,
     StopSequence,
     Cancelled,
+    /// Ended as `Stop` would, with tool calls in the output.
+    ToolCalls,
 }
 
 /// Token counts.
@@ -250,4 +280,6 @@ pub struct Completion {
     pub finish_reason: FinishReason,
     pub usage: Usage,
     pub timings: Timings,
+    /// The tool calls read from `text` (with tools, unless `ToolChoice::None`).
+    pub tool_calls: Vec<constrain::ToolCall>,
 }

@@ -35,6 +35,8 @@ fn ask_capital(model: &Path) -> (Loaded, Completion, String) {
         logprobs: 0,
         use_adapter: None,
         constraint: None,
+        tool_choice: Default::default(),
+        parallel_tool_calls: true,
     };
     let mut deltas = String::new();
     let out = engine

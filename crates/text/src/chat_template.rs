@@ -164,7 +164,16 @@ impl ChatTemplate {
     /// The raw Jinja text of the template used without tools (the `load` result's
     /// `chat_template.text`).
     pub fn source(&self) -> &str {
-        let name = self.pick(false);
+        self.source_picked(false)
+    }
+
+    /// The raw Jinja text of the template used with tools (`tool_use` where there is one).
+    pub fn tools_source(&self) -> &str {
+        self.source_picked(true)
+    }
+
+    fn source_picked(&self, has_tools: bool) -> &str {
+        let name = self.pick(has_tools);
         let i = self.names.iter().position(|n| n == name).unwrap_or(0);
         &self.sources[i]
     }

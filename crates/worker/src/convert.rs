@@ -1,12 +1,15 @@
 //! Protocol params to engine requests, and engine results to protocol results. Plain data
 //! mapping; engine errors are mapped in `errors.rs`.
 
-use mlx_engine::{text, Constraint, GenerateRequest, HfToken, LoadRequest, Prompt, SamplerParams, WeightDtype};
+use mlx_engine::{
+    text, Constraint, GenerateRequest, HfToken, LoadRequest, Prompt, SamplerParams, WeightDtype,
+};
 use protocol::methods::{
     Backend, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo, Dtype,
-    FinishReason, GenerateParams, GenerateResult, ResponseFormat, KvQuantization, LoadParams, LoadStage,
-    MemoryInfo, MessageContent, MlxInfo, ModelInfo, Quantization, ResidentModel, SpecialTokens,
-    Timings, TokenLogprob, TopLogprob, Usage,
+    FinishReason, FunctionCall, FunctionKind, GenerateParams, GenerateResult, KvQuantization,
+    LoadParams, LoadStage, MemoryInfo, MessageContent, MlxInfo, ModelInfo, Quantization,
+    ResidentModel, ResponseFormat, SpecialTokens, Timings, TokenLogprob, ToolCallOut, ToolChoice,
+    ToolChoiceMode, TopLogprob, Usage,
 };
 use protocol::ResponseError;
 use serde_json::{json, Map, Value};
@@ -75,6 +78,15 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
         logprobs: usize::from(p.logprobs),
         use_adapter: p.use_adapter,
         constraint: constraint(p),
+        tool_choice: match &p.tool_choice {
+            None | Some(ToolChoice::Mode(ToolChoiceMode::Auto)) => mlx_engine::ToolChoice::Auto,
+            Some(ToolChoice::Mode(ToolChoiceMode::None)) => mlx_engine::ToolChoice::None,
+            Some(ToolChoice::Mode(ToolChoiceMode::Required)) => mlx_engine::ToolChoice::Required,
+            Some(ToolChoice::Function(f)) => {
+                mlx_engine::ToolChoice::Function(f.function.name.clone())
+            }
+        },
+        parallel_tool_calls: p.parallel_tool_calls,
     })
 }
 
@@ -182,7 +194,20 @@ pub fn generate_result(c: mlx_engine::Completion) -> GenerateResult {
             mlx_engine::FinishReason::Length => FinishReason::Length,
             mlx_engine::FinishReason::StopSequence => FinishReason::StopSequence,
             mlx_engine::FinishReason::Cancelled => FinishReason::Cancelled,
+            mlx_engine::FinishReason::ToolCalls => FinishReason::ToolCalls,
         },
+        tool_calls: c
+            .tool_calls
+            .into_iter()
+            .map(|call| ToolCallOut {
+                id: next_call_id(),
+                kind: FunctionKind::Function,
+                function: FunctionCall {
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+            })
+            .collect(),
         usage: Usage {
             prompt_tokens: u.prompt_tokens as u64,
             completion_tokens: u.completion_tokens as u64,
@@ -199,6 +224,15 @@ pub fn generate_result(c: mlx_engine::Completion) -> GenerateResult {
             ttft_ms: t.ttft_ms,
         },
     }
+}
+
+/// `call_<n>`: unique within this worker's lifetime, as hosts send ids back in `tool` messages.
+fn next_call_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "call_{}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }
 
 fn per_second(n: usize, ms: f64) -> f64 {
@@ -473,6 +507,7 @@ mod tests {
             text: "ab".into(),
             token_ids: vec![1, 2],
             finish_reason: mlx_engine::FinishReason::Length,
+            tool_calls: Vec::new(),
             usage: mlx_engine::Usage {
                 prompt_tokens: 10,
                 completion_tokens: 2,

@@ -335,6 +335,7 @@ impl Dispatcher {
                     finish_reason: FinishReason::Cancelled,
                     usage: Usage::default(),
                     timings: Timings::default(),
+                    tool_calls: Vec::new(),
                 },
             ),
             _ => Response::err(Some(job.id), ResponseError::request_cancelled()),

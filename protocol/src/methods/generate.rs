@@ -71,10 +71,42 @@ impl Method for Generate {
                 );
             }
         }
+        let forced = match &p.tool_choice {
+            Some(ToolChoice::Mode(ToolChoiceMode::Required)) => Some(None),
+            Some(ToolChoice::Function(f)) => Some(Some(f.function.name.as_str())),
+            _ => None,
+        };
+        if let Some(only) = forced {
+            let names: Vec<&str> = match &p.tools {
+                Some(Value::Array(tools)) => tools
+                    .iter()
+                    .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if names.is_empty() {
+                return bad(
+                    "tool_choice",
+                    "needs `tools` with at least one {\"type\": \"function\", \"function\": {\"name\", ..}}".into(),
+                );
+            }
+            if let Some(name) = only.filter(|n| !names.contains(n)) {
+                return bad(
+                    "tool_choice",
+                    format!("no tool named {name:?} in `tools` (they are {names:?})"),
+                );
+            }
+        }
         let constraints: Vec<&str> = [
-            ("response_format", p.response_format.as_ref().is_some_and(|f| *f != ResponseFormat::Text {})),
+            (
+                "response_format",
+                p.response_format
+                    .as_ref()
+                    .is_some_and(|f| *f != ResponseFormat::Text {}),
+            ),
             ("regex", p.regex.is_some()),
             ("grammar", p.grammar.is_some()),
+            ("tool_choice", forced.is_some()),
         ]
         .into_iter()
         .filter_map(|(field, set)| set.then_some(field))
@@ -219,6 +251,64 @@ pub struct GenerateParams {
     /// `%json {schema}` for embedded JSON, regex terminals).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar: Option<String>,
+    /// OpenAI's `tool_choice` (with `tools`): `"auto"` (default: the model may call tools; calls
+    /// it writes are parsed), `"none"` (nothing parsed), `"required"` (the output is one or more
+    /// calls, in the model family's syntax, arguments valid against each tool's schema), or
+    /// `{"type": "function", "function": {"name"}}` (calls of that tool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// OpenAI's: with forced calls, one or more (default true) or exactly one (false).
+    #[serde(default = "default_true")]
+    pub parallel_tool_calls: bool,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    /// `"none"`, `"auto"` or `"required"`.
+    Mode(ToolChoiceMode),
+    /// One named function.
+    Function(NamedFunction),
+}
+
+/// The string forms of `tool_choice`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolChoiceMode {
+    /// Calls are not parsed.
+    None,
+    /// The model may call tools.
+    Auto,
+    /// The model must call one or more tools.
+    Required,
+}
+
+/// `{"type": "function", "function": {"name": ..}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NamedFunction {
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: FunctionKind,
+    /// The tool to call.
+    pub function: FunctionName,
+}
+
+/// The only kind of tool: `"function"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FunctionKind {
+    /// A function tool.
+    Function,
+}
+
+/// A function's name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionName {
+    /// As in `tools[].function.name`.
+    pub name: String,
 }
 
 /// `response_format`, as OpenAI's chat completions take it.
@@ -276,6 +366,8 @@ pub enum FinishReason {
     StopSequence,
     /// Cancelled; the text so far is returned.
     Cancelled,
+    /// The model called tools (`tool_calls` holds them); ended as `stop` would.
+    ToolCalls,
 }
 
 /// Token counts of a generation.
@@ -321,6 +413,30 @@ pub struct GenerateResult {
     pub usage: Usage,
     /// Timings.
     pub timings: Timings,
+    /// With `tools`: the calls the model wrote, parsed (the raw text stays in `text`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A tool call, in OpenAI's shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolCallOut {
+    /// Unique within the worker's lifetime (`call_<n>`).
+    pub id: String,
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: FunctionKind,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// The function a tool call calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FunctionCall {
+    /// Its name.
+    pub name: String,
+    /// Its arguments as JSON text (OpenAI's `arguments`).
+    pub arguments: String,
 }
 
 notification!(

@@ -317,6 +317,14 @@ class GenerateParams(_GenerateParamsRequired, total=False):
     #: The completion is a sentence of this Lark grammar (llguidance's dialect: rule `start`,
     #: `%json {schema}` for embedded JSON, regex terminals).
     grammar: str | None
+    #: OpenAI's `tool_choice` (with `tools`): `"auto"` (default: the model may call tools; calls
+    #: it writes are parsed), `"none"` (nothing parsed), `"required"` (the output is one or more
+    #: calls, in the model family's syntax, arguments valid against each tool's schema), or
+    #: `{"type": "function", "function": {"name"}}` (calls of that tool).
+    tool_choice: ToolChoice | None
+    #: OpenAI's: with forced calls, one or more (default true) or exactly one (false).
+    #: default: true
+    parallel_tool_calls: bool
 
 
 class ChatMessage(TypedDict):
@@ -403,8 +411,33 @@ class JsonSchemaFormat(_JsonSchemaFormatRequired, total=False):
     strict: bool | None
 
 
-class GenerateResult(TypedDict):
-    """Result of `generate`."""
+#: `tool_choice`.
+ToolChoice = Union['ToolChoiceMode', 'NamedFunction']
+
+
+#: The string forms of `tool_choice`.
+ToolChoiceMode = Literal['none', 'auto', 'required']
+
+
+class NamedFunction(TypedDict):
+    """`{"type": "function", "function": {"name": ..}}`."""
+    #: Always `"function"`.
+    type: FunctionKind
+    #: The tool to call.
+    function: FunctionName
+
+
+#: The only kind of tool: `"function"`.
+FunctionKind = Literal['function']
+
+
+class FunctionName(TypedDict):
+    """A function's name."""
+    #: As in `tools[].function.name`.
+    name: str
+
+
+class _GenerateResultRequired(TypedDict):
     #: The whole completion.
     text: str
     #: Why it ended.
@@ -415,8 +448,14 @@ class GenerateResult(TypedDict):
     timings: Timings
 
 
+class GenerateResult(_GenerateResultRequired, total=False):
+    """Result of `generate`."""
+    #: With `tools`: the calls the model wrote, parsed (the raw text stays in `text`).
+    tool_calls: list[ToolCallOut]
+
+
 #: Why a generation ended.
-FinishReason = Literal['stop', 'length', 'stop_sequence', 'cancelled']
+FinishReason = Literal['stop', 'length', 'stop_sequence', 'cancelled', 'tool_calls']
 
 
 class Usage(TypedDict):
@@ -447,6 +486,24 @@ class Timings(TypedDict):
     predicted_per_second: float
     #: Time to first token (ms).
     ttft_ms: float
+
+
+class ToolCallOut(TypedDict):
+    """A tool call, in OpenAI's shape."""
+    #: Unique within the worker's lifetime (`call_<n>`).
+    id: str
+    #: Always `"function"`.
+    type: FunctionKind
+    #: The function and its arguments.
+    function: FunctionCall
+
+
+class FunctionCall(TypedDict):
+    """The function a tool call calls."""
+    #: Its name.
+    name: str
+    #: Its arguments as JSON text (OpenAI's `arguments`).
+    arguments: str
 
 
 class CancelParams(TypedDict):
