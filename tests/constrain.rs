@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use protocol::methods::{
-    FinishReason, GenerateParams, GenerateResult, JsonSchemaFormat, Load, LoadParams,
+    Channel, FinishReason, GenerateParams, GenerateResult, JsonSchemaFormat, Load, LoadParams,
     ResponseFormat,
 };
 use protocol::{Client, ErrorCode};
@@ -408,4 +408,120 @@ fn regex_escape(text: &str) -> String {
             c => c.to_string(),
         })
         .collect()
+}
+
+/// SmolLM2 with two unused added tokens renamed `<think>` and `</think>` (ids 11 and 12, no
+/// longer special): a real model whose vocabulary has reasoning markup.
+fn smollm2_with_think_tokens(dir: &std::path::Path) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    for file in [
+        "config.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(dir.join(file), out.path().join(file)).unwrap();
+    }
+    std::os::unix::fs::symlink(
+        dir.join("model.safetensors"),
+        out.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let mut tokenizer: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
+    for (id, old, new) in [
+        (11, "<jupyter_start>", "<think>"),
+        (12, "<jupyter_text>", "</think>"),
+    ] {
+        let added = &mut tokenizer["added_tokens"][id];
+        assert_eq!(added["content"], old);
+        added["content"] = json!(new);
+        added["special"] = json!(false);
+        let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+        vocab.remove(old);
+        vocab.insert(new.into(), json!(id));
+    }
+    std::fs::write(
+        out.path().join("tokenizer.json"),
+        serde_json::to_vec(&tokenizer).unwrap(),
+    )
+    .unwrap();
+    out
+}
+
+/// ChatML whose generation prompt opens a thought, as templates with thinking on do.
+const THINKING: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n<think>\n";
+
+/// A reasoning model's deltas carry their channel; a schema constrains only the answer after
+/// the thought. (A logit bias on `</think>` makes the 135M model, which never learnt these
+/// tokens, close its thought at once.)
+#[tokio::test]
+async fn reasoning_is_its_own_channel_and_a_schema_constrains_the_answer() {
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
+    let model = smollm2_with_think_tokens(&dir);
+    let w = worker(&[]);
+    let mut params = LoadParams::new(model_id(model.path()));
+    params.chat_template_override = Some(THINKING.into());
+    load_with(&w, params).await;
+
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+        "required": ["city"], "additionalProperties": false});
+    let mut p = with_schema(
+        "Which city is the capital of France? Answer as JSON.",
+        &schema,
+    );
+    p.logit_bias = [("12".to_string(), 100.0)].into();
+    let (deltas, r) = within_for(LIMIT, w.generate(&p).unwrap().collect())
+        .await
+        .unwrap();
+    assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.text);
+    let (thought, answer) = r.text.split_once("</think>").expect("the thought closes");
+    assert_eq!(thought, "", "the bias closed the thought at once");
+    let value: Value = serde_json::from_str(answer.trim_start()).unwrap();
+    assert!(
+        jsonschema::validator_for(&schema).unwrap().is_valid(&value),
+        "{value}"
+    );
+    // The closing tag is reasoning; everything after it is content.
+    let channels: Vec<_> = deltas
+        .iter()
+        .map(|d| (d.channel, d.text.as_str()))
+        .collect();
+    assert_eq!(
+        channels[0],
+        (Some(Channel::Reasoning), "</think>"),
+        "{channels:?}"
+    );
+    assert!(
+        channels[1..]
+            .iter()
+            .all(|(c, _)| *c == Some(Channel::Content)),
+        "{channels:?}"
+    );
+
+    // Unconstrained, the same: the channel follows the markup token by token.
+    let mut free = greedy("Hello", 3);
+    free.logit_bias = [("12".to_string(), 100.0)].into();
+    let (deltas, _) = within_for(LIMIT, w.generate(&free).unwrap().collect())
+        .await
+        .unwrap();
+    let channels: Vec<_> = deltas.iter().map(|d| d.channel).collect();
+    assert_eq!(
+        channels,
+        [
+            Some(Channel::Reasoning),
+            Some(Channel::Content),
+            Some(Channel::Content)
+        ],
+        "{deltas:?}"
+    );
+
+    // A model without the markup sends no channel.
+    load(&w, &dir).await;
+    let (deltas, _) = within_for(LIMIT, w.generate(&greedy("Hello", 3)).unwrap().collect())
+        .await
+        .unwrap();
+    assert!(deltas.iter().all(|d| d.channel.is_none()), "{deltas:?}");
+    within_for(LIMIT, w.shutdown()).await.unwrap();
 }

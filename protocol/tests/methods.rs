@@ -454,10 +454,19 @@ fn notifications_use_the_contracts_names() {
         index: 0,
         text: "a".into(),
         tokens: None,
+        channel: None,
     };
     assert_eq!(
         serde_json::to_value(&delta).unwrap(),
         json!({"request_id": 7, "index": 0, "text": "a"})
+    );
+    let reasoning = GenerateDelta {
+        channel: Some(Channel::Reasoning),
+        ..delta.clone()
+    };
+    assert_eq!(
+        serde_json::to_value(&reasoning).unwrap()["channel"],
+        "reasoning"
     );
     let delta = GenerateDelta {
         tokens: Some(vec![TokenLogprob {

@@ -2,7 +2,7 @@
 
 use llguidance::Matcher;
 
-use crate::{Constraint, ConstraintError, Vocabulary};
+use crate::{Constraint, ConstraintError, Reasoning, Vocabulary};
 
 /// A compiled constraint following one generation's tokens.
 pub struct Guide {
@@ -14,15 +14,25 @@ pub struct Guide {
 
 impl Guide {
     /// Compiles `constraint` for `vocab`; a constraint that does not compile is
-    /// [`ConstraintError::Invalid`] naming its field.
-    pub fn new(vocab: &Vocabulary, constraint: &Constraint) -> Result<Self, ConstraintError> {
-        let parser = vocab
-            .factory
-            .create_parser(constraint.grammar(vocab)?)
-            .map_err(|e| ConstraintError::Invalid {
-                field: constraint.field(),
-                reason: e.to_string(),
-            })?;
+    /// [`ConstraintError::Invalid`] naming its field. With `reasoning`, the constraint applies
+    /// to what follows the model's thought.
+    pub fn new(
+        vocab: &Vocabulary,
+        constraint: &Constraint,
+        reasoning: Option<&Reasoning>,
+    ) -> Result<Self, ConstraintError> {
+        let mut grammar = constraint.grammar(vocab)?;
+        if let Some(reasoning) = reasoning {
+            grammar = reasoning.wrap(grammar);
+        }
+        let parser =
+            vocab
+                .factory
+                .create_parser(grammar)
+                .map_err(|e| ConstraintError::Invalid {
+                    field: constraint.field(),
+                    reason: e.to_string(),
+                })?;
         Ok(Self {
             matcher: Matcher::new(Ok(parser)),
             eos: vocab.eos.iter().copied().collect(),

@@ -9,11 +9,13 @@
 
 mod constraint;
 mod guide;
+mod reasoning;
 mod tools;
 mod vocabulary;
 
 pub use constraint::Constraint;
 pub use guide::Guide;
+pub use reasoning::Reasoning;
 pub use tools::{ToolCall, ToolSyntax};
 pub use vocabulary::Vocabulary;
 

@@ -19,7 +19,17 @@ fn smollm2() -> Option<(Tokenizer, Vocabulary)> {
 /// Walks `text`'s tokens through a guide: each must be allowed before it is taken. Returns
 /// whether every token was allowed and the guide then allows an end-of-sequence token.
 fn admits(tokenizer: &Tokenizer, vocab: &Vocabulary, constraint: &Constraint, text: &str) -> bool {
-    let mut guide = Guide::new(vocab, constraint).unwrap();
+    admits_after(tokenizer, vocab, constraint, None, text)
+}
+
+fn admits_after(
+    tokenizer: &Tokenizer,
+    vocab: &Vocabulary,
+    constraint: &Constraint,
+    reasoning: Option<&crate::Reasoning>,
+    text: &str,
+) -> bool {
+    let mut guide = Guide::new(vocab, constraint, reasoning).unwrap();
     let mut allowed = Vec::new();
     for &id in tokenizer.encode(text, false).unwrap().get_ids() {
         if guide.allowed(&mut allowed).is_err() || !allowed[id as usize] {
@@ -98,7 +108,7 @@ fn a_complete_output_is_finished() {
     let Some((tok, vocab)) = smollm2() else {
         return;
     };
-    let mut guide = Guide::new(&vocab, &Constraint::Regex("(yes|no)".into())).unwrap();
+    let mut guide = Guide::new(&vocab, &Constraint::Regex("(yes|no)".into()), None).unwrap();
     let mut allowed = Vec::new();
     for &id in tok.encode("yes", false).unwrap().get_ids() {
         guide.allowed(&mut allowed).unwrap();
@@ -125,7 +135,7 @@ fn bad_constraints_name_their_field() {
         (Constraint::Lark("start: missing_rule\n".into()), "grammar"),
     ];
     for (constraint, field) in cases {
-        match Guide::new(&vocab, &constraint) {
+        match Guide::new(&vocab, &constraint, None) {
             Err(ConstraintError::Invalid { field: f, reason }) => {
                 assert_eq!(f, field);
                 assert!(!reason.is_empty());
@@ -194,7 +204,7 @@ fn tool_call_grammars_admit_their_familys_syntax() {
         parallel: false,
     };
     assert!(matches!(
-        Guide::new(&vocab, &only_missing),
+        Guide::new(&vocab, &only_missing, None),
         Err(ConstraintError::Invalid {
             field: "tool_choice",
             ..
@@ -225,5 +235,48 @@ fn tool_syntax_is_read_from_the_template() {
     assert_eq!(
         (calls[0].name.as_str(), calls[0].arguments.as_str()),
         ("a", "{}")
+    );
+}
+
+#[test]
+fn a_constraint_applies_after_the_thought() {
+    let Some((tok, vocab)) = smollm2() else {
+        return;
+    };
+    let json = Constraint::JsonSchema(
+        json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+    );
+    let optional = crate::Reasoning {
+        open: "<think>".into(),
+        close: "</think>".into(),
+        inside: false,
+    };
+    let thought = "<think>Hmm, {not json} yet.</think>\n\n{\"a\": 1}";
+    assert!(admits_after(&tok, &vocab, &json, Some(&optional), thought));
+    assert!(
+        admits_after(&tok, &vocab, &json, Some(&optional), "{\"a\": 1}"),
+        "thinking is optional"
+    );
+    assert!(!admits_after(
+        &tok,
+        &vocab,
+        &json,
+        Some(&optional),
+        "<think>x</think> nope"
+    ));
+    let inside = crate::Reasoning {
+        inside: true,
+        ..optional
+    };
+    assert!(admits_after(
+        &tok,
+        &vocab,
+        &json,
+        Some(&inside),
+        "so a is 1.</think>{\"a\": 1}"
+    ));
+    assert!(
+        !admits_after(&tok, &vocab, &json, Some(&inside), "{\"a\": 1}"),
+        "the open thought must close first"
     );
 }

@@ -8,7 +8,7 @@ use text::ModelTokenizer;
 use crate::{
     device,
     error::EngineError,
-    generate::{generate, GenerationContext, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
+    generate::{generate, GenerationContext, Markup, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
     load,
     lora::AdapterSwitch,
     memory,
@@ -39,7 +39,11 @@ struct Resident {
 
 impl Resident {
     /// `constraint` compiled for this model (before any compute: a bad one is -32602).
-    fn guide(&mut self, constraint: &Constraint) -> Result<(Guide, &'static str), EngineError> {
+    fn guide(
+        &mut self,
+        constraint: &Constraint,
+        markup: Option<Markup>,
+    ) -> Result<(Guide, &'static str), EngineError> {
         let field = constraint.field();
         let invalid = |e: ConstraintError| match e {
             ConstraintError::Invalid { field, reason } => EngineError::InvalidParams {
@@ -62,7 +66,9 @@ impl Resident {
                 .map_err(invalid)?,
             ),
         };
-        Ok((Guide::new(vocabulary, constraint).map_err(invalid)?, field))
+        let reasoning = markup.map(|m| m.reasoning());
+        let guide = Guide::new(vocabulary, constraint, reasoning.as_ref()).map_err(invalid)?;
+        Ok((guide, field))
     }
 }
 
@@ -250,9 +256,14 @@ impl Engine {
             }),
             _ => None,
         };
-        let guide = constraint.as_ref().map(|c| resident.guide(c)).transpose()?;
+        let prompt =
+            prompt::prompt_inputs(&resident.tokenizer, resident.vision.as_deref(), &req.prompt)?;
+        let markup = Markup::of(&resident.tokenizer, &prompt.ids);
+        let guide = constraint
+            .as_ref()
+            .map(|c| resident.guide(c, markup))
+            .transpose()?;
         let vision = resident.vision.as_deref();
-        let prompt = prompt::prompt_inputs(&resident.tokenizer, vision, &req.prompt)?;
         let (n, context) = (prompt.ids.len(), resident.info.context_length);
         if n > context {
             return Err(EngineError::ContextOverflow {
@@ -279,6 +290,7 @@ impl Engine {
                 Backend::Cpu => PREFILL_CHUNK_CPU,
                 Backend::Cuda | Backend::Metal => PREFILL_CHUNK_GPU,
             },
+            markup,
         };
         let cache = &mut resident.prompt_cache;
         let mut result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel, started);

@@ -14,7 +14,9 @@ use crate::{
     models::LanguageModel,
     prompt::PromptInputs,
     prompt_cache::PromptCache,
-    request::{Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage},
+    request::{
+        Channel, Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage,
+    },
     rope::MropePositions,
     sampler::{log_softmax, Sampler},
     vision::VisionModel,
@@ -45,6 +47,45 @@ pub(crate) struct GenerationContext<'a> {
     pub adapter_on: bool,
     /// Prompt tokens per prefill forward pass.
     pub prefill_chunk: usize,
+    /// The model's reasoning markup, if it has one.
+    pub markup: Option<Markup>,
+}
+
+/// A model's reasoning markup as token ids (`<think>`, `</think>`), and whether the output
+/// starts inside it (the prompt opened a thought and did not close it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Markup {
+    pub open: u32,
+    pub close: u32,
+    pub inside: bool,
+}
+
+impl Markup {
+    /// The markup of `tokenizer`, where its vocabulary has `<think>` and `</think>`.
+    pub fn of(tokenizer: &text::ModelTokenizer, prompt: &[u32]) -> Option<Self> {
+        let open = tokenizer.token_to_id("<think>")?;
+        let close = tokenizer.token_to_id("</think>")?;
+        let last = |id| prompt.iter().rposition(|&t| t == id);
+        let inside = match (last(open), last(close)) {
+            (Some(o), Some(c)) => o > c,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        Some(Self {
+            open,
+            close,
+            inside,
+        })
+    }
+
+    /// As the grammar engine wraps a constraint with it.
+    pub fn reasoning(&self) -> constrain::Reasoning {
+        constrain::Reasoning {
+            open: "<think>".into(),
+            close: "</think>".into(),
+            inside: self.inside,
+        }
+    }
 }
 
 type Result<T> = std::result::Result<T, EngineError>;
@@ -264,6 +305,7 @@ fn run(
         &req.stop,
         req.logprobs,
         ctx.tokenizer,
+        ctx.markup,
     );
     let usage = |completion: usize| Usage {
         prompt_tokens: prompt_ids.len(),
@@ -398,6 +440,9 @@ struct Output<'t> {
     text: String,
     index: usize,
     pending_logprobs: Vec<TokenLogprob>,
+    markup: Option<Markup>,
+    /// With markup: the channel of the text held back so far (and of the next token).
+    channel: Channel,
 }
 
 impl<'t> Output<'t> {
@@ -406,6 +451,7 @@ impl<'t> Output<'t> {
         stop: &[String],
         logprobs: usize,
         tokenizer: &'t text::ModelTokenizer,
+        markup: Option<Markup>,
     ) -> Self {
         Self {
             detok,
@@ -416,11 +462,37 @@ impl<'t> Output<'t> {
             text: String::new(),
             index: 0,
             pending_logprobs: Vec::new(),
+            markup,
+            channel: match markup {
+                Some(m) if m.inside => Channel::Reasoning,
+                _ => Channel::Content,
+            },
         }
+    }
+
+    /// The channel of token `id`, and the one after it: the opening tag starts a thought, the
+    /// closing tag is its last token. Text held back in another channel goes out first.
+    fn switch_channel(&mut self, id: u32, on_delta: &mut dyn FnMut(Delta)) -> Channel {
+        let Some(m) = self.markup else {
+            return Channel::Content;
+        };
+        let (this, after) = match self.channel {
+            Channel::Content if id == m.open => (Channel::Reasoning, Channel::Reasoning),
+            Channel::Reasoning if id == m.close => (Channel::Reasoning, Channel::Content),
+            current => (current, current),
+        };
+        if this != self.channel {
+            // A stop sequence is not matched across the boundary.
+            let held = self.stops.finish();
+            self.emit(held, on_delta);
+        }
+        self.channel = this;
+        after
     }
 
     /// Adds a token; returns true when a stop sequence ended the generation.
     fn push(&mut self, id: u32, logprobs: &Array, on_delta: &mut dyn FnMut(Delta)) -> Result<bool> {
+        let after = self.switch_channel(id, on_delta);
         self.ids.push(id);
         if self.logprobs > 0 {
             self.pending_logprobs
@@ -432,6 +504,11 @@ impl<'t> Output<'t> {
             .map_err(|e| EngineError::Generation(e.to_string()))?;
         let outcome = self.stops.push(&piece);
         self.emit(outcome.text, on_delta);
+        if after != self.channel {
+            let held = self.stops.finish();
+            self.emit(held, on_delta);
+            self.channel = after;
+        }
         Ok(outcome.stopped.is_some())
     }
 
@@ -444,6 +521,7 @@ impl<'t> Output<'t> {
             index: self.index,
             text,
             tokens: std::mem::take(&mut self.pending_logprobs),
+            channel: self.markup.map(|_| self.channel),
         });
         self.index += 1;
     }

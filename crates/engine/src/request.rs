@@ -240,6 +240,17 @@ pub struct Delta {
     pub index: usize,
     pub text: String,
     pub tokens: Vec<TokenLogprob>,
+    /// For a model with reasoning markup: which part of the output the text belongs to.
+    pub channel: Option<Channel>,
+}
+
+/// The part of a reasoning model's output a delta belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Inside the markup (the markup's own tokens included).
+    Reasoning,
+    /// The answer.
+    Content,
 }
 
 /// Why a generation ended.

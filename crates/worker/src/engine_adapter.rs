@@ -8,8 +8,8 @@ use std::time::Instant;
 use mlx_engine::text::ModelTokenizer;
 use mlx_engine::{CancelToken, Engine};
 use protocol::methods::{
-    GenerateParams, GenerateResult, LoadParams, LoadResult, LoadStage, MlxInfo, ResetResult,
-    TokenLogprob, UnloadParams, UnloadResult,
+    Channel, GenerateParams, GenerateResult, LoadParams, LoadResult, LoadStage, MlxInfo,
+    ResetResult, TokenLogprob, UnloadParams, UnloadResult,
 };
 use protocol::ResponseError;
 
@@ -99,10 +99,16 @@ impl EngineAdapter {
         &mut self,
         params: &GenerateParams,
         cancel: &CancelToken,
-        on_delta: &mut dyn FnMut(String, Option<Vec<TokenLogprob>>),
+        on_delta: &mut dyn FnMut(String, Option<Vec<TokenLogprob>>, Option<Channel>),
     ) -> Result<GenerateResult, ResponseError> {
         let request = convert::generate_request(params)?;
-        let mut forward = |d: mlx_engine::Delta| on_delta(d.text, convert::delta_tokens(d.tokens));
+        let mut forward = |d: mlx_engine::Delta| {
+            let channel = d.channel.map(|c| match c {
+                mlx_engine::Channel::Reasoning => Channel::Reasoning,
+                mlx_engine::Channel::Content => Channel::Content,
+            });
+            on_delta(d.text, convert::delta_tokens(d.tokens), channel)
+        };
         self.engine
             .generate(&request, &mut forward, cancel)
             .map(convert::generate_result)

@@ -204,7 +204,7 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox) -> Response {
         Work::Generate(params) => {
             let mut index = 0;
             let cancelled = || job.cancel.is_cancelled();
-            let mut on_delta = |text: String, tokens| {
+            let mut on_delta = |text: String, tokens, channel| {
                 outbox.send_paced(
                     Notification::new(
                         GenerateDeltaNotification::NAME,
@@ -213,6 +213,7 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox) -> Response {
                             index,
                             text,
                             tokens,
+                            channel,
                         },
                     ),
                     &cancelled,

@@ -458,6 +458,20 @@ pub struct GenerateDelta {
     /// With `logprobs > 0`: the tokens of this delta and their log-probabilities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<Vec<TokenLogprob>>,
+    /// For a model with reasoning markup (`<think>` ... `</think>` in its vocabulary): whether
+    /// this text is its reasoning (the tags included) or its answer. Absent for other models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<Channel>,
+}
+
+/// The part of a reasoning model's output a delta belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    /// The model's reasoning, its markup included.
+    Reasoning,
+    /// The answer.
+    Content,
 }
 
 /// A generated token and its log-probability.

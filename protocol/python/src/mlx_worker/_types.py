@@ -694,6 +694,9 @@ class GenerateDelta(_GenerateDeltaRequired, total=False):
     """Params of `generate/delta`."""
     #: With `logprobs > 0`: the tokens of this delta and their log-probabilities.
     tokens: list[TokenLogprob] | None
+    #: For a model with reasoning markup (`<think>` ... `</think>` in its vocabulary): whether
+    #: this text is its reasoning (the tags included) or its answer. Absent for other models.
+    channel: Channel | None
 
 
 class TokenLogprob(TypedDict):
@@ -714,6 +717,10 @@ class TopLogprob(TypedDict):
     id: int
     #: Natural-log probability.
     logprob: float
+
+
+#: The part of a reasoning model's output a delta belongs to.
+Channel = Literal['reasoning', 'content']
 
 
 class CancelRequestParams(TypedDict):
