@@ -183,6 +183,24 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
         r.text
     );
 
+    // The same field takes GBNF (llama.cpp's format) when it holds `::=`.
+    let mut gbnf = sampled("Name three colors.");
+    gbnf.grammar = Some(
+        "root ::= color (\", \" color){2}\ncolor ::= \"red\" | \"green\" | \"blue\" | \"yellow\"\n"
+            .into(),
+    );
+    let r = generate(&w, &gbnf).await;
+    assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.text);
+    let colors: Vec<&str> = r.text.split(", ").collect();
+    assert!(
+        colors.len() == 3
+            && colors
+                .iter()
+                .all(|c| ["red", "green", "blue", "yellow"].contains(c)),
+        "{:?}",
+        r.text
+    );
+
     let mut object = sampled("Describe a cat as JSON.");
     object.max_new_tokens = 120;
     object.temperature = 0.0;

@@ -11,10 +11,14 @@ use crate::bench::{median, BenchPrompt, Sample, Worker};
 use crate::worker_bin;
 
 pub fn run(model: &Path, prompt: &BenchPrompt, runs: u32, max: u32) -> anyhow::Result<()> {
-    // A schema whose one long string lets the model write for the whole budget.
+    // A schema whose long string keeps the model writing for the whole budget (both sides
+    // decode the same number of tokens).
     let schema = json!({
         "type": "object",
-        "properties": {"title": {"type": "string", "maxLength": 40}, "story": {"type": "string"}},
+        "properties": {
+            "title": {"type": "string", "maxLength": 40},
+            "story": {"type": "string", "minLength": 2000}
+        },
         "required": ["title", "story"],
         "additionalProperties": false
     });

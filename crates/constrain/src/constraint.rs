@@ -16,6 +16,8 @@ pub enum Constraint {
     Regex(String),
     /// Text of this Lark grammar, in llguidance's dialect (`grammar`).
     Lark(String),
+    /// Text of this GBNF grammar, llama.cpp's format (`grammar` holding `::=`).
+    Gbnf(String),
     /// Calls of `tools` (OpenAI definitions) in the family's `syntax`: one, or with `parallel`
     /// one or more; of the tool named `only` when given (`tool_choice: "required"` or a named
     /// function).
@@ -34,7 +36,7 @@ impl Constraint {
             Constraint::JsonObject => "response_format",
             Constraint::JsonSchema(_) => "response_format.json_schema.schema",
             Constraint::Regex(_) => "regex",
-            Constraint::Lark(_) => "grammar",
+            Constraint::Lark(_) | Constraint::Gbnf(_) => "grammar",
             Constraint::ToolCalls { .. } => "tool_choice",
         }
     }
@@ -49,6 +51,14 @@ impl Constraint {
             }
             Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Constraint::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+            Constraint::Gbnf(gbnf) => {
+                let lark =
+                    crate::gbnf::to_lark(gbnf).map_err(|reason| ConstraintError::Invalid {
+                        field: self.field(),
+                        reason: format!("GBNF: {reason}"),
+                    })?;
+                TopLevelGrammar::from_lark(lark)
+            }
             Constraint::ToolCalls {
                 syntax,
                 tools,

@@ -8,6 +8,7 @@
 //! output is complete. Nothing here touches MLX.
 
 mod constraint;
+mod gbnf;
 mod guide;
 mod reasoning;
 mod tools;

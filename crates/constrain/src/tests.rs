@@ -280,3 +280,37 @@ fn a_constraint_applies_after_the_thought() {
         "the open thought must close first"
     );
 }
+
+#[test]
+fn gbnf_grammars_as_llama_cpp_writes_them() {
+    let Some((tok, vocab)) = smollm2() else {
+        return;
+    };
+    // llama.cpp's style: multi-line rules, character classes, `-` in names, escapes, comments.
+    let gbnf = Constraint::Gbnf(
+        r#"
+# a list of one to three lowercase items
+root ::= "items:" item-list "\n"
+item-list ::=
+    item
+    ("," item){0,2}
+item ::= " " [a-z]+ ( "!" | "?" )?
+"#
+        .into(),
+    );
+    assert!(admits(&tok, &vocab, &gbnf, "items: tea, milk!\n"));
+    assert!(
+        !admits(&tok, &vocab, &gbnf, "items: tea, milk, eggs, rice\n"),
+        "at most three"
+    );
+    assert!(!admits(&tok, &vocab, &gbnf, "items: Tea\n"));
+    let bad = Constraint::Gbnf("item ::= \"x\"\n".into());
+    match Guide::new(&vocab, &bad, None) {
+        Err(ConstraintError::Invalid { field, reason }) => {
+            assert_eq!(field, "grammar");
+            assert!(reason.contains("root"), "{reason}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a grammar without root compiled"),
+    }
+}

@@ -2,13 +2,13 @@
 
 use std::{sync::Arc, time::Instant};
 
-use constrain::{Constraint, ConstraintError, Guide, ToolSyntax};
 use text::ModelTokenizer;
 
 use crate::{
+    constrained::{self, Markup, ToolUse},
     device,
     error::EngineError,
-    generate::{generate, GenerationContext, Markup, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
+    generate::{generate, GenerationContext, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
     load,
     lora::AdapterSwitch,
     memory,
@@ -35,70 +35,6 @@ struct Resident {
     prompt_cache: PromptCache,
     /// The tokenizer as the grammar engine reads it, made by the first constrained request.
     vocabulary: Option<constrain::Vocabulary>,
-}
-
-impl Resident {
-    /// `constraint` compiled for this model (before any compute: a bad one is -32602).
-    fn guide(
-        &mut self,
-        constraint: &Constraint,
-        markup: Option<Markup>,
-    ) -> Result<(Guide, &'static str), EngineError> {
-        let field = constraint.field();
-        let invalid = |e: ConstraintError| match e {
-            ConstraintError::Invalid { field, reason } => EngineError::InvalidParams {
-                field: field.into(),
-                reason,
-            },
-            other => EngineError::InvalidParams {
-                field: field.into(),
-                reason: other.to_string(),
-            },
-        };
-        let vocabulary = match &mut self.vocabulary {
-            Some(v) => v,
-            empty => empty.insert(
-                constrain::Vocabulary::new(
-                    self.tokenizer.inner(),
-                    self.tokenizer.eos_token_ids(),
-                    self.info.vocab_size.max(1),
-                )
-                .map_err(invalid)?,
-            ),
-        };
-        let reasoning = markup.map(|m| m.reasoning());
-        let guide = Guide::new(vocabulary, constraint, reasoning.as_ref()).map_err(invalid)?;
-        Ok((guide, field))
-    }
-}
-
-/// With tools and calls to read: the syntax the model's template writes them in, and, when
-/// calls are forced, which tool (`Some(None)`: any). `None`: no tools, or `ToolChoice::None`.
-type Tools = Option<(ToolSyntax, Option<Option<String>>)>;
-
-fn tool_syntax(tokenizer: &ModelTokenizer, req: &GenerateRequest) -> Result<Tools, EngineError> {
-    if req.tools().is_empty() || req.tool_choice == ToolChoice::None {
-        return Ok(None);
-    }
-    let forced = match &req.tool_choice {
-        ToolChoice::Required => Some(None),
-        ToolChoice::Function(name) => Some(Some(name.clone())),
-        ToolChoice::Auto | ToolChoice::None => None,
-    };
-    let syntax = tokenizer
-        .chat_template()
-        .and_then(|t| ToolSyntax::detect(t.tools_source()));
-    match (syntax, forced) {
-        (Some(syntax), forced) => Ok(Some((syntax, forced))),
-        (None, None) => Ok(None),
-        (None, Some(_)) => Err(EngineError::InvalidParams {
-            field: "tool_choice".into(),
-            reason: "this model's chat template writes tool calls in no syntax the worker knows \
-                     (Hermes `<tool_call>`, Llama 3 JSON, Mistral `[TOOL_CALLS]`): load it with a \
-                     chat_template_override that does, or use tool_choice \"auto\""
-                .into(),
-        }),
-    }
 }
 
 /// Resident models and MLX state. Lives on one thread; see the crate docs.
@@ -245,23 +181,25 @@ impl Engine {
             }
         }
         let resident = &mut self.models[i];
-        let tools = tool_syntax(&resident.tokenizer, req)?;
-        let constraint = match (&req.constraint, &tools) {
-            (Some(c), _) => Some(c.clone()),
-            (None, Some((syntax, Some(only)))) => Some(Constraint::ToolCalls {
-                syntax: *syntax,
-                tools: req.tools().to_vec(),
-                only: only.clone(),
-                parallel: req.parallel_tool_calls,
-            }),
-            _ => None,
-        };
+        let tools = ToolUse::of(&resident.tokenizer, req)?;
+        let constraint = req
+            .constraint
+            .as_ref()
+            .or_else(|| tools.as_ref()?.forced.as_ref());
         let prompt =
             prompt::prompt_inputs(&resident.tokenizer, resident.vision.as_deref(), &req.prompt)?;
         let markup = Markup::of(&resident.tokenizer, &prompt.ids);
         let guide = constraint
-            .as_ref()
-            .map(|c| resident.guide(c, markup))
+            .map(|c| {
+                let vocab_size = resident.info.vocab_size.max(1);
+                constrained::compile(
+                    &mut resident.vocabulary,
+                    &resident.tokenizer,
+                    vocab_size,
+                    c,
+                    markup,
+                )
+            })
             .transpose()?;
         let vision = resident.vision.as_deref();
         let (n, context) = (prompt.ids.len(), resident.info.context_length);
@@ -291,14 +229,12 @@ impl Engine {
                 Backend::Cuda | Backend::Metal => PREFILL_CHUNK_GPU,
             },
             markup,
+            started,
         };
         let cache = &mut resident.prompt_cache;
-        let mut result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel, started);
-        if let (Ok(completion), Some((syntax, _))) = (&mut result, tools) {
-            completion.tool_calls = syntax.parse(&completion.text);
-            if !completion.tool_calls.is_empty() && completion.finish_reason == FinishReason::Stop {
-                completion.finish_reason = FinishReason::ToolCalls;
-            }
+        let mut result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel);
+        if let (Ok(completion), Some(tools)) = (&mut result, &tools) {
+            tools.read_calls(completion);
         }
         if result.is_err() {
             // An MLX error mid-graph can leave work and buffers behind; start the next clean.

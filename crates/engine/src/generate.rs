@@ -10,6 +10,7 @@ use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
 use text::{StopMatcher, StreamingDetokenizer};
 
 use crate::{
+    constrained::Markup,
     kv_cache::KvCache,
     models::LanguageModel,
     prompt::PromptInputs,
@@ -49,43 +50,8 @@ pub(crate) struct GenerationContext<'a> {
     pub prefill_chunk: usize,
     /// The model's reasoning markup, if it has one.
     pub markup: Option<Markup>,
-}
-
-/// A model's reasoning markup as token ids (`<think>`, `</think>`), and whether the output
-/// starts inside it (the prompt opened a thought and did not close it).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Markup {
-    pub open: u32,
-    pub close: u32,
-    pub inside: bool,
-}
-
-impl Markup {
-    /// The markup of `tokenizer`, where its vocabulary has `<think>` and `</think>`.
-    pub fn of(tokenizer: &text::ModelTokenizer, prompt: &[u32]) -> Option<Self> {
-        let open = tokenizer.token_to_id("<think>")?;
-        let close = tokenizer.token_to_id("</think>")?;
-        let last = |id| prompt.iter().rposition(|&t| t == id);
-        let inside = match (last(open), last(close)) {
-            (Some(o), Some(c)) => o > c,
-            (Some(_), None) => true,
-            _ => false,
-        };
-        Some(Self {
-            open,
-            close,
-            inside,
-        })
-    }
-
-    /// As the grammar engine wraps a constraint with it.
-    pub fn reasoning(&self) -> constrain::Reasoning {
-        constrain::Reasoning {
-            open: "<think>".into(),
-            close: "</think>".into(),
-            inside: self.inside,
-        }
-    }
+    /// When the request arrived (time to first token counts from it).
+    pub started: Instant,
 }
 
 type Result<T> = std::result::Result<T, EngineError>;
@@ -108,6 +74,8 @@ struct Decoder<'a> {
     positions: Option<&'a MropePositions>,
     /// The index in the sequence of the next token run through the model.
     next: usize,
+    /// The request's constraint, if any.
+    guide: Option<Guided>,
 }
 
 impl Decoder<'_> {
@@ -177,16 +145,11 @@ impl Decoder<'_> {
         Ok(Step { token, logprobs })
     }
 
-    /// Runs `tokens` through the model and samples from the last position; with a `guide`, its
+    /// Runs `tokens` through the model and samples from the last position; with a guide, its
     /// mask (computed on the host while the forward pass runs) restricts the choice.
-    fn step(
-        &mut self,
-        tokens: &Array,
-        embeds: Option<Array>,
-        guide: Option<&mut Guided>,
-    ) -> Result<Step> {
+    fn step(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Step> {
         let logits = self.logits(tokens, embeds)?;
-        let mask = match guide {
+        let mask = match &mut self.guide {
             Some(guide) => {
                 transforms::async_eval([&logits])?;
                 Some(guide.mask()?)
@@ -238,7 +201,6 @@ pub(crate) fn generate(
     guide: Option<(Guide, &'static str)>,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
-    started: Instant,
 ) -> Result<Completion> {
     let prompt_ids = &prompt.ids[..];
     if prompt_ids.is_empty() {
@@ -270,15 +232,13 @@ pub(crate) fn generate(
         sampled: Vec::new(),
         positions: prompt.positions.as_ref(),
         next: 0,
+        guide: guide.map(|(guide, field)| Guided {
+            guide,
+            field,
+            allowed: Vec::new(),
+        }),
     };
-    let guide = guide.map(|(guide, field)| Guided {
-        guide,
-        field,
-        allowed: Vec::new(),
-    });
-    let result = run(
-        &mut dec, req, prompt, reused, guide, on_delta, cancel, started,
-    );
+    let result = run(&mut dec, req, prompt, reused, on_delta, cancel);
     if result.is_ok() && reuse {
         let caches = std::mem::take(&mut dec.caches);
         cache.keep(caches, keys, &dec.sampled, ctx.adapter_on);
@@ -292,10 +252,8 @@ fn run(
     req: &GenerateRequest,
     prompt: &PromptInputs,
     reused: usize,
-    mut guide: Option<Guided>,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
-    started: Instant,
 ) -> Result<Completion> {
     let ctx = dec.ctx;
     let prompt_ids = &prompt.ids[..];
@@ -351,7 +309,7 @@ fn run(
         ..Timings::default()
     };
     let last = Array::from_slice(rest, &[rest.len() as i32]);
-    let mut step = dec.step(&last, embeds, guide.as_mut())?;
+    let mut step = dec.step(&last, embeds)?;
     transforms::async_eval([&step.token, &step.logprobs])?;
     let mut decode_start = Instant::now();
     let mut n = 0usize;
@@ -360,7 +318,7 @@ fn run(
         // forward pass is: its mask needs token n, and is computed while that pass runs.
         let next = if n < req.max_new_tokens && !cancel.is_cancelled() {
             let next = dec.logits(&step.token, None)?;
-            if guide.is_some() {
+            if dec.guide.is_some() {
                 transforms::async_eval([&next])?;
                 Some(Next::Logits(next))
             } else {
@@ -374,7 +332,7 @@ fn run(
         if n == 0 {
             step.token.eval()?;
             timings.prompt_ms = ms(prefill_start);
-            timings.ttft_ms = ms(started);
+            timings.ttft_ms = ms(ctx.started);
             decode_start = Instant::now();
         }
         if cancel.is_cancelled() {
@@ -388,7 +346,7 @@ fn run(
         if ctx.eos.contains(&id) {
             break FinishReason::Stop;
         }
-        let complete = match guide.as_mut() {
+        let complete = match dec.guide.as_mut() {
             Some(guide) => guide.advance(id)?,
             None => false,
         };
@@ -405,7 +363,7 @@ fn run(
         step = match next.expect("queued while n < max_new_tokens") {
             Next::Step(next) => next,
             Next::Logits(logits) => {
-                let mask = guide.as_mut().map(Guided::mask).transpose()?;
+                let mask = dec.guide.as_mut().map(Guided::mask).transpose()?;
                 let next = dec.sample(logits, mask)?;
                 transforms::async_eval([&next.token, &next.logprobs])?;
                 next

@@ -7,6 +7,7 @@
 //! tokenizer for `tokenize`, a [`CancelToken`]) is `Send + Sync`.
 
 mod cancel;
+mod constrained;
 mod device;
 mod engine;
 mod error;

@@ -98,6 +98,8 @@ fn constraint(p: &GenerateParams) -> Option<Constraint> {
             Some(Constraint::JsonSchema(json_schema.schema.clone()))
         }
         (_, Some(regex), _) => Some(Constraint::Regex(regex.clone())),
+        // GBNF rules are `name ::= ...`; Lark never writes `::=`.
+        (_, _, Some(grammar)) if grammar.contains("::=") => Some(Constraint::Gbnf(grammar.clone())),
         (_, _, Some(grammar)) => Some(Constraint::Lark(grammar.clone())),
         _ => None,
     }

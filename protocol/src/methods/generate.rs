@@ -247,8 +247,9 @@ pub struct GenerateParams {
     /// look-around or back-references).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regex: Option<String>,
-    /// The completion is a sentence of this Lark grammar (llguidance's dialect: rule `start`,
-    /// `%json {schema}` for embedded JSON, regex terminals).
+    /// The completion is a sentence of this grammar: GBNF (llama.cpp's format, rule `root`)
+    /// when it holds `::=`, else Lark (llguidance's dialect: rule `start`, `%json {schema}` for
+    /// embedded JSON, regex terminals).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar: Option<String>,
     /// OpenAI's `tool_choice` (with `tools`): `"auto"` (default: the model may call tools; calls

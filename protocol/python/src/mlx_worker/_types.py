@@ -314,8 +314,9 @@ class GenerateParams(_GenerateParamsRequired, total=False):
     #: The completion, as a whole, matches this regular expression (Rust `regex` syntax, no
     #: look-around or back-references).
     regex: str | None
-    #: The completion is a sentence of this Lark grammar (llguidance's dialect: rule `start`,
-    #: `%json {schema}` for embedded JSON, regex terminals).
+    #: The completion is a sentence of this grammar: GBNF (llama.cpp's format, rule `root`)
+    #: when it holds `::=`, else Lark (llguidance's dialect: rule `start`, `%json {schema}` for
+    #: embedded JSON, regex terminals).
     grammar: str | None
     #: OpenAI's `tool_choice` (with `tools`): `"auto"` (default: the model may call tools; calls
     #: it writes are parsed), `"none"` (nothing parsed), `"required"` (the output is one or more
