@@ -60,6 +60,29 @@ FAMILY_BASE = {
         "num_experts": 4,
         "num_experts_per_tok": 2,
     },
+    # GPT-OSS: 4 experts, top 2, sliding (window 16, shorter than every case's prompt) and
+    # full layers alternating, YaRN RoPE as the released models have it.
+    "gpt_oss": {
+        "architectures": ["GptOssForCausalLM"],
+        "tie_word_embeddings": False,
+        "head_dim": 32,
+        "intermediate_size": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_theta": 150000.0,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 4096,
+            "truncate": False,
+        },
+        "max_position_embeddings": 131072,
+        "swiglu_limit": 7.0,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {
@@ -193,6 +216,14 @@ def build(spec, out):
     model.update(
         tree_map_with_path(
             lambda path, p: p * scale if path.startswith("model.layers.") and "norm" not in path else p,
+            model.parameters(),
+        )
+    )
+
+    # Attention sinks (GPT-OSS) start at zero: drawn at random so that they count.
+    model.update(
+        tree_map_with_path(
+            lambda path, p: mx.random.normal(p.shape) if path.endswith(".sinks") else p,
             model.parameters(),
         )
     )

@@ -5,6 +5,7 @@
 //! `crate::nn`.
 
 mod gemma3_text;
+mod gpt_oss;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -58,6 +59,11 @@ pub trait LanguageModel {
     fn num_layers(&self) -> usize;
     /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).
     fn quantizable_kv_head_dims(&self) -> Vec<i32>;
+    /// Why this model's KV cache cannot be quantized whatever its head sizes (attention sinks),
+    /// if so.
+    fn kv_bits_refusal(&self) -> Option<String> {
+        None
+    }
     /// Fresh caches, one per layer, of the kind each layer needs.
     fn make_caches(&self) -> Vec<KvCache> {
         (0..self.num_layers()).map(|_| KvCache::default()).collect()
@@ -96,6 +102,7 @@ pub fn build(
     check_sizes(config, &weights)?;
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
+        "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),

