@@ -360,7 +360,7 @@ fn read_config(dir: &Path) -> Result<Value, EngineError> {
 }
 
 fn quantization_of(config: &Value) -> Option<Quantization> {
-    let q = config.get("quantization")?;
+    let q = crate::weights::quantization(config)?;
     Some(Quantization {
         bits: q.get("bits")?.as_i64()? as i32,
         group_size: q.get("group_size")?.as_i64()? as i32,

@@ -11,16 +11,9 @@ use crate::{
 
 pub type Result<T> = std::result::Result<T, mlx_rs::error::Exception>;
 
-/// Affine quantization of a weight matrix: packed weight, per-group scales and biases.
-#[derive(Debug)]
-pub struct Quantized {
-    pub scales: Array,
-    pub biases: Array,
-    pub group_size: i32,
-    pub bits: i32,
-}
+pub use crate::quantized::{QuantMode, Quantized};
 
-/// `y = x W^T (+ b)`, with `W` dense or affine-quantized.
+/// `y = x W^T (+ b)`, with `W` dense or quantized.
 #[derive(Debug)]
 pub struct Linear {
     pub weight: Array,
@@ -42,15 +35,7 @@ impl Linear {
     /// `x W^T + b` without the adapter.
     fn forward_base(&self, x: &Array) -> Result<Array> {
         let y = match &self.quantized {
-            Some(q) => ops::quantized_matmul(
-                x,
-                &self.weight,
-                &q.scales,
-                &q.biases,
-                true,
-                q.group_size,
-                q.bits,
-            )?,
+            Some(q) => q.matmul(x, &self.weight, true)?,
             None => {
                 if let Some(b) = &self.bias {
                     return ops::addmm(b, x, self.weight.t(), None, None);
@@ -79,7 +64,7 @@ impl Linear {
         let mut out = vec![&self.weight];
         out.extend(&self.bias);
         if let Some(q) = &self.quantized {
-            out.extend([&q.scales, &q.biases]);
+            out.extend(q.arrays());
         }
         out
     }
@@ -93,9 +78,10 @@ impl Linear {
         self.weight = w;
         self.quantized = Some(Quantized {
             scales,
-            biases,
+            biases: Some(biases),
             group_size,
             bits,
+            mode: QuantMode::Affine,
         });
         Ok(())
     }
@@ -110,16 +96,9 @@ pub struct Embedding {
 
 impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array> {
-        let rows = self.table.weight.take_axis(ids, 0)?;
         match &self.table.quantized {
-            Some(q) => ops::dequantize(
-                &rows,
-                q.scales.take_axis(ids, 0)?,
-                &q.biases.take_axis(ids, 0)?,
-                q.group_size,
-                q.bits,
-            ),
-            None => Ok(rows),
+            Some(q) => q.dequantize_rows(&self.table.weight, ids),
+            None => self.table.weight.take_axis(ids, 0),
         }
     }
 

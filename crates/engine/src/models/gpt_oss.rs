@@ -8,6 +8,7 @@
 //! OpenAI's (`gate_up_proj` with gate and up rows interleaved, MXFP4 `_blocks`/`_scales`),
 //! which [`sanitize`] turns into the first as mlx-lm's `sanitize` does.
 
+use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -113,10 +114,61 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
 }
 
 /// OpenAI's expert layout in mlx-lm's: `gate_up_proj` (rows alternating gate, up) split into
-/// `gate_proj` and `up_proj`, MXFP4 `_blocks` (bytes) as packed words under `.weight`,
-/// `_scales` as `.scales`, `_bias` as `.bias`. A checkpoint already in mlx-lm's layout is left
-/// as it is.
+/// `gate_proj` and `up_proj`, MXFP4 `_blocks` (16 bytes per group of 32) as packed words under
+/// `.weight`, `_scales` as `.scales`, `_bias` as `.bias`. A checkpoint already in mlx-lm's
+/// layout is left as it is.
 fn sanitize(weights: &mut Weights) -> Result<(), EngineError> {
-    let _ = weights;
+    let openai: Vec<String> = weights
+        .names()
+        .filter(|n| n.contains(".experts.gate_up_proj") || n.contains(".experts.down_proj_"))
+        .cloned()
+        .collect();
+    for name in openai {
+        let tensor = weights.take(&name)?;
+        let failed = |e: mlx_rs::error::Exception| {
+            EngineError::load(LoadErrorKind::InvalidWeights, format!("`{name}`: {e}"))
+        };
+        let (base, part, tensor) = if let Some(base) = name.strip_suffix("_blocks") {
+            let words = tensor.view::<u32>().and_then(|w| w.flatten(-2, -1));
+            (base, "weight", words.map_err(failed)?)
+        } else if let Some(base) = name.strip_suffix("_scales") {
+            (base, "scales", tensor)
+        } else if let Some(base) = name.strip_suffix("_bias") {
+            (base, "bias", tensor)
+        } else {
+            return Err(EngineError::load(
+                LoadErrorKind::UnsupportedArchitecture,
+                format!(
+                    "gpt_oss: `{name}` holds dense experts in transformers' layout, which mlx-lm \
+                     does not load; use OpenAI's MXFP4 checkpoint or an mlx-lm conversion"
+                ),
+            ));
+        };
+        match base.strip_suffix("gate_up_proj") {
+            Some(experts) => {
+                // Rows (weights, scales) or entries (biases) alternate gate, up.
+                let axis = if part == "bias" { -1 } else { -2 };
+                let [gate, up] = deinterleave(&tensor, axis).map_err(failed)?;
+                weights.insert(format!("{experts}gate_proj.{part}"), gate);
+                weights.insert(format!("{experts}up_proj.{part}"), up);
+            }
+            None => weights.insert(format!("{base}.{part}"), tensor),
+        }
+    }
     Ok(())
+}
+
+/// `[x[..., ::2, ...], x[..., 1::2, ...]]` along `axis` (negative), each contiguous.
+fn deinterleave(x: &Array, axis: i32) -> mlx_rs::error::Result<[Array; 2]> {
+    let mut shape = x.shape().to_vec();
+    let at = (shape.len() as i32 + axis) as usize;
+    let n = shape[at];
+    shape.splice(at..=at, [n / 2, 2]);
+    let pairs = x.reshape(&shape)?;
+    let mut halves = pairs.split_equal(2, at as i32 + 1)?.into_iter();
+    let mut next = || -> mlx_rs::error::Result<Array> {
+        let half = halves.next().expect("split in two");
+        half.squeeze_axes(&[at as i32 + 1])?.contiguous()
+    };
+    Ok([next()?, next()?])
 }

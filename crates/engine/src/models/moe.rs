@@ -5,10 +5,7 @@
 //! a time. Hugging Face checkpoints store one matrix per expert: they are stacked at load
 //! (mlx-lm's `sanitize`), and the per-expert tensors dropped, so every weight is held once.
 
-use mlx_rs::{
-    ops::{self, gather_qmm},
-    Array,
-};
+use mlx_rs::{ops, Array};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
@@ -94,18 +91,7 @@ impl SwitchLinear {
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         let l = &self.0;
         let y = match &l.quantized {
-            Some(q) => gather_qmm(
-                x,
-                &l.weight,
-                &q.scales,
-                &q.biases,
-                None,
-                indices,
-                true,
-                q.group_size,
-                q.bits,
-                sorted,
-            )?,
+            Some(q) => q.gather_matmul(x, &l.weight, indices, sorted)?,
             None => ops::gather_mm(x, l.weight.swap_axes(-1, -2)?, None, indices, sorted)?,
         };
         match &l.bias {
@@ -139,10 +125,10 @@ impl SwitchLinear {
         let quantized = match (scales, &per_expert[0].quantized) {
             (Some(scales), Some(q)) => Some(Quantized {
                 scales,
-                biases: stack(|l| l.quantized.as_ref().map(|q| &q.biases))?
-                    .expect("quantized experts have biases"),
+                biases: stack(|l| l.quantized.as_ref().and_then(|q| q.biases.as_ref()))?,
                 group_size: q.group_size,
                 bits: q.bits,
+                mode: q.mode,
             }),
             _ => None,
         };
