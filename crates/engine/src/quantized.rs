@@ -52,7 +52,15 @@ impl Quantized {
     pub fn matmul(&self, x: &Array, w: &Array, transpose: bool) -> Result<Array> {
         if self.mode == QuantMode::Affine {
             let (g, b) = (self.group_size, self.bits);
-            return ops::quantized_matmul(x, w, &self.scales, self.biases.as_ref(), transpose, g, b);
+            return ops::quantized_matmul(
+                x,
+                w,
+                &self.scales,
+                self.biases.as_ref(),
+                transpose,
+                g,
+                b,
+            );
         }
         self.call("quantized_matmul", |res, s| unsafe {
             mlx_sys::mlx_quantized_matmul(
@@ -117,7 +125,11 @@ impl Quantized {
     pub fn dequantize_rows(&self, w: &Array, ids: &Array) -> Result<Array> {
         let rows = w.take_axis(ids, 0)?;
         let scales = self.scales.take_axis(ids, 0)?;
-        let biases = self.biases.as_ref().map(|b| b.take_axis(ids, 0)).transpose()?;
+        let biases = self
+            .biases
+            .as_ref()
+            .map(|b| b.take_axis(ids, 0))
+            .transpose()?;
         if self.mode == QuantMode::Affine {
             let biases = biases.as_ref();
             return ops::dequantize(&rows, &scales, biases, self.group_size, self.bits);
@@ -131,7 +143,9 @@ impl Quantized {
                 res,
                 rows.as_ptr(),
                 scales.as_ptr(),
-                biases.as_ref().map_or(mlx_sys::mlx_array_new(), |b| b.as_ptr()),
+                biases
+                    .as_ref()
+                    .map_or(mlx_sys::mlx_array_new(), |b| b.as_ptr()),
                 self.group_size_opt(),
                 self.bits_opt(),
                 self.mode.name().as_ptr(),

@@ -53,7 +53,12 @@ pub fn rope_from_config(
                 ..plain(1.0)
             })
         }
-        "yarn" => yarn(dims, base, traditional, scaling.expect("yarn scaling has a config")),
+        "yarn" => yarn(
+            dims,
+            base,
+            traditional,
+            scaling.expect("yarn scaling has a config"),
+        ),
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(

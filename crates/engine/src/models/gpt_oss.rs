@@ -172,3 +172,6 @@ fn deinterleave(x: &Array, axis: i32) -> mlx_rs::error::Result<[Array; 2]> {
     };
     Ok([next()?, next()?])
 }
+
+#[cfg(test)]
+mod tests;

@@ -78,6 +78,7 @@ pub trait LanguageModel {
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3_text",
+    "gpt_oss",
     "llama",
     "mistral",
     "mixtral",
