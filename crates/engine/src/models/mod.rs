@@ -174,11 +174,17 @@ mod tests {
     /// The load error for `config` with one layer's norm as its only tensor: refusals come before
     /// any other tensor is read.
     fn refusal(config: Value) -> (LoadErrorKind, String) {
-        let norm = (
-            "model.layers.0.input_layernorm.weight".to_string(),
-            Array::from_slice(&[1f32; 64], &[64]),
-        );
-        let weights = Weights::from_tensors([norm].into(), &config);
+        refusal_with(config, std::collections::HashMap::new())
+    }
+
+    /// [`refusal`] with `tensors` in the checkpoint too.
+    pub(crate) fn refusal_with(
+        config: Value,
+        mut tensors: std::collections::HashMap<String, Array>,
+    ) -> (LoadErrorKind, String) {
+        let norm = Array::from_slice(&[1f32; 64], &[64]);
+        tensors.insert("model.layers.0.input_layernorm.weight".to_string(), norm);
+        let weights = Weights::from_tensors(tensors, &config);
         match build(&config, weights) {
             Err(EngineError::Load { kind, detail }) => (kind, detail),
             Err(other) => panic!("expected a load error, got {other:?}"),

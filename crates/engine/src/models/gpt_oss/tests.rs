@@ -6,11 +6,7 @@ use mlx_rs::Array;
 use serde_json::json;
 
 use super::sanitize;
-use crate::{
-    error::{EngineError, LoadErrorKind},
-    models::build,
-    weights::Weights,
-};
+use crate::{error::LoadErrorKind, models::tests::refusal_with, weights::Weights};
 use fixtures::mlx_test_lock;
 
 const P: &str = "model.layers.0.mlp.experts";
@@ -84,29 +80,11 @@ fn openai_experts_are_split_into_gate_and_up_and_packed_as_words() {
     );
 }
 
-/// The load error for `config` and `tensors`, with the two layers' norms added (so that the
-/// checkpoint holds the layers config.json names).
-fn refusal(
-    config: serde_json::Value,
-    mut tensors: HashMap<String, Array>,
-) -> (LoadErrorKind, String) {
-    for l in 0..2 {
-        let norm = Array::from_slice(&[1f32; 64], &[64]);
-        tensors.insert(format!("model.layers.{l}.input_layernorm.weight"), norm);
-    }
-    let weights = Weights::from_tensors(tensors, &config);
-    match build(&config, weights) {
-        Err(EngineError::Load { kind, detail }) => (kind, detail),
-        Err(other) => panic!("expected a load error, got {other:?}"),
-        Ok(_) => panic!("expected a load error, got a model"),
-    }
-}
-
 fn config() -> serde_json::Value {
     json!({
         "model_type": "gpt_oss",
         "hidden_size": 64,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": 1,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "rms_norm_eps": 1e-5,
@@ -118,7 +96,7 @@ fn a_swiglu_limit_mlx_lm_ignores_is_refused() {
     let _lock = mlx_test_lock();
     let mut config = config();
     config["swiglu_limit"] = json!(5.0);
-    let (kind, detail) = refusal(config, HashMap::new());
+    let (kind, detail) = refusal_with(config, HashMap::new());
     assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
     assert!(
         detail.contains("swiglu_limit") && detail.contains("7"),
@@ -130,7 +108,7 @@ fn a_swiglu_limit_mlx_lm_ignores_is_refused() {
 fn dense_experts_in_transformers_layout_are_refused_by_name() {
     let _lock = mlx_test_lock();
     let dense = Array::from_slice(&[0f32; 4 * 64 * 128], &[4, 64, 128]);
-    let (kind, detail) = refusal(
+    let (kind, detail) = refusal_with(
         config(),
         HashMap::from([(format!("{P}.gate_up_proj"), dense)]),
     );
@@ -142,8 +120,8 @@ fn dense_experts_in_transformers_layout_are_refused_by_name() {
 fn layer_types_must_name_every_layer() {
     let _lock = mlx_test_lock();
     let mut config = config();
-    config["layer_types"] = json!(["sliding_attention"]);
-    let (kind, detail) = refusal(config, HashMap::new());
+    config["layer_types"] = json!(["sliding_attention", "full_attention"]);
+    let (kind, detail) = refusal_with(config, HashMap::new());
     assert_eq!(kind, LoadErrorKind::InvalidWeights);
     assert!(detail.contains("layer_types"), "{detail}");
 }
