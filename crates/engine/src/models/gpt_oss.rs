@@ -40,6 +40,7 @@ struct Args {
     num_local_experts: i32,
     #[serde(default = "default_top_k")]
     num_experts_per_tok: i32,
+    swiglu_alpha: Option<f32>,
     swiglu_limit: Option<f32>,
     max_position_embeddings: Option<usize>,
 }
@@ -61,20 +62,22 @@ fn default_top_k() -> i32 {
 }
 
 /// mlx-lm's `SwigluOAI` constants; it reads neither from config.json.
-const SWIGLU: Activation = Activation::ClampedSilu {
-    alpha: 1.702,
-    limit: 7.0,
-};
+const ALPHA: f32 = 1.702;
+const LIMIT: f32 = 7.0;
 
 pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
     let c = &args.common;
-    if let Some(limit) = args.swiglu_limit.filter(|l| *l != 7.0) {
+    // transformers reads `swiglu_alpha`/`swiglu_limit`; mlx-lm does not: other values are
+    // refused rather than run as mlx-lm would (with its constants, not the model's).
+    let other = |v: Option<f32>, c: f32| v.filter(|v| *v != c);
+    if let Some(v) = other(args.swiglu_alpha, ALPHA).or(other(args.swiglu_limit, LIMIT)) {
         return Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(
-                "gpt_oss: `swiglu_limit` {limit} is not supported (mlx-lm clamps the experts' \
-                 SwiGLU at 7.0 whatever config.json says)"
+                "gpt_oss: `swiglu_alpha` / `swiglu_limit` ({v}) other than {ALPHA} / {LIMIT} are \
+                 not supported (mlx-lm runs the experts' SwiGLU with these constants whatever \
+                 config.json says)"
             ),
         ));
     }
@@ -90,7 +93,10 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     let moe = MoeSpec {
         router: "router",
         stacked: "experts",
-        activation: SWIGLU,
+        activation: Activation::ClampedSilu {
+            alpha: ALPHA,
+            limit: LIMIT,
+        },
         ..MoeSpec::switch_glu(
             "mlp",
             args.num_local_experts,
