@@ -260,13 +260,22 @@ impl Weights {
     }
 
     /// Parameters of the model as trained: packed quantized weights count as unpacked, and
-    /// quantization scales and biases do not count.
+    /// quantization scales and biases do not count (OpenAI's MXFP4 `_blocks` hold two 4-bit
+    /// values a byte, their `_scales` do not count either).
     pub fn num_parameters(&self) -> u64 {
+        let is_scale = |n: &str| {
+            [".scales", ".biases", "_scales"]
+                .iter()
+                .any(|s| n.ends_with(s))
+        };
         self.tensors
             .iter()
-            .filter(|(n, _)| !n.ends_with(".scales") && !n.ends_with(".biases"))
+            .filter(|(n, _)| !is_scale(n))
             .map(|(name, t)| {
                 let prefix = name.strip_suffix(".weight").unwrap_or(name);
+                if name.ends_with("_blocks") {
+                    return t.size() as u64 * 2;
+                }
                 match self.tensors.contains_key(&format!("{prefix}.scales")) {
                     true => {
                         let bits = self.quant_params(prefix).map_or(4, |q| q.1) as u64;

@@ -125,3 +125,24 @@ fn layer_types_must_name_every_layer() {
     assert_eq!(kind, LoadErrorKind::InvalidWeights);
     assert!(detail.contains("layer_types"), "{detail}");
 }
+
+#[test]
+fn openai_blocks_count_two_parameters_a_byte_and_their_scales_none() {
+    let _lock = mlx_test_lock();
+    let tensors = HashMap::from([
+        (
+            format!("{P}.gate_up_proj_blocks"),
+            Array::from_slice(&[0u8; 64], &[1, 4, 1, 16]),
+        ),
+        (
+            format!("{P}.gate_up_proj_scales"),
+            Array::from_slice(&[0u8; 4], &[1, 4, 1]),
+        ),
+        (
+            format!("{P}.gate_up_proj_bias"),
+            Array::from_slice(&[0f32; 4], &[1, 4]),
+        ),
+    ]);
+    let weights = Weights::from_tensors(tensors, &json!({}));
+    assert_eq!(weights.num_parameters(), 4 * 32 + 4);
+}
