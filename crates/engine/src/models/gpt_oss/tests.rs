@@ -146,3 +146,72 @@ fn openai_blocks_count_two_parameters_a_byte_and_their_scales_none() {
     let weights = Weights::from_tensors(tensors, &json!({}));
     assert_eq!(weights.num_parameters(), 4 * 32 + 4);
 }
+
+/// A tiny random GPT-OSS in mlx-lm's layout: 2 layers (sliding window 4, then full), 4 experts.
+fn tiny_model() -> Box<dyn crate::models::LanguageModel> {
+    let random = |shape: &[i32]| mlx_rs::random::uniform::<_, f32>(-0.5, 0.5, shape, None).unwrap();
+    let mut t = HashMap::new();
+    for (name, shape) in [
+        ("model.embed_tokens.weight", &[128, 64][..]),
+        ("lm_head.weight", &[128, 64]),
+        ("model.norm.weight", &[64]),
+    ] {
+        t.insert(name.to_string(), random(shape));
+    }
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        for (name, shape) in [
+            ("input_layernorm.weight", &[64][..]),
+            ("post_attention_layernorm.weight", &[64]),
+            ("self_attn.q_proj.weight", &[128, 64]),
+            ("self_attn.q_proj.bias", &[128]),
+            ("self_attn.k_proj.weight", &[64, 64]),
+            ("self_attn.k_proj.bias", &[64]),
+            ("self_attn.v_proj.weight", &[64, 64]),
+            ("self_attn.v_proj.bias", &[64]),
+            ("self_attn.o_proj.weight", &[64, 128]),
+            ("self_attn.o_proj.bias", &[64]),
+            ("self_attn.sinks", &[4]),
+            ("mlp.router.weight", &[4, 64]),
+            ("mlp.router.bias", &[4]),
+        ] {
+            t.insert(format!("{p}.{name}"), random(shape));
+        }
+        for proj in ["gate_proj", "up_proj", "down_proj"] {
+            t.insert(
+                format!("{p}.mlp.experts.{proj}.weight"),
+                random(&[4, 64, 64]),
+            );
+            t.insert(format!("{p}.mlp.experts.{proj}.bias"), random(&[4, 64]));
+        }
+    }
+    let mut config = config();
+    config["num_hidden_layers"] = json!(2);
+    config["head_dim"] = json!(32);
+    config["intermediate_size"] = json!(64);
+    config["num_local_experts"] = json!(4);
+    config["num_experts_per_tok"] = json!(2);
+    config["sliding_window"] = json!(4);
+    config["vocab_size"] = json!(128);
+    crate::models::build(&config, Weights::from_tensors(t, &config)).unwrap()
+}
+
+#[test]
+fn layers_alternate_sliding_and_full_and_the_sinks_decline_kv_bits() {
+    let _lock = mlx_test_lock();
+    let model = tiny_model();
+    let mut caches = model.make_caches();
+    assert!(matches!(caches[0], crate::kv_cache::KvCache::Rotating(_)));
+    assert!(matches!(caches[1], crate::kv_cache::KvCache::Standard(_)));
+    let reason = model.kv_bits_refusal().expect("sinks decline kv_bits");
+    assert!(reason.contains("sinks"), "{reason}");
+    // Past the window: the ring wraps and every position still gives logits.
+    let ids = Array::from_slice(&[1i32, 2, 3, 4, 5, 6, 7], &[1, 7]);
+    let logits = model.forward(&ids, &mut caches).unwrap();
+    assert_eq!(logits.shape(), [1, 7, 128]);
+    let next = model
+        .forward(&Array::from_slice(&[8i32], &[1, 1]), &mut caches)
+        .unwrap();
+    assert_eq!(next.shape(), [1, 1, 128]);
+    assert_eq!(caches[1].offset(), 8);
+}
