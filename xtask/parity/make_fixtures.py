@@ -60,6 +60,29 @@ FAMILY_BASE = {
         "num_experts": 4,
         "num_experts_per_tok": 2,
     },
+    # GPT-OSS: 4 experts, top 2, sliding (window 16, shorter than every case's prompt) and
+    # full layers alternating, YaRN RoPE as the released models have it.
+    "gpt_oss": {
+        "architectures": ["GptOssForCausalLM"],
+        "tie_word_embeddings": False,
+        "head_dim": 32,
+        "intermediate_size": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_theta": 150000.0,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 4096,
+            "truncate": False,
+        },
+        "max_position_embeddings": 131072,
+        "swiglu_limit": 7.0,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {
@@ -180,6 +203,45 @@ def unstack_experts(weights, names):
     return out
 
 
+def interleave(a, b, axis):
+    """Rows (or entries) of a and b alternating along `axis`: a[0], b[0], a[1], ..."""
+    pairs = mx.stack([a, b], axis=axis + 1 if axis >= 0 else axis)
+    shape = list(a.shape)
+    shape[axis] *= 2
+    return pairs.reshape(shape)
+
+
+def openai_experts(model, config):
+    """GPT-OSS as OpenAI released it: the experts MXFP4 (everything else as it is), stored as
+    `gate_up_proj` with gate and up rows alternating, packed as `_blocks` bytes (16 per group of
+    32) with `_scales`, biases as `_bias`; config.json's `quantization_config` says mxfp4.
+    mlx-lm's `sanitize` and loader undo it."""
+    nn.quantize(model, group_size=32, bits=4, mode="mxfp4", class_predicate=lambda p, m: ".experts." in p and hasattr(m, "to_quantized"))
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    out = {}
+    blocks = lambda w: w.view(mx.uint8).reshape(*w.shape[:-1], -1, 16)
+    for key, value in tree_flatten(model.parameters()):
+        prefix, sep, rest = key.partition(".experts.")
+        if not sep:
+            out[key] = value
+            continue
+        proj, part = rest.split(".")
+        if proj == "up_proj":
+            continue
+        if proj == "gate_proj":
+            up = dict(tree_flatten(model.parameters()))[f"{prefix}.experts.up_proj.{part}"]
+            value = interleave(value, up, -1 if part == "bias" else -2)
+            proj = "gate_up_proj"
+        name = f"{prefix}.experts.{proj}"
+        if part == "weight":
+            out[f"{name}_blocks"] = blocks(value)
+        elif part == "scales":
+            out[f"{name}_scales"] = value
+        else:
+            out[f"{name}_bias"] = value
+    return out
+
+
 def build(spec, out):
     config = config_for(spec)
     mx.random.seed(spec.get("seed", 0))
@@ -193,6 +255,14 @@ def build(spec, out):
     model.update(
         tree_map_with_path(
             lambda path, p: p * scale if path.startswith("model.layers.") and "norm" not in path else p,
+            model.parameters(),
+        )
+    )
+
+    # Attention sinks (GPT-OSS) start at zero: drawn at random so that they count.
+    model.update(
+        tree_map_with_path(
+            lambda path, p: mx.random.normal(p.shape) if path.endswith(".sinks") else p,
             model.parameters(),
         )
     )
@@ -221,8 +291,9 @@ def build(spec, out):
                     overrides[path] = params
             return overrides.get(path, True)
 
-        nn.quantize(model, group_size=q["group_size"], bits=q["bits"], class_predicate=predicate)
-        config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": "affine"}
+        mode = q.get("mode", "affine")
+        nn.quantize(model, group_size=q["group_size"], bits=q["bits"], mode=mode, class_predicate=predicate)
+        config["quantization"] = {"group_size": q["group_size"], "bits": q["bits"], "mode": mode}
         config["quantization"].update(overrides)
         config["quantization_config"] = config["quantization"]
 
@@ -232,6 +303,8 @@ def build(spec, out):
     weights = dict(tree_flatten(model.parameters()))
     if adapter := spec.get("adapter"):
         write_adapter(model, adapter, tmp / "adapter")
+    if spec.get("openai_experts"):
+        weights = openai_experts(model, config)
     if (names := spec.get("hf_experts")) is not None:
         weights = unstack_experts(weights, names)
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.

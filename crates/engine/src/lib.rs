@@ -20,6 +20,7 @@ mod models;
 mod nn;
 mod prompt;
 mod prompt_cache;
+mod quantized;
 mod request;
 mod rope;
 mod sampler;

@@ -168,7 +168,8 @@ pub(crate) fn quantize(
         });
     }
     if let Some(bits) = req.kv_bits {
-        built.kv_bits_refused = check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
+        let refused = check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
+        built.kv_bits_refused = refused.or_else(|| model.kv_bits_refusal());
         if let Some(reason) = &built.kv_bits_refused {
             tracing::warn!(bits, %reason, "loading with a plain KV cache");
         }
@@ -359,7 +360,7 @@ fn read_config(dir: &Path) -> Result<Value, EngineError> {
 }
 
 fn quantization_of(config: &Value) -> Option<Quantization> {
-    let q = config.get("quantization")?;
+    let q = crate::weights::quantization(config)?;
     Some(Quantization {
         bits: q.get("bits")?.as_i64()? as i32,
         group_size: q.get("group_size")?.as_i64()? as i32,

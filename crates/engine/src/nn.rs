@@ -11,16 +11,9 @@ use crate::{
 
 pub type Result<T> = std::result::Result<T, mlx_rs::error::Exception>;
 
-/// Affine quantization of a weight matrix: packed weight, per-group scales and biases.
-#[derive(Debug)]
-pub struct Quantized {
-    pub scales: Array,
-    pub biases: Array,
-    pub group_size: i32,
-    pub bits: i32,
-}
+pub use crate::quantized::{QuantMode, Quantized};
 
-/// `y = x W^T (+ b)`, with `W` dense or affine-quantized.
+/// `y = x W^T (+ b)`, with `W` dense or quantized.
 #[derive(Debug)]
 pub struct Linear {
     pub weight: Array,
@@ -42,15 +35,7 @@ impl Linear {
     /// `x W^T + b` without the adapter.
     fn forward_base(&self, x: &Array) -> Result<Array> {
         let y = match &self.quantized {
-            Some(q) => ops::quantized_matmul(
-                x,
-                &self.weight,
-                &q.scales,
-                &q.biases,
-                true,
-                q.group_size,
-                q.bits,
-            )?,
+            Some(q) => q.matmul(x, &self.weight, true)?,
             None => {
                 if let Some(b) = &self.bias {
                     return ops::addmm(b, x, self.weight.t(), None, None);
@@ -79,7 +64,7 @@ impl Linear {
         let mut out = vec![&self.weight];
         out.extend(&self.bias);
         if let Some(q) = &self.quantized {
-            out.extend([&q.scales, &q.biases]);
+            out.extend(q.arrays());
         }
         out
     }
@@ -93,9 +78,10 @@ impl Linear {
         self.weight = w;
         self.quantized = Some(Quantized {
             scales,
-            biases,
+            biases: Some(biases),
             group_size,
             bits,
+            mode: QuantMode::Affine,
         });
         Ok(())
     }
@@ -110,16 +96,9 @@ pub struct Embedding {
 
 impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array> {
-        let rows = self.table.weight.take_axis(ids, 0)?;
         match &self.table.quantized {
-            Some(q) => ops::dequantize(
-                &rows,
-                q.scales.take_axis(ids, 0)?,
-                &q.biases.take_axis(ids, 0)?,
-                q.group_size,
-                q.bits,
-            ),
-            None => Ok(rows),
+            Some(q) => q.dequantize_rows(&self.table.weight, ids),
+            None => self.table.weight.take_axis(ids, 0),
         }
     }
 
@@ -244,6 +223,10 @@ pub enum Activation {
     Silu,
     /// `gelu_approx(gate) * up` (GeGLU with the tanh approximation: Gemma).
     GeluApprox,
+    /// GPT-OSS's clamped SwiGLU (mlx-lm's `swiglu_oai`): the gate clipped from above at
+    /// `limit`, the up projection clipped to `[-limit, limit]` and shifted by one:
+    /// `(clip(up) + 1) * (g * sigmoid(alpha * g))` with `g = min(gate, limit)`.
+    ClampedSilu { alpha: f32, limit: f32 },
 }
 
 impl Activation {
@@ -251,6 +234,13 @@ impl Activation {
         match self {
             Self::Silu => gate.multiply(ops::sigmoid(gate)?)?.multiply(up),
             Self::GeluApprox => gelu_approx(gate)?.multiply(up),
+            Self::ClampedSilu { alpha, limit } => {
+                let c = |v: f32| scalar_like(v, gate);
+                let gate = ops::minimum(gate, c(limit)?)?;
+                let up = ops::clip(up, (c(-limit)?, c(limit)?))?;
+                let glu = gate.multiply(ops::sigmoid(c(alpha)?.multiply(&gate)?)?)?;
+                up.add(c(1.0)?)?.multiply(glu)
+            }
         }
     }
 }
@@ -362,6 +352,9 @@ pub struct Attention {
     pub shape: AttentionShape,
     /// `None`: no positional encoding in this layer (SmolLM3's NoPE layers).
     pub rope: Option<Rope>,
+    /// One learned logit per query head that joins every softmax over the keys and takes its
+    /// share of the weight without a value (GPT-OSS's attention sinks).
+    pub sinks: Option<Array>,
 }
 
 impl Attention {
@@ -403,8 +396,9 @@ impl Attention {
         let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
         let v = s.split_heads(&v, s.n_kv_heads)?;
-        self.o_proj
-            .forward(&s.attend(q, k, v, self.rope.as_ref(), angles, mask, cache)?)
+        let rope = self.rope.as_ref();
+        let out = s.attend(q, k, v, rope, angles, mask, self.sinks.as_ref(), cache)?;
+        self.o_proj.forward(&out)
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).
@@ -472,7 +466,8 @@ impl AttentionShape {
 
     /// Runs RoPE on q and k (at the cache's offset, or by `angles` when given; neither for a
     /// layer without RoPE), appends k/v to the cache, and attends with `mask` (the cache's mask
-    /// for these `L` positions, asked before the update). Returns `(B, L, H*D)`.
+    /// for these `L` positions, asked before the update) and the heads' `sinks`, if any.
+    /// Returns `(B, L, H*D)`.
     #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,
@@ -482,6 +477,7 @@ impl AttentionShape {
         rope: Option<&Rope>,
         angles: Option<&RotaryAngles>,
         mask: &Mask,
+        sinks: Option<&Array>,
         cache: &mut KvCache,
     ) -> Result<Array> {
         let (b, l) = (q.dim(0), q.dim(2));
@@ -493,7 +489,7 @@ impl AttentionShape {
             }
             (None, None) => (q, k),
         };
-        let out = cache.update_and_attend(q, k, v, self.scale, mask)?;
+        let out = cache.update_and_attend(q, k, v, self.scale, mask, sinks)?;
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
     }
 }

@@ -8,7 +8,7 @@ use crate::{
     nn::{Rope, RotaryAngles},
 };
 
-/// Builds the rotary embedding a config asks for: default, `linear` or `llama3`.
+/// Builds the rotary embedding a config asks for: default, `linear`, `llama3` or `yarn`.
 pub fn rope_from_config(
     dims: i32,
     base: f32,
@@ -53,11 +53,73 @@ pub fn rope_from_config(
                 ..plain(1.0)
             })
         }
+        "yarn" => yarn(
+            dims,
+            base,
+            traditional,
+            scaling.expect("yarn scaling has a config"),
+        ),
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
-            format!("rope_scaling type `{other}` is not supported (default, linear, llama3 are)"),
+            format!(
+                "rope_scaling type `{other}` is not supported (default, linear, llama3, yarn are)"
+            ),
         )),
     }
+}
+
+/// YaRN as mlx-lm's `YarnRoPE` computes it: wavelengths blended between the original and the
+/// `factor`-scaled ones over a ramp of dims whose ends are floored and ceiled (whatever the
+/// config's `truncate` says), and the rotated features scaled by
+/// `mscale(factor, mscale) / mscale(factor, mscale_all_dim)`.
+fn yarn(dims: i32, base: f32, traditional: bool, s: &Value) -> Result<Rope, EngineError> {
+    let get = |k: &str, d: f64| s.get(k).and_then(Value::as_f64).unwrap_or(d);
+    let factor = s.get("factor").and_then(Value::as_f64).ok_or_else(|| {
+        EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            "config.json: rope_scaling of type yarn needs a `factor`",
+        )
+    })?;
+    let original = get("original_max_position_embeddings", 4096.0);
+    let (beta_fast, beta_slow) = (get("beta_fast", 32.0), get("beta_slow", 1.0));
+    let (mscale, mscale_all_dim) = (get("mscale", 1.0), get("mscale_all_dim", 0.0));
+    let (d, b) = (dims as f64, base as f64);
+    let correction_dim = |rotations: f64| {
+        d * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * b.ln())
+    };
+    let low = correction_dim(beta_fast).floor().max(0.0);
+    let high = correction_dim(beta_slow).ceil().min(d - 1.0);
+    let get_mscale = |m: f64| match factor <= 1.0 {
+        true => 1.0,
+        false => 0.1 * m * factor.ln() + 1.0,
+    };
+    let input_scale = get_mscale(mscale) / get_mscale(mscale_all_dim);
+    // With MLX's f32 ops in mlx-lm's order, so the frequencies are bit-equal.
+    let freqs = || -> crate::nn::Result<Array> {
+        let f = |v: f64| Array::from_f32(v as f32);
+        let exponents = Array::arange::<f32, f32>(0.0, d as f32, 2.0)?.divide(f(d))?;
+        let extra = ops::power(f(b), &exponents)?;
+        let inter = f(factor).multiply(&extra)?;
+        let high = if low == high { high + 0.001 } else { high };
+        let ramp = Array::arange::<f32, f32>(0.0, (dims / 2) as f32, 1.0)?
+            .subtract(f(low))?
+            .divide(f(high - low))?;
+        let mask = f(1.0).subtract(ops::clip(&ramp, (f(0.0), f(1.0)))?)?;
+        let blended = inter
+            .multiply(&mask)?
+            .add(extra.multiply(f(1.0).subtract(&mask)?)?)?;
+        inter.multiply(&extra)?.divide(&blended)
+    };
+    let freqs =
+        freqs().map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string()))?;
+    Ok(Rope {
+        dims,
+        traditional,
+        base,
+        scale: 1.0,
+        freqs: Some(freqs),
+        input_scale: (input_scale != 1.0).then_some(input_scale as f32),
+    })
 }
 
 /// Llama 3's frequency-dependent scaling of the rotary wavelengths.

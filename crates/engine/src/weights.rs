@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::{Embedding, LayerNorm, Linear, Quantized, RmsNorm},
+    nn::{Embedding, LayerNorm, Linear, QuantMode, Quantized, RmsNorm},
 };
 
 /// Tensors of a checkpoint, taken out one by one by the model being built.
@@ -26,6 +26,16 @@ type LoadResult<T> = Result<T, EngineError>;
 
 fn invalid(detail: impl Into<String>) -> EngineError {
     EngineError::load(LoadErrorKind::InvalidWeights, detail)
+}
+
+/// config.json's `quantization`, or what mlx-lm reads into it from a Hugging Face
+/// `quantization_config` it converts at load (`quant_method` mxfp4: OpenAI's GPT-OSS experts).
+pub fn quantization(config: &Value) -> Option<Value> {
+    if let Some(q) = config.get("quantization") {
+        return Some(q.clone());
+    }
+    let method = config.get("quantization_config")?.get("quant_method")?;
+    (method == "mxfp4").then(|| serde_json::json!({"group_size": 32, "bits": 4, "mode": "mxfp4"}))
 }
 
 impl Weights {
@@ -56,7 +66,7 @@ impl Weights {
         }
         Ok(Self {
             tensors,
-            quantization: config.get("quantization").cloned(),
+            quantization: quantization(config),
             path_prefix: String::new(),
         })
     }
@@ -66,7 +76,7 @@ impl Weights {
     pub fn from_tensors(tensors: HashMap<String, Array>, config: &Value) -> Self {
         Self {
             tensors,
-            quantization: config.get("quantization").cloned(),
+            quantization: quantization(config),
             path_prefix: String::new(),
         }
     }
@@ -98,6 +108,11 @@ impl Weights {
         self.tensors.remove(name)
     }
 
+    /// Adds a tensor under `name` (a family's `sanitize` step: a tensor split or renamed).
+    pub fn insert(&mut self, name: String, tensor: Array) {
+        self.tensors.insert(name, tensor);
+    }
+
     /// Takes a tensor that must exist.
     pub fn take(&mut self, name: &str) -> LoadResult<Array> {
         self.tensors
@@ -106,7 +121,7 @@ impl Weights {
     }
 
     /// The quantization settings for a layer: per-layer override, else the global one.
-    fn quant_params(&self, prefix: &str) -> LoadResult<(i32, i32)> {
+    fn quant_params(&self, prefix: &str) -> LoadResult<(i32, i32, QuantMode)> {
         let q = self.quantization.as_ref().ok_or_else(|| {
             invalid(format!(
                 "`{prefix}.scales` exists but config.json has no `quantization`"
@@ -116,14 +131,18 @@ impl Weights {
         let layer = q.get(&path).filter(|v| v.is_object()).unwrap_or(q);
         let get =
             |k: &str, default: i64| layer.get(k).and_then(Value::as_i64).unwrap_or(default) as i32;
-        let mode = layer.get("mode").or(q.get("mode")).and_then(Value::as_str);
-        if let Some(mode) = mode.filter(|m| *m != "affine") {
-            return Err(EngineError::load(
+        // A layer's own settings name its mode, else affine (mlx's `to_quantized` default).
+        let name = layer.get("mode").and_then(Value::as_str);
+        let mode = QuantMode::parse(name.unwrap_or("affine")).ok_or_else(|| {
+            EngineError::load(
                 LoadErrorKind::UnsupportedArchitecture,
-                format!("`{path}`: quantization mode `{mode}` is not supported; affine is"),
-            ));
-        }
-        Ok((get("group_size", 64), get("bits", 4)))
+                format!(
+                    "`{path}`: quantization mode `{}` is not supported; affine and mxfp4 are",
+                    name.unwrap_or_default()
+                ),
+            )
+        })?;
+        Ok((get("group_size", 64), get("bits", 4), mode))
     }
 
     /// A linear layer at `prefix` (`prefix.weight`, optional `.bias`, `.scales`/`.biases`).
@@ -132,13 +151,17 @@ impl Weights {
         let bias = self.tensors.remove(&format!("{prefix}.bias"));
         let quantized = match self.tensors.remove(&format!("{prefix}.scales")) {
             Some(scales) => {
-                let (group_size, bits) = self.quant_params(prefix)?;
-                let biases = self.take(&format!("{prefix}.biases"))?;
+                let (group_size, bits, mode) = self.quant_params(prefix)?;
+                let biases = match mode {
+                    QuantMode::Affine => Some(self.take(&format!("{prefix}.biases"))?),
+                    QuantMode::Mxfp4 => None,
+                };
                 Some(Quantized {
                     scales,
                     biases,
                     group_size,
                     bits,
+                    mode,
                 })
             }
             None => None,
@@ -237,13 +260,22 @@ impl Weights {
     }
 
     /// Parameters of the model as trained: packed quantized weights count as unpacked, and
-    /// quantization scales and biases do not count.
+    /// quantization scales and biases do not count (OpenAI's MXFP4 `_blocks` hold two 4-bit
+    /// values a byte, their `_scales` do not count either).
     pub fn num_parameters(&self) -> u64 {
+        let is_scale = |n: &str| {
+            [".scales", ".biases", "_scales"]
+                .iter()
+                .any(|s| n.ends_with(s))
+        };
         self.tensors
             .iter()
-            .filter(|(n, _)| !n.ends_with(".scales") && !n.ends_with(".biases"))
+            .filter(|(n, _)| !is_scale(n))
             .map(|(name, t)| {
                 let prefix = name.strip_suffix(".weight").unwrap_or(name);
+                if name.ends_with("_blocks") {
+                    return t.size() as u64 * 2;
+                }
                 match self.tensors.contains_key(&format!("{prefix}.scales")) {
                     true => {
                         let bits = self.quant_params(prefix).map_or(4, |q| q.1) as u64;

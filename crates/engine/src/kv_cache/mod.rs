@@ -84,7 +84,8 @@ impl KvCache {
     }
 
     /// Adds `(B, H, L, D)` keys and values, then attends from queries `(B, Hq, L, D)` with
-    /// `mask` (asked of [`Self::mask`] before the update). Returns `(B, Hq, L, D)`.
+    /// `mask` (asked of [`Self::mask`] before the update) and per-head attention `sinks`
+    /// (`(Hq,)` logits; a quantized cache takes none, as in mlx-lm). Returns `(B, Hq, L, D)`.
     pub fn update_and_attend(
         &mut self,
         q: Array,
@@ -92,12 +93,18 @@ impl KvCache {
         v: Array,
         scale: f32,
         mask: &Mask,
+        sinks: Option<&Array>,
     ) -> Result<Array> {
         if let Self::Quantized(c) = self {
+            if sinks.is_some() {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a quantized KV cache cannot attend with attention sinks",
+                ));
+            }
             return c.update_and_attend(&q, k, v, scale, mask);
         }
         let (k, v) = self.update_and_fetch(k, v)?;
-        fast::scaled_dot_product_attention(q, k, v, scale, mask.as_sdpa(), None)
+        fast::scaled_dot_product_attention(q, k, v, scale, mask.as_sdpa(), sinks)
     }
 
     /// Forgets the last `n` positions (mlx-lm's `trim`); false when this cache cannot (a

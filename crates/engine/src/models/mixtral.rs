@@ -55,13 +55,12 @@ pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
     let head_dim = c.default_head_dim();
     let max_pos = args.max_position_embeddings;
     let rope = c.rope(head_dim, args.rope_theta, args.rope_traditional, max_pos)?;
-    let moe = MoeSpec {
-        name: "block_sparse_moe",
-        num_experts: args.num_local_experts,
-        top_k: args.num_experts_per_tok,
-        routing: Routing::TopKSoftmax,
-        expert_names: ["w1", "w3", "w2"],
-    };
+    let (experts, k, names) = (
+        args.num_local_experts,
+        args.num_experts_per_tok,
+        ["w1", "w3", "w2"],
+    );
+    let moe = MoeSpec::switch_glu("block_sparse_moe", experts, k, Routing::TopKSoftmax, names);
     let layer = LayerSpec {
         mlp: MlpSpec::Moe(moe),
         ..c.llama_layer(head_dim, rope)

@@ -5,6 +5,7 @@
 //! `crate::nn`.
 
 mod gemma3_text;
+mod gpt_oss;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -58,6 +59,11 @@ pub trait LanguageModel {
     fn num_layers(&self) -> usize;
     /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).
     fn quantizable_kv_head_dims(&self) -> Vec<i32>;
+    /// Why this model's KV cache cannot be quantized whatever its head sizes (attention sinks),
+    /// if so.
+    fn kv_bits_refusal(&self) -> Option<String> {
+        None
+    }
     /// Fresh caches, one per layer, of the kind each layer needs.
     fn make_caches(&self) -> Vec<KvCache> {
         (0..self.num_layers()).map(|_| KvCache::default()).collect()
@@ -72,6 +78,7 @@ pub trait LanguageModel {
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3_text",
+    "gpt_oss",
     "llama",
     "mistral",
     "mixtral",
@@ -96,6 +103,7 @@ pub fn build(
     check_sizes(config, &weights)?;
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
+        "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
@@ -166,11 +174,17 @@ mod tests {
     /// The load error for `config` with one layer's norm as its only tensor: refusals come before
     /// any other tensor is read.
     fn refusal(config: Value) -> (LoadErrorKind, String) {
-        let norm = (
-            "model.layers.0.input_layernorm.weight".to_string(),
-            Array::from_slice(&[1f32; 64], &[64]),
-        );
-        let weights = Weights::from_tensors([norm].into(), &config);
+        refusal_with(config, std::collections::HashMap::new())
+    }
+
+    /// [`refusal`] with `tensors` in the checkpoint too.
+    pub(crate) fn refusal_with(
+        config: Value,
+        mut tensors: std::collections::HashMap<String, Array>,
+    ) -> (LoadErrorKind, String) {
+        let norm = Array::from_slice(&[1f32; 64], &[64]);
+        tensors.insert("model.layers.0.input_layernorm.weight".to_string(), norm);
+        let weights = Weights::from_tensors(tensors, &config);
         match build(&config, weights) {
             Err(EngineError::Load { kind, detail }) => (kind, detail),
             Err(other) => panic!("expected a load error, got {other:?}"),

@@ -5,10 +5,7 @@
 //! a time. Hugging Face checkpoints store one matrix per expert: they are stacked at load
 //! (mlx-lm's `sanitize`), and the per-expert tensors dropped, so every weight is held once.
 
-use mlx_rs::{
-    ops::{self, gather_qmm},
-    Array,
-};
+use mlx_rs::{ops, Array};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
@@ -33,20 +30,54 @@ pub enum Routing {
     SoftmaxNegTopK { norm_topk_prob: bool },
     /// Top k of the logits (`argpartition(-logits, k - 1)[:k]`), softmax over those k (Mixtral).
     TopKSoftmax,
+    /// The same, top k taken as `argpartition(logits, -k)[-k:]` (GPT-OSS).
+    TopKTailSoftmax,
 }
+
+/// The experts' projections as most Hugging Face checkpoints name them.
+pub const PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 /// A sparse MoE layer as a family's config describes it.
 #[derive(Debug, Clone)]
 pub struct MoeSpec {
-    /// The layer's checkpoint name under the block: `mlp` (Qwen3-MoE, OLMoE),
+    /// The layer's checkpoint name under the block: `mlp` (Qwen3-MoE, OLMoE, GPT-OSS),
     /// `block_sparse_moe` (Mixtral).
     pub name: &'static str,
+    /// The router's name under the layer: `gate`, or GPT-OSS's `router`.
+    pub router: &'static str,
+    /// The stacked experts' name under the layer: mlx-lm's `switch_mlp`, or GPT-OSS's
+    /// `experts`.
+    pub stacked: &'static str,
+    /// The experts' gated activation: SwiGLU, or GPT-OSS's clamped one.
+    pub activation: Activation,
     pub num_experts: i32,
     pub top_k: i32,
     pub routing: Routing,
     /// The per-expert names of the gate, up and down projections in Hugging Face checkpoints
     /// (`experts.N.<name>`): `gate_proj`, `up_proj`, `down_proj`, or Mixtral's `w1`, `w3`, `w2`.
     pub expert_names: [&'static str; 3],
+}
+
+impl MoeSpec {
+    /// The layer as mlx-lm holds most: router `gate`, SwiGLU experts stacked as `switch_mlp`.
+    pub fn switch_glu(
+        name: &'static str,
+        num_experts: i32,
+        top_k: i32,
+        routing: Routing,
+        expert_names: [&'static str; 3],
+    ) -> Self {
+        Self {
+            name,
+            router: "gate",
+            stacked: "switch_mlp",
+            activation: Activation::Silu,
+            num_experts,
+            top_k,
+            routing,
+            expert_names,
+        }
+    }
 }
 
 /// One projection of every expert: a [`Linear`] whose weight is `(experts, out, in)` (packed
@@ -60,18 +91,7 @@ impl SwitchLinear {
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         let l = &self.0;
         let y = match &l.quantized {
-            Some(q) => gather_qmm(
-                x,
-                &l.weight,
-                &q.scales,
-                &q.biases,
-                None,
-                indices,
-                true,
-                q.group_size,
-                q.bits,
-                sorted,
-            )?,
+            Some(q) => q.gather_matmul(x, &l.weight, indices, sorted)?,
             None => ops::gather_mm(x, l.weight.swap_axes(-1, -2)?, None, indices, sorted)?,
         };
         match &l.bias {
@@ -105,10 +125,10 @@ impl SwitchLinear {
         let quantized = match (scales, &per_expert[0].quantized) {
             (Some(scales), Some(q)) => Some(Quantized {
                 scales,
-                biases: stack(|l| l.quantized.as_ref().map(|q| &q.biases))?
-                    .expect("quantized experts have biases"),
+                biases: stack(|l| l.quantized.as_ref().and_then(|q| q.biases.as_ref()))?,
                 group_size: q.group_size,
                 bits: q.bits,
+                mode: q.mode,
             }),
             _ => None,
         };
@@ -121,12 +141,13 @@ impl SwitchLinear {
     }
 }
 
-/// The experts: `down(silu(gate(x)) * up(x))` per chosen expert (mlx-lm's `SwitchGLU`).
+/// The experts: `down(act(gate(x), up(x)))` per chosen expert (mlx-lm's `SwitchGLU`).
 #[derive(Debug)]
 pub struct SwitchGlu {
     pub gate_proj: SwitchLinear,
     pub up_proj: SwitchLinear,
     pub down_proj: SwitchLinear,
+    pub activation: Activation,
 }
 
 /// From this many (token, expert) pairs on, the pairs are sorted by expert before the gathered
@@ -155,7 +176,7 @@ impl SwitchGlu {
     fn experts(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         let up = self.up_proj.forward(x, indices, sorted)?;
         let gate = self.gate_proj.forward(x, indices, sorted)?;
-        let h = Activation::Silu.gated(&gate, &up)?;
+        let h = self.activation.gated(&gate, &up)?;
         self.down_proj.forward(&h, indices, sorted)
     }
 }
@@ -165,13 +186,16 @@ impl SwitchGlu {
 pub struct SparseMoe {
     /// The router, `hidden -> experts` logits.
     pub gate: Linear,
+    /// The router's and the stacked experts' checkpoint names ([`MoeSpec`]).
+    names: (&'static str, &'static str),
     pub switch_mlp: SwitchGlu,
     pub top_k: i32,
     pub routing: Routing,
 }
 
 impl SparseMoe {
-    /// The layer at `prefix` (`model.layers.N.mlp`): router `gate`, experts `switch_mlp`.
+    /// The layer at `prefix` (`model.layers.N.mlp`): the router and stacked experts under
+    /// their names in `spec`.
     pub fn load(weights: &mut Weights, prefix: &str, spec: &MoeSpec) -> LoadResult<Self> {
         let (experts, k) = (spec.num_experts, spec.top_k);
         if experts < 1 || k < 1 || k > experts {
@@ -183,7 +207,7 @@ impl SparseMoe {
         let mut switch = |ours: &str, theirs: &str| {
             SwitchLinear::load(
                 weights,
-                &format!("{prefix}.switch_mlp.{ours}"),
+                &format!("{prefix}.{}.{ours}", spec.stacked),
                 &format!("{prefix}.experts"),
                 theirs,
                 spec.num_experts,
@@ -193,8 +217,9 @@ impl SparseMoe {
             gate_proj: switch("gate_proj", gate)?,
             up_proj: switch("up_proj", up)?,
             down_proj: switch("down_proj", down)?,
+            activation: spec.activation,
         };
-        let gate = weights.linear(&format!("{prefix}.gate"))?;
+        let gate = weights.linear(&format!("{prefix}.{}", spec.router))?;
         // MLX's gathers do not check bounds: every expert index the router gives must exist.
         let projections = [
             &switch_mlp.gate_proj,
@@ -210,6 +235,7 @@ impl SparseMoe {
         }
         Ok(Self {
             gate,
+            names: (spec.router, spec.stacked),
             switch_mlp,
             top_k: spec.top_k,
             routing: spec.routing,
@@ -236,9 +262,7 @@ impl SparseMoe {
         match self.routing {
             Routing::SoftmaxTopK { norm_topk_prob } => {
                 let probs = softmax(logits)?;
-                let e = probs.dim(-1);
-                let part = ops::argpartition_axis(&probs, -k, -1)?;
-                let indices = part.split_at_indices(&[e - k], -1)?.swap_remove(1);
+                let indices = last_k(&probs, k)?;
                 let scores = probs.take_along_axis(&indices, -1)?;
                 Ok((indices, renormalise(scores, norm_topk_prob)?))
             }
@@ -248,8 +272,11 @@ impl SparseMoe {
                 let scores = probs.take_along_axis(&indices, -1)?;
                 Ok((indices, renormalise(scores, norm_topk_prob)?))
             }
-            Routing::TopKSoftmax => {
-                let indices = first_k_of_negated(logits, k)?;
+            Routing::TopKSoftmax | Routing::TopKTailSoftmax => {
+                let indices = match self.routing {
+                    Routing::TopKSoftmax => first_k_of_negated(logits, k)?,
+                    _ => last_k(logits, k)?,
+                };
                 let scores = softmax(&logits.take_along_axis(&indices, -1)?)?;
                 Ok((indices, scores))
             }
@@ -258,15 +285,23 @@ impl SparseMoe {
 
     /// The linear layers under their checkpoint names (relative to the layer): the router and
     /// the expert projections (weights `(experts, out, in)`).
-    pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let (router, stacked) = self.names;
         let s = &mut self.switch_mlp;
         vec![
-            ("gate", &mut self.gate),
-            ("switch_mlp.gate_proj", &mut s.gate_proj.0),
-            ("switch_mlp.up_proj", &mut s.up_proj.0),
-            ("switch_mlp.down_proj", &mut s.down_proj.0),
+            (router.to_owned(), &mut self.gate),
+            (format!("{stacked}.gate_proj"), &mut s.gate_proj.0),
+            (format!("{stacked}.up_proj"), &mut s.up_proj.0),
+            (format!("{stacked}.down_proj"), &mut s.down_proj.0),
         ]
     }
+}
+
+/// `argpartition(x, -k)[..., -k:]`: the k largest of `x`, as Qwen3-MoE and GPT-OSS pick them.
+fn last_k(x: &Array, k: i32) -> Result<Array> {
+    let e = x.dim(-1);
+    let part = ops::argpartition_axis(x, -k, -1)?;
+    Ok(part.split_at_indices(&[e - k], -1)?.swap_remove(1))
 }
 
 /// `argpartition(-x, k - 1)[..., :k]`: the k largest of `x`, as Mixtral and OLMoE pick them.

@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::{
     error::EngineError,
     models::{
-        moe::{MoeSpec, Routing},
+        moe::{MoeSpec, Routing, PROJECTIONS},
         parse_args,
         transformer::{Decoder, LayerSpec, LlamaArgs, MlpSpec},
     },
@@ -29,15 +29,11 @@ struct Args {
 
 pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
-    let moe = MoeSpec {
-        name: "mlp",
-        num_experts: args.num_experts,
-        top_k: args.num_experts_per_tok,
-        routing: Routing::SoftmaxNegTopK {
-            norm_topk_prob: args.norm_topk_prob,
-        },
-        expert_names: ["gate_proj", "up_proj", "down_proj"],
+    let routing = Routing::SoftmaxNegTopK {
+        norm_topk_prob: args.norm_topk_prob,
     };
+    let (experts, k) = (args.num_experts, args.num_experts_per_tok);
+    let moe = MoeSpec::switch_glu("mlp", experts, k, routing, PROJECTIONS);
     let layer = LayerSpec {
         qk_norm: Some(QkNormOver::Projection),
         mlp: MlpSpec::Moe(moe),

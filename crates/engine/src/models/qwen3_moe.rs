@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::{
     error::EngineError,
     models::{
-        moe::{MoeSpec, Routing},
+        moe::{MoeSpec, Routing, PROJECTIONS},
         parse_args,
         transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
     },
@@ -43,15 +43,11 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         qk_norm: Some(QkNormOver::Head),
         ..c.llama_layer(args.head_dim, rope)
     };
-    let moe = MoeSpec {
-        name: "mlp",
-        num_experts: args.num_experts,
-        top_k: args.num_experts_per_tok,
-        routing: Routing::SoftmaxTopK {
-            norm_topk_prob: args.norm_topk_prob,
-        },
-        expert_names: ["gate_proj", "up_proj", "down_proj"],
+    let routing = Routing::SoftmaxTopK {
+        norm_topk_prob: args.norm_topk_prob,
     };
+    let (experts, k) = (args.num_experts, args.num_experts_per_tok);
+    let moe = MoeSpec::switch_glu("mlp", experts, k, routing, PROJECTIONS);
     let n = c.num_hidden_layers;
     let mut spec = DecoderSpec::uniform(layer, n, args.tie_word_embeddings, max_pos);
     for (i, layer) in spec.layers.iter_mut().enumerate() {

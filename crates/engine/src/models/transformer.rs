@@ -195,6 +195,8 @@ pub struct LayerSpec {
     pub shape: AttentionShape,
     /// `None`: the layer attends without positional encoding (SmolLM3's NoPE layers).
     pub rope: Option<Rope>,
+    /// Learned attention sinks, one logit per query head (`self_attn.sinks`, GPT-OSS).
+    pub sinks: bool,
 }
 
 /// The MLP of a layer.
@@ -218,6 +220,7 @@ impl LayerSpec {
             rms_norm_eps,
             shape,
             rope: Some(rope),
+            sinks: false,
         }
     }
 }
@@ -302,7 +305,10 @@ impl Mlp {
     /// The linear layers under their checkpoint names (relative to the block).
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let (prefix, linears) = match self {
-            Mlp::Dense(mlp) => ("mlp", mlp.linears_mut()),
+            Mlp::Dense(mlp) => {
+                let named = mlp.linears_mut().into_iter();
+                ("mlp", named.map(|(n, l)| (n.to_owned(), l)).collect())
+            }
             Mlp::Moe(moe, name) => (*name, moe.linears_mut()),
         };
         let named = |(n, l)| (format!("{prefix}.{n}"), l);
@@ -441,6 +447,10 @@ fn load_block(
         )),
         None => None,
     };
+    let sinks = match spec.sinks {
+        true => Some(weights.take(&format!("{p}.self_attn.sinks"))?),
+        false => None,
+    };
     let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
     let qkv = match spec.fused {
         true => Qkv::Fused {
@@ -482,6 +492,7 @@ fn load_block(
             qk_norm,
             shape: spec.shape,
             rope: spec.rope,
+            sinks,
         },
         mlp,
         norms,
@@ -511,6 +522,16 @@ fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
         Qkv::Fused { qkv_proj } => vec![("self_attn.qkv_proj", qkv_proj, (q + 2 * kv, hidden))],
     };
     expected.push(("self_attn.o_proj", &a.o_proj, (hidden, q)));
+    if let Some(sinks) = a.sinks.as_ref().filter(|s| s.shape() != [a.shape.n_heads]) {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!(
+                "`{p}.self_attn.sinks` has shape {:?} but config.json names {} attention heads",
+                sinks.shape(),
+                a.shape.n_heads
+            ),
+        ));
+    }
     match &block.mlp {
         Mlp::Dense(mlp) => {
             let intermediate = mlp.down_proj.dims().1;
@@ -684,6 +705,15 @@ impl<F: Family> LanguageModel for Decoder<F> {
         full.filter(|s| s.window.is_none())
             .map(|s| s.head_dim)
             .collect()
+    }
+
+    fn kv_bits_refusal(&self) -> Option<String> {
+        let sinks = self.layers.iter().any(|l| l.self_attn.sinks.is_some());
+        sinks.then(|| {
+            "this model's attention has sinks, which attention over a quantized KV cache does \
+             not take (mlx-lm refuses it too), so its KV cache cannot be quantized"
+                .to_owned()
+        })
     }
 
     fn make_caches(&self) -> Vec<KvCache> {

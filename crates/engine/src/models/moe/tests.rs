@@ -206,7 +206,7 @@ fn try_load(config: &Value, tensors: HashMap<String, Array>) -> Result<(), Engin
 }
 
 #[test]
-fn quantization_modes_other_than_affine_are_refused() {
+fn quantization_modes_the_engine_does_not_run_are_refused() {
     let _lock = mlx_test_lock();
     // mlx-lm's nvfp4 experts (with a per-expert `global_scale`) are not affine.
     let mut config = config_q4();
