@@ -35,6 +35,22 @@ FAMILY_BASE = {
     # Four layers, so that some run without RoPE (which ones: the spec's config).
     "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 4},
     "olmo2": {"architectures": ["Olmo2ForCausalLM"]},
+    # YaRN RoPE and the attention temperature, both from `rope_parameters`; an original context
+    # of 64 so that the temperature steps up within every case's prompt.
+    "ministral3": {
+        "architectures": ["Ministral3ForCausalLM"],
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 1000000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1,
+        },
+    },
     # Mixtures of experts: 4 experts, top 2, expert MLPs of 64 (groups of 64 when quantized).
     "qwen3_moe": {
         "architectures": ["Qwen3MoeForCausalLM"],

@@ -324,6 +324,9 @@ pub enum Qkv {
     Fused {
         qkv_proj: Linear,
     },
+    /// No value projection: the key projection gives the values too, before the key norm
+    /// (Gemma 4's `attention_k_eq_v` layers).
+    KeyIsValue { q_proj: Linear, k_proj: Linear },
 }
 
 /// RMS norms over the queries and keys, before RoPE.
@@ -362,6 +365,9 @@ pub struct Attention {
     pub shape: AttentionShape,
     /// `None`: no positional encoding in this layer (SmolLM3's NoPE layers).
     pub rope: Option<Rope>,
+    /// Values RMS-normalised over each head's features without a scale, with this epsilon
+    /// (Gemma 4).
+    pub v_norm_eps: Option<f32>,
 }
 
 impl Attention {
@@ -391,6 +397,10 @@ impl Attention {
                 let mut next = || parts.next().expect("split gives three parts");
                 (next(), next(), next())
             }
+            Qkv::KeyIsValue { q_proj, k_proj } => {
+                let k = k_proj.forward(x)?;
+                (q_proj.forward(x)?, k.clone(), k)
+            }
         };
         let (q, k) = match &self.qk_norm {
             Some(QkNorm::Whole(q_norm, k_norm)) => (q_norm.forward(&q)?, k_norm.forward(&k)?),
@@ -402,7 +412,14 @@ impl Attention {
         };
         let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
-        let v = s.split_heads(&v, s.n_kv_heads)?;
+        let v = match self.v_norm_eps {
+            Some(eps) => {
+                let (b, l) = (v.dim(0), v.dim(1));
+                let v = fast::rms_norm(v.reshape(&[b, l, s.n_kv_heads, -1])?, None, eps)?;
+                v.transpose_axes(&[0, 2, 1, 3])?
+            }
+            None => s.split_heads(&v, s.n_kv_heads)?,
+        };
         self.o_proj
             .forward(&s.attend(q, k, v, self.rope.as_ref(), angles, mask, cache)?)
     }
@@ -416,6 +433,7 @@ impl Attention {
                 v_proj,
             } => vec![("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj)],
             Qkv::Fused { qkv_proj } => vec![("qkv_proj", qkv_proj)],
+            Qkv::KeyIsValue { q_proj, k_proj } => vec![("q_proj", q_proj), ("k_proj", k_proj)],
         };
         out.push(("o_proj", &mut self.o_proj));
         out
@@ -433,6 +451,30 @@ pub struct AttentionShape {
     /// Sliding-window layers attend to the last `window` positions only: their cache is a
     /// [`KvCache::for_window`] ring, which also gives their masks.
     pub window: Option<i32>,
+    /// Queries scaled by their position after RoPE (Ministral 3).
+    pub temperature: Option<QueryTemperature>,
+}
+
+/// Llama 4's attention temperature as mlx-lm's ministral3.py applies it: after RoPE, the query
+/// at position `p` is multiplied by `1 + beta * ln(1 + floor(p / max_position_embeddings))`,
+/// computed in float32 and cast to the queries' dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryTemperature {
+    pub beta: f32,
+    pub max_position_embeddings: f32,
+}
+
+impl QueryTemperature {
+    /// `q` `(B, H, L, D)` at positions `offset..offset + L`, scaled.
+    pub fn apply(&self, q: &Array, offset: i32) -> Result<Array> {
+        let l = q.dim(2);
+        let positions = Array::arange::<f32, f32>(offset as f32, (offset + l) as f32, 1.0)?;
+        let one = Array::from_f32(1.0);
+        let steps = ops::floor(&positions.divide(Array::from_f32(self.max_position_embeddings))?)?;
+        let scale = Array::from_f32(self.beta).multiply(one.add(&steps)?.log()?)?;
+        let scale = one.add(&scale)?.reshape(&[l, 1])?.as_dtype(q.dtype())?;
+        q.multiply(&scale)
+    }
 }
 
 impl AttentionShape {
@@ -445,6 +487,7 @@ impl AttentionShape {
             head_dim,
             scale: scale_base.powf(-0.5) as f32,
             window: None,
+            temperature: None,
         }
     }
 
@@ -492,6 +535,10 @@ impl AttentionShape {
                 (rope.forward(&q, offset)?, rope.forward(&k, offset)?)
             }
             (None, None) => (q, k),
+        };
+        let q = match &self.temperature {
+            Some(t) => t.apply(&q, cache.offset())?,
+            None => q,
         };
         let out = cache.update_and_attend(q, k, v, self.scale, mask)?;
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])

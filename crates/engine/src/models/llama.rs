@@ -34,8 +34,9 @@ pub fn load(config: &Value, mut weights: Weights, family: &str) -> Result<Decode
 /// The Llama layers config.json describes, for families that adjust them (SmolLM3).
 pub fn decoder_spec(config: &Value, family: &str) -> Result<DecoderSpec, EngineError> {
     let args: Args = parse_args(config)?;
-    let windows = layer_windows(&args, family)?;
     let a = &args.llama;
+    let n = a.common.num_hidden_layers;
+    let windows = layer_windows(args.layer_types.as_deref(), args.sliding_window, n, family)?;
     let mut spec = DecoderSpec::uniform(
         a.layer()?,
         a.common.num_hidden_layers,
@@ -48,10 +49,15 @@ pub fn decoder_spec(config: &Value, family: &str) -> Result<DecoderSpec, EngineE
     Ok(spec)
 }
 
-/// Each layer's attention window (`None`: full attention), from `layer_types`.
-fn layer_windows(args: &Args, family: &str) -> Result<Vec<Option<i32>>, EngineError> {
-    let n = args.llama.common.num_hidden_layers;
-    let Some(types) = &args.layer_types else {
+/// Each of `n` layers' attention window (`None`: full attention), from `layer_types` (absent:
+/// all full) and `sliding_window`.
+pub fn layer_windows(
+    layer_types: Option<&[String]>,
+    sliding_window: Option<i32>,
+    n: usize,
+    family: &str,
+) -> Result<Vec<Option<i32>>, EngineError> {
+    let Some(types) = layer_types else {
         return Ok(vec![None; n]);
     };
     let invalid = |detail: String| EngineError::load(LoadErrorKind::InvalidWeights, detail);
@@ -65,7 +71,7 @@ fn layer_windows(args: &Args, family: &str) -> Result<Vec<Option<i32>>, EngineEr
         .iter()
         .map(|t| match t.as_str() {
             "full_attention" => Ok(None),
-            "sliding_attention" => match args.sliding_window {
+            "sliding_attention" => match sliding_window {
                 Some(w) if w > 0 => Ok(Some(w)),
                 _ => Err(invalid(format!(
                     "config.json: {family} `sliding_attention` layers need a positive \

@@ -5,7 +5,9 @@
 //! `crate::nn`.
 
 mod gemma3_text;
+mod gemma4_text;
 mod llama;
+mod ministral3;
 mod mistral;
 mod mixtral;
 mod moe;
@@ -73,6 +75,7 @@ pub trait LanguageModel {
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3_text",
     "llama",
+    "ministral3",
     "mistral",
     "mixtral",
     "olmo2",
@@ -96,7 +99,9 @@ pub fn build(
     check_sizes(config, &weights)?;
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
+        "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
+        "ministral3" => Ok(Box::new(ministral3::load(config, weights)?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
         "olmo2" => Ok(Box::new(olmo2::load(config, weights)?)),

@@ -160,6 +160,11 @@ pub trait Family {
     fn residual(&self, x: &Array, y: &Array) -> Result<Array> {
         x.add(y)
     }
+
+    /// The logits as the head gives them.
+    fn logits(&self, logits: Array) -> Result<Array> {
+        Ok(logits)
+    }
 }
 
 /// The Llama family's choices: every hook as it defaults.
@@ -195,6 +200,12 @@ pub struct LayerSpec {
     pub shape: AttentionShape,
     /// `None`: the layer attends without positional encoding (SmolLM3's NoPE layers).
     pub rope: Option<Rope>,
+    /// No `v_proj`: the values are the key projection (Gemma 4's `attention_k_eq_v`).
+    pub values_from_keys: bool,
+    /// Values RMS-normalised per head without a scale (Gemma 4).
+    pub v_norm: bool,
+    /// The block's output multiplied by its stored `layer_scalar` (Gemma 4).
+    pub layer_scalar: bool,
 }
 
 /// The MLP of a layer.
@@ -218,6 +229,9 @@ impl LayerSpec {
             rms_norm_eps,
             shape,
             rope: Some(rope),
+            values_from_keys: false,
+            v_norm: false,
+            layer_scalar: false,
         }
     }
 }
@@ -317,6 +331,8 @@ struct Block {
     /// Which of the forward pass's masks this layer takes (an index into
     /// [`Decoder::mask_sources`]).
     mask_kind: usize,
+    /// Multiplies the block's output (Gemma 4).
+    layer_scalar: Option<Array>,
 }
 
 impl Block {
@@ -329,6 +345,21 @@ impl Block {
         angles: Option<&RotaryAngles>,
     ) -> Result<Array> {
         let attn = |x: &Array, cache: &mut KvCache| self.self_attn.forward(x, mask, cache, angles);
+        let out = self.sublayers(family, x, cache, attn)?;
+        match &self.layer_scalar {
+            Some(s) => out.multiply(s),
+            None => Ok(out),
+        }
+    }
+
+    /// Attention and MLP with their norms and residuals, as the norm layout places them.
+    fn sublayers(
+        &self,
+        family: &impl Family,
+        x: &Array,
+        cache: &mut KvCache,
+        attn: impl Fn(&Array, &mut KvCache) -> Result<Array>,
+    ) -> Result<Array> {
         match &self.norms {
             Norms::PreNorm {
                 input_layernorm,
@@ -442,11 +473,15 @@ fn load_block(
         None => None,
     };
     let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
-    let qkv = match spec.fused {
-        true => Qkv::Fused {
+    let qkv = match (spec.fused, spec.values_from_keys) {
+        (true, _) => Qkv::Fused {
             qkv_proj: linear("self_attn.qkv_proj")?,
         },
-        false => Qkv::Split {
+        (false, true) => Qkv::KeyIsValue {
+            q_proj: linear("self_attn.q_proj")?,
+            k_proj: linear("self_attn.k_proj")?,
+        },
+        (false, false) => Qkv::Split {
             q_proj: linear("self_attn.q_proj")?,
             k_proj: linear("self_attn.k_proj")?,
             v_proj: linear("self_attn.v_proj")?,
@@ -482,10 +517,15 @@ fn load_block(
             qk_norm,
             shape: spec.shape,
             rope: spec.rope,
+            v_norm_eps: spec.v_norm.then_some(eps),
         },
         mlp,
         norms,
         mask_kind,
+        layer_scalar: match spec.layer_scalar {
+            true => Some(weights.take(&format!("{p}.layer_scalar"))?),
+            false => None,
+        },
     })
 }
 
@@ -509,6 +549,10 @@ fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
             ("self_attn.v_proj", v_proj, (kv, hidden)),
         ],
         Qkv::Fused { qkv_proj } => vec![("self_attn.qkv_proj", qkv_proj, (q + 2 * kv, hidden))],
+        Qkv::KeyIsValue { q_proj, k_proj } => vec![
+            ("self_attn.q_proj", q_proj, (q, hidden)),
+            ("self_attn.k_proj", k_proj, (kv, hidden)),
+        ],
     };
     expected.push(("self_attn.o_proj", &a.o_proj, (hidden, q)));
     match &block.mlp {
@@ -632,10 +676,11 @@ impl<F: Family> Decoder<F> {
             h = layer.forward(&self.family, &h, mask, cache, angles.as_ref())?;
         }
         let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed_tokens.as_linear(&h),
-        }
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&h)?,
+            None => self.embed_tokens.as_linear(&h)?,
+        };
+        self.family.logits(logits)
     }
 }
 

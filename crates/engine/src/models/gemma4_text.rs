@@ -1,0 +1,267 @@
+//! Gemma 4 (text), as mlx-lm's gemma4_text.py runs its dense models: Gemma 3's sandwich norms,
+//! GeGLU MLP and sliding/full layer pattern, with plain RMS norms (`w`, not `1 + w`), q/k norms
+//! and a scale-free RMS norm on the values, attention scores unscaled (scale 1), embeddings
+//! scaled by `sqrt(hidden)` in their own dtype, each block's output multiplied by its stored
+//! `layer_scalar`, and the logits soft-capped: `tanh(x / cap) * cap`.
+//!
+//! Full-attention layers may have their own head size (`global_head_dim`), their own RoPE
+//! (`rope_parameters.full_attention`: "proportional", rotating a fraction of each head), and
+//! with `attention_k_eq_v` no value projection (the keys' projection gives the values) and
+//! `num_global_key_value_heads` KV heads. Sliding layers get a rotating cache of
+//! `sliding_window` positions.
+//!
+//! Not supported (refused by name): per-layer input embeddings (`hidden_size_per_layer_input`),
+//! KV shared across layers (`num_kv_shared_layers`) and the mixture-of-experts block
+//! (`enable_moe_block`). mlx-lm's defaults for the first two are a real model's (256 and 20),
+//! so a config.json must set them to 0 explicitly.
+
+use mlx_rs::{ops, Array};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    models::{
+        parse_args,
+        transformer::{sanitize, Decoder, DecoderSpec, Family, LayerSpec, NormLayout},
+    },
+    nn::{self, scalar_like, Activation, AttentionShape, QkNormOver},
+    rope::rope_from_config,
+    weights::Weights,
+};
+
+/// Gemma 4's own computations, as mlx-lm's gemma4_text.py does them.
+pub struct Gemma4 {
+    embed_scale: f32,
+    softcap: Option<f32>,
+}
+
+impl Family for Gemma4 {
+    /// `h * hidden_size**0.5`: a Python float, so in `h`'s dtype.
+    fn scale_embeddings(&self, h: Array) -> nn::Result<Array> {
+        h.multiply(scalar_like(self.embed_scale, &h)?)
+    }
+
+    /// `tanh(x / cap) * cap`, the cap in the logits' dtype.
+    fn logits(&self, logits: Array) -> nn::Result<Array> {
+        let Some(cap) = self.softcap else {
+            return Ok(logits);
+        };
+        let cap = scalar_like(cap, &logits)?;
+        ops::tanh(logits.divide(&cap)?)?.multiply(&cap)
+    }
+}
+
+/// mlx-lm's gemma4_text `ModelArgs`, defaults included (they are Gemma 4 E2B's sizes).
+#[derive(Debug, Deserialize)]
+struct Args {
+    #[serde(default = "d_hidden_size")]
+    hidden_size: i32,
+    #[serde(default = "d_num_hidden_layers")]
+    num_hidden_layers: usize,
+    #[serde(default = "d_num_attention_heads")]
+    num_attention_heads: i32,
+    #[serde(default = "d_head_dim")]
+    head_dim: i32,
+    #[serde(default = "d_global_head_dim")]
+    global_head_dim: Option<i32>,
+    #[serde(default = "d_rms_norm_eps")]
+    rms_norm_eps: f32,
+    #[serde(default = "d_num_key_value_heads")]
+    num_key_value_heads: i32,
+    num_global_key_value_heads: Option<i32>,
+    #[serde(default = "d_num_kv_shared_layers")]
+    num_kv_shared_layers: Option<i64>,
+    #[serde(default = "d_hidden_size_per_layer_input")]
+    hidden_size_per_layer_input: Option<i64>,
+    #[serde(default)]
+    rope_traditional: bool,
+    rope_parameters: Option<Value>,
+    #[serde(default = "d_sliding_window")]
+    sliding_window: i32,
+    #[serde(default = "d_sliding_window_pattern")]
+    sliding_window_pattern: i64,
+    #[serde(default = "d_max_position_embeddings")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    attention_k_eq_v: bool,
+    #[serde(default = "d_final_logit_softcapping")]
+    final_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    enable_moe_block: bool,
+    layer_types: Option<Vec<String>>,
+    #[serde(default = "d_true")]
+    tie_word_embeddings: bool,
+}
+
+fn d_hidden_size() -> i32 {
+    1536
+}
+fn d_num_hidden_layers() -> usize {
+    35
+}
+fn d_num_attention_heads() -> i32 {
+    8
+}
+fn d_head_dim() -> i32 {
+    256
+}
+fn d_global_head_dim() -> Option<i32> {
+    Some(512)
+}
+fn d_rms_norm_eps() -> f32 {
+    1e-6
+}
+fn d_num_key_value_heads() -> i32 {
+    1
+}
+fn d_num_kv_shared_layers() -> Option<i64> {
+    Some(20)
+}
+fn d_hidden_size_per_layer_input() -> Option<i64> {
+    Some(256)
+}
+fn d_sliding_window() -> i32 {
+    512
+}
+fn d_sliding_window_pattern() -> i64 {
+    5
+}
+fn d_max_position_embeddings() -> usize {
+    131072
+}
+fn d_final_logit_softcapping() -> Option<f64> {
+    Some(30.0)
+}
+fn d_true() -> bool {
+    true
+}
+
+/// mlx-lm's RoPE parameters when config.json gives none.
+fn default_rope_parameters() -> Value {
+    json!({
+        "full_attention": {
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+            "rope_type": "proportional",
+        },
+        "sliding_attention": {
+            "partial_rotary_factor": 1.0,
+            "rope_theta": 10000.0,
+            "rope_type": "default",
+        },
+    })
+}
+
+pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, EngineError> {
+    let args: Args = parse_args(config)?;
+    refuse_unsupported(&args)?;
+    let rope_parameters = args
+        .rope_parameters
+        .clone()
+        .unwrap_or_else(default_rope_parameters);
+    let mut layers = Vec::with_capacity(args.num_hidden_layers);
+    for sliding in sliding_layers(&args)? {
+        let kind = if sliding { "sliding_attention" } else { "full_attention" };
+        let head_dim = match args.global_head_dim {
+            Some(d) if d != 0 && !sliding => d,
+            _ => args.head_dim,
+        };
+        let values_from_keys = args.attention_k_eq_v && !sliding;
+        let kv_heads = match args.num_global_key_value_heads {
+            Some(n) if values_from_keys => n,
+            _ => args.num_key_value_heads,
+        };
+        let empty = json!({});
+        let params = rope_parameters.get(kind).unwrap_or(&empty);
+        let theta = params.get("rope_theta").and_then(Value::as_f64).unwrap_or(10000.0);
+        let max_pos = Some(args.max_position_embeddings);
+        let rope = rope_from_config(
+            head_dim,
+            theta as f32,
+            args.rope_traditional,
+            Some(params),
+            max_pos,
+        )?;
+        let shape = AttentionShape {
+            window: sliding.then_some(args.sliding_window),
+            ..AttentionShape::new(args.num_attention_heads, kv_heads, head_dim, 1.0)
+        };
+        layers.push(LayerSpec {
+            qk_norm: Some(QkNormOver::Head),
+            norms: NormLayout::Sandwich,
+            activation: Activation::GeluApprox,
+            values_from_keys,
+            v_norm: true,
+            layer_scalar: true,
+            ..LayerSpec::llama(args.rms_norm_eps, shape, rope)
+        });
+    }
+    sanitize(&mut weights, args.tie_word_embeddings);
+    let spec = DecoderSpec {
+        layers,
+        rms_norm_eps: args.rms_norm_eps,
+        tie_word_embeddings: args.tie_word_embeddings,
+        max_position_embeddings: Some(args.max_position_embeddings),
+    };
+    let family = Gemma4 {
+        embed_scale: (args.hidden_size as f64).sqrt() as f32,
+        softcap: args.final_logit_softcapping.map(|c| c as f32),
+    };
+    Decoder::load(weights, spec, family)
+}
+
+/// Refuses what mlx-lm's gemma4_text runs and we do not, naming the config.json field.
+fn refuse_unsupported(args: &Args) -> Result<(), EngineError> {
+    let on = |v: Option<i64>| v.is_some_and(|n| n != 0);
+    let what = if on(args.hidden_size_per_layer_input) {
+        "per-layer input embeddings (`hidden_size_per_layer_input`, 256 when absent)"
+    } else if on(args.num_kv_shared_layers) {
+        "KV shared across layers (`num_kv_shared_layers`, 20 when absent)"
+    } else if args.enable_moe_block {
+        "the mixture-of-experts block (`enable_moe_block`)"
+    } else {
+        return Ok(());
+    };
+    Err(EngineError::load(
+        LoadErrorKind::UnsupportedArchitecture,
+        format!(
+            "gemma4_text: {what} is not supported; the dense Gemma 4 layout (those fields 0 or \
+             false in config.json) is"
+        ),
+    ))
+}
+
+/// Whether each layer is a sliding-window one: from `layer_types`, else every
+/// `sliding_window_pattern`-th layer is full attention (mlx-lm's tiling of the pattern).
+fn sliding_layers(args: &Args) -> Result<Vec<bool>, EngineError> {
+    let n = args.num_hidden_layers;
+    let Some(types) = &args.layer_types else {
+        let p = args.sliding_window_pattern;
+        return Ok((1..=n as i64).map(|i| p > 1 && i % p != 0).collect());
+    };
+    if types.len() < n {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!(
+                "config.json: gemma4_text `layer_types` lists {} layers but \
+                 `num_hidden_layers` is {n}",
+                types.len()
+            ),
+        ));
+    }
+    types[..n]
+        .iter()
+        .map(|t| match t.as_str() {
+            "full_attention" => Ok(false),
+            "sliding_attention" => Ok(true),
+            other => Err(EngineError::load(
+                LoadErrorKind::UnsupportedArchitecture,
+                format!(
+                    "gemma4_text: layer type `{other}` (config.json `layer_types`) is not \
+                     supported; full_attention and sliding_attention are"
+                ),
+            )),
+        })
+        .collect()
+}
