@@ -89,6 +89,26 @@ FAMILY_BASE = {
         "sliding_window_pattern": 2,
         "max_position_embeddings": 32768,
     },
+    # Three layers, every third one full attention (sliding_window_pattern 3): sliding layers
+    # of head 32 with a window of 32 (shorter than most cases' prompts) and default RoPE, the
+    # full layer of head 64 with proportional RoPE over a quarter of it. No per-layer inputs and
+    # no shared KV (mlx-lm's defaults for both are E2B's, so they are set to 0).
+    "gemma4_text": {
+        "architectures": ["Gemma4ForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 32,
+        "global_head_dim": 64,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 32,
+        "sliding_window_pattern": 3,
+        "num_kv_shared_layers": 0,
+        "hidden_size_per_layer_input": 0,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+    },
 }
 
 

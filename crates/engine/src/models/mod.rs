@@ -74,6 +74,7 @@ pub trait LanguageModel {
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3_text",
+    "gemma4_text",
     "llama",
     "ministral3",
     "mistral",
