@@ -327,13 +327,25 @@ pub enum Qkv {
     /// No value projection: the key projection gives the values too, before the key norm
     /// (Gemma 4's `attention_k_eq_v` layers).
     KeyIsValue { q_proj: Linear, k_proj: Linear },
+    /// Queries only: the layer attends to another layer's keys and values ([`SharedKv`]).
+    QueryOnly { q_proj: Linear },
+}
+
+/// A layer's keys and values after this pass's update (as its cache holds them) and the offset
+/// the pass started at: what Gemma 4's KV-shared layers attend to.
+#[derive(Clone)]
+pub struct SharedKv {
+    pub keys: Array,
+    pub values: Array,
+    pub offset: i32,
 }
 
 /// RMS norms over the queries and keys, before RoPE.
 #[derive(Debug)]
 pub enum QkNorm {
-    /// Over each head's features (Qwen3, Gemma 3).
-    PerHead(RmsNorm, RmsNorm),
+    /// Over each head's features (Qwen3, Gemma 3); no key norm in a layer without keys of its
+    /// own (Gemma 4's KV-shared layers).
+    PerHead(RmsNorm, Option<RmsNorm>),
     /// Over the whole projection, all heads at once (OLMoE).
     Whole(RmsNorm, RmsNorm),
 }
@@ -348,7 +360,7 @@ pub enum QkNormOver {
 impl QkNorm {
     pub fn new(over: QkNormOver, q: RmsNorm, k: RmsNorm) -> Self {
         match over {
-            QkNormOver::Head => Self::PerHead(q, k),
+            QkNormOver::Head => Self::PerHead(q, Some(k)),
             QkNormOver::Projection => Self::Whole(q, k),
         }
     }
@@ -373,14 +385,70 @@ pub struct Attention {
 impl Attention {
     /// `mask` is this layer's cache's mask for `x`'s length, asked before the update
     /// ([`KvCache::mask`]). `angles`: the pass's rotary angles when positions are given
-    /// explicitly (M-RoPE), else RoPE runs at the cache's offset.
+    /// explicitly (M-RoPE), else RoPE runs at the cache's offset. With `keep`, also the keys
+    /// and values after the cache's update, for the layers that share them.
     pub fn forward(
         &self,
         x: &Array,
         mask: &Mask,
         cache: &mut KvCache,
         angles: Option<&RotaryAngles>,
-    ) -> Result<Array> {
+        keep: bool,
+    ) -> Result<(Array, Option<SharedKv>)> {
+        let s = &self.shape;
+        let (q, k, v) = self.project(x)?;
+        let offset = cache.offset();
+        let (q, k) = s.rotate(q, k, self.rope.as_ref(), angles, offset)?;
+        let q = s.temper(q, offset)?;
+        if !keep {
+            let out = cache.update_and_attend(q, k, v, s.scale, mask)?;
+            return Ok((self.o_proj.forward(&s.merge_heads(out)?)?, None));
+        }
+        let (keys, values) = cache.update_and_fetch(k, v)?;
+        let out = fast::scaled_dot_product_attention(q, &keys, &values, s.scale, mask.as_sdpa(), None)?;
+        let shared = SharedKv {
+            keys,
+            values,
+            offset,
+        };
+        Ok((self.o_proj.forward(&s.merge_heads(out)?)?, Some(shared)))
+    }
+
+    /// A KV-shared layer: its queries (RoPE at the sharing layer's offset) attend to `kv`.
+    pub fn forward_shared(&self, x: &Array, mask: &Mask, kv: &SharedKv) -> Result<Array> {
+        let s = &self.shape;
+        let q_proj = match &self.qkv {
+            Qkv::Split { q_proj, .. } | Qkv::KeyIsValue { q_proj, .. } => q_proj,
+            Qkv::QueryOnly { q_proj } => q_proj,
+            Qkv::Fused { .. } => {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a fused qkv projection cannot attend to shared keys and values",
+                ))
+            }
+        };
+        let q_norm = match &self.qk_norm {
+            Some(QkNorm::PerHead(q, _)) => Some(q),
+            _ => None,
+        };
+        let q = s.split_heads_normed(&q_proj.forward(x)?, s.n_heads, q_norm)?;
+        let q = match &self.rope {
+            Some(rope) => rope.forward(&q, kv.offset)?,
+            None => q,
+        };
+        let q = s.temper(q, kv.offset)?;
+        let out = fast::scaled_dot_product_attention(
+            q,
+            &kv.keys,
+            &kv.values,
+            s.scale,
+            mask.as_sdpa(),
+            None,
+        )?;
+        self.o_proj.forward(&s.merge_heads(out)?)
+    }
+
+    /// Queries, keys and values `(B, H, L, D)`, each normalised as the layer asks.
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array)> {
         let s = &self.shape;
         let (q, k, v) = match &self.qkv {
             Qkv::Split {
@@ -401,13 +469,18 @@ impl Attention {
                 let k = k_proj.forward(x)?;
                 (q_proj.forward(x)?, k.clone(), k)
             }
+            Qkv::QueryOnly { .. } => {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a KV-shared layer has no keys and values of its own",
+                ))
+            }
         };
         let (q, k) = match &self.qk_norm {
             Some(QkNorm::Whole(q_norm, k_norm)) => (q_norm.forward(&q)?, k_norm.forward(&k)?),
             _ => (q, k),
         };
         let (q_norm, k_norm) = match &self.qk_norm {
-            Some(QkNorm::PerHead(q, k)) => (Some(q), Some(k)),
+            Some(QkNorm::PerHead(q, k)) => (Some(q), k.as_ref()),
             _ => (None, None),
         };
         let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
@@ -420,8 +493,7 @@ impl Attention {
             }
             None => s.split_heads(&v, s.n_kv_heads)?,
         };
-        self.o_proj
-            .forward(&s.attend(q, k, v, self.rope.as_ref(), angles, mask, cache)?)
+        Ok((q, k, v))
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).
@@ -434,6 +506,7 @@ impl Attention {
             } => vec![("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj)],
             Qkv::Fused { qkv_proj } => vec![("qkv_proj", qkv_proj)],
             Qkv::KeyIsValue { q_proj, k_proj } => vec![("q_proj", q_proj), ("k_proj", k_proj)],
+            Qkv::QueryOnly { q_proj } => vec![("q_proj", q_proj)],
         };
         out.push(("o_proj", &mut self.o_proj));
         out
@@ -513,34 +586,34 @@ impl AttentionShape {
         x.transpose_axes(&[0, 2, 1, 3])
     }
 
-    /// Runs RoPE on q and k (at the cache's offset, or by `angles` when given; neither for a
-    /// layer without RoPE), appends k/v to the cache, and attends with `mask` (the cache's mask
-    /// for these `L` positions, asked before the update). Returns `(B, L, H*D)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend(
+    /// RoPE on q and k at `offset` (the cache's, before this pass's update), or by `angles`
+    /// when given; neither for a layer without RoPE.
+    pub fn rotate(
         &self,
         q: Array,
         k: Array,
-        v: Array,
         rope: Option<&Rope>,
         angles: Option<&RotaryAngles>,
-        mask: &Mask,
-        cache: &mut KvCache,
-    ) -> Result<Array> {
-        let (b, l) = (q.dim(0), q.dim(2));
-        let (q, k) = match (angles, rope) {
-            (Some(a), _) => (a.rotate(&q)?, a.rotate(&k)?),
-            (None, Some(rope)) => {
-                let offset = cache.offset();
-                (rope.forward(&q, offset)?, rope.forward(&k, offset)?)
-            }
-            (None, None) => (q, k),
-        };
-        let q = match &self.temperature {
-            Some(t) => t.apply(&q, cache.offset())?,
-            None => q,
-        };
-        let out = cache.update_and_attend(q, k, v, self.scale, mask)?;
+        offset: i32,
+    ) -> Result<(Array, Array)> {
+        match (angles, rope) {
+            (Some(a), _) => Ok((a.rotate(&q)?, a.rotate(&k)?)),
+            (None, Some(rope)) => Ok((rope.forward(&q, offset)?, rope.forward(&k, offset)?)),
+            (None, None) => Ok((q, k)),
+        }
+    }
+
+    /// The queries scaled by [`Self::temperature`], if the layer has one.
+    pub fn temper(&self, q: Array, offset: i32) -> Result<Array> {
+        match &self.temperature {
+            Some(t) => t.apply(&q, offset),
+            None => Ok(q),
+        }
+    }
+
+    /// `(B, H, L, D)` -> `(B, L, H*D)`.
+    pub fn merge_heads(&self, out: Array) -> Result<Array> {
+        let (b, l) = (out.dim(0), out.dim(2));
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
     }
 }

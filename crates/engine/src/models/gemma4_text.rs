@@ -10,10 +10,14 @@
 //! `num_global_key_value_heads` KV heads. Sliding layers get a rotating cache of
 //! `sliding_window` positions.
 //!
-//! Not supported (refused by name): per-layer input embeddings (`hidden_size_per_layer_input`),
-//! KV shared across layers (`num_kv_shared_layers`) and the mixture-of-experts block
-//! (`enable_moe_block`). mlx-lm's defaults for the first two are a real model's (256 and 20),
-//! so a config.json must set them to 0 explicitly.
+//! The small models (E2B, E4B) also have per-layer inputs: a second embedding table gives each
+//! token `hidden_size_per_layer_input` features per layer, mixed with a projection of the
+//! embeddings ([`PerLayerInputs`]), and each block adds its slice through a gate; and their last
+//! `num_kv_shared_layers` layers have no keys and values of their own: each attends to those of
+//! the last earlier layer of its kind, and has no cache. mlx-lm's defaults for both fields are
+//! E2B's (256 and 20), so a config.json without them gets them.
+//!
+//! Not supported (refused by name): the mixture-of-experts block (`enable_moe_block`).
 
 use mlx_rs::{ops, Array};
 use serde::Deserialize;
@@ -34,6 +38,46 @@ use crate::{
 pub struct Gemma4 {
     embed_scale: f32,
     softcap: Option<f32>,
+    per_layer: Option<PerLayerInputs>,
+}
+
+/// The per-layer inputs of Gemma 4's small models: `(projection + embedding) * 2^-0.5`, where
+/// the embedding is the token's row of `embed_tokens_per_layer` times `sqrt(width)` and the
+/// projection is the scaled embeddings through `per_layer_model_projection`, times
+/// `hidden^-0.5`, RMS-normalised per layer.
+struct PerLayerInputs {
+    embed_tokens_per_layer: nn::Embedding,
+    per_layer_model_projection: nn::Linear,
+    per_layer_projection_norm: nn::RmsNorm,
+    layers: i32,
+    width: i32,
+    hidden: i32,
+}
+
+impl PerLayerInputs {
+    fn load(weights: &mut Weights, args: &Args, width: i32) -> Result<Self, EngineError> {
+        Ok(Self {
+            embed_tokens_per_layer: weights.embedding("model.embed_tokens_per_layer")?,
+            per_layer_model_projection: weights.linear("model.per_layer_model_projection")?,
+            per_layer_projection_norm: weights
+                .rms_norm("model.per_layer_projection_norm", args.rms_norm_eps)?,
+            layers: args.num_hidden_layers as i32,
+            width,
+            hidden: args.hidden_size,
+        })
+    }
+
+    fn forward(&self, tokens: &Array, h: &Array) -> nn::Result<Array> {
+        let (b, l) = (h.dim(0), h.dim(1));
+        let shape = [b, l, self.layers, self.width];
+        let rows = self.embed_tokens_per_layer.forward(tokens)?;
+        let rows = rows.multiply(scalar_like((self.width as f64).sqrt() as f32, &rows)?)?;
+        let proj = self.per_layer_model_projection.forward(h)?;
+        let proj = proj.multiply(scalar_like((self.hidden as f64).powf(-0.5) as f32, &proj)?)?;
+        let proj = self.per_layer_projection_norm.forward(&proj.reshape(&shape)?)?;
+        let sum = proj.add(rows.reshape(&shape)?)?;
+        sum.multiply(scalar_like(2f64.powf(-0.5) as f32, &sum)?)
+    }
 }
 
 impl Family for Gemma4 {
@@ -49,6 +93,35 @@ impl Family for Gemma4 {
         };
         let cap = scalar_like(cap, &logits)?;
         ops::tanh(logits.divide(&cap)?)?.multiply(&cap)
+    }
+
+    fn per_layer_inputs(&self, tokens: Option<&Array>, h: &Array) -> nn::Result<Option<Array>> {
+        let Some(per_layer) = &self.per_layer else {
+            return Ok(None);
+        };
+        let tokens = tokens.ok_or_else(|| {
+            mlx_rs::error::Exception::custom(
+                "Gemma 4's per-layer inputs are read by token id; this model takes no input \
+                 embeddings",
+            )
+        })?;
+        per_layer.forward(tokens, h).map(Some)
+    }
+
+    fn linears_mut(&mut self) -> Vec<(String, &mut nn::Linear)> {
+        match &mut self.per_layer {
+            Some(p) => vec![
+                (
+                    "model.embed_tokens_per_layer".to_owned(),
+                    &mut p.embed_tokens_per_layer.table,
+                ),
+                (
+                    "model.per_layer_model_projection".to_owned(),
+                    &mut p.per_layer_model_projection,
+                ),
+            ],
+            None => Vec::new(),
+        }
     }
 }
 
@@ -155,13 +228,22 @@ fn default_rope_parameters() -> Value {
 
 pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, EngineError> {
     let args: Args = parse_args(config)?;
-    refuse_unsupported(&args)?;
+    if args.enable_moe_block {
+        return Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            "gemma4_text: the mixture-of-experts block (`enable_moe_block`) is not supported; \
+             the dense Gemma 4 models are",
+        ));
+    }
+    let per_layer_width = args.hidden_size_per_layer_input.unwrap_or(0) as i32;
     let rope_parameters = args
         .rope_parameters
         .clone()
         .unwrap_or_else(default_rope_parameters);
+    let sliding_layers = sliding_layers(&args)?;
+    let kv_from = kv_sources(&args, &sliding_layers)?;
     let mut layers = Vec::with_capacity(args.num_hidden_layers);
-    for sliding in sliding_layers(&args)? {
+    for (sliding, kv_from) in sliding_layers.into_iter().zip(kv_from) {
         let kind = if sliding { "sliding_attention" } else { "full_attention" };
         let head_dim = match args.global_head_dim {
             Some(d) if d != 0 && !sliding => d,
@@ -194,6 +276,8 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
             values_from_keys,
             v_norm: true,
             layer_scalar: true,
+            per_layer_input: per_layer_width != 0,
+            kv_from,
             ..LayerSpec::llama(args.rms_norm_eps, shape, rope)
         });
     }
@@ -204,32 +288,48 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
         tie_word_embeddings: args.tie_word_embeddings,
         max_position_embeddings: Some(args.max_position_embeddings),
     };
+    let per_layer = match per_layer_width {
+        0 => None,
+        width => Some(PerLayerInputs::load(&mut weights, &args, width)?),
+    };
     let family = Gemma4 {
         embed_scale: (args.hidden_size as f64).sqrt() as f32,
         softcap: args.final_logit_softcapping.map(|c| c as f32),
+        per_layer,
     };
     Decoder::load(weights, spec, family)
 }
 
-/// Refuses what mlx-lm's gemma4_text runs and we do not, naming the config.json field.
-fn refuse_unsupported(args: &Args) -> Result<(), EngineError> {
-    let on = |v: Option<i64>| v.is_some_and(|n| n != 0);
-    let what = if on(args.hidden_size_per_layer_input) {
-        "per-layer input embeddings (`hidden_size_per_layer_input`, 256 when absent)"
-    } else if on(args.num_kv_shared_layers) {
-        "KV shared across layers (`num_kv_shared_layers`, 20 when absent)"
-    } else if args.enable_moe_block {
-        "the mixture-of-experts block (`enable_moe_block`)"
-    } else {
-        return Ok(());
-    };
-    Err(EngineError::load(
-        LoadErrorKind::UnsupportedArchitecture,
-        format!(
-            "gemma4_text: {what} is not supported; the dense Gemma 4 layout (those fields 0 or \
-             false in config.json) is"
-        ),
-    ))
+/// For each layer, the earlier layer whose keys and values it attends to (`None`: its own):
+/// the last `num_kv_shared_layers` layers take those of the last layer of their kind before them.
+fn kv_sources(args: &Args, sliding: &[bool]) -> Result<Vec<Option<usize>>, EngineError> {
+    let n = sliding.len();
+    let shared = args.num_kv_shared_layers.unwrap_or(0).max(0) as usize;
+    let invalid = |detail: String| EngineError::load(LoadErrorKind::InvalidWeights, detail);
+    if shared == 0 {
+        return Ok(vec![None; n]);
+    }
+    if shared >= n {
+        return Err(invalid(format!(
+            "config.json: gemma4_text `num_kv_shared_layers` is {shared} (20 when absent) but \
+             there are {n} layers; at least one must have its own keys and values"
+        )));
+    }
+    let first_shared = n - shared;
+    (0..n)
+        .map(|j| {
+            if j < first_shared {
+                return Ok(None);
+            }
+            let source = (0..first_shared).rev().find(|&i| sliding[i] == sliding[j]);
+            source.map(Some).ok_or_else(|| {
+                invalid(format!(
+                    "config.json: gemma4_text layer {j} shares keys and values, but no layer of \
+                     its kind before layer {first_shared} has its own"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Whether each layer is a sliding-window one: from `layer_types`, else every
