@@ -168,7 +168,8 @@ pub(crate) fn quantize(
         });
     }
     if let Some(bits) = req.kv_bits {
-        built.kv_bits_refused = check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
+        let refused = check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
+        built.kv_bits_refused = refused.or_else(|| model.kv_bits_unsupported());
         if let Some(reason) = &built.kv_bits_refused {
             tracing::warn!(bits, %reason, "loading with a plain KV cache");
         }

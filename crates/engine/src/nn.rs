@@ -326,9 +326,14 @@ pub enum Qkv {
     },
     /// No value projection: the key projection gives the values too, before the key norm
     /// (Gemma 4's `attention_k_eq_v` layers).
-    KeyIsValue { q_proj: Linear, k_proj: Linear },
+    KeyIsValue {
+        q_proj: Linear,
+        k_proj: Linear,
+    },
     /// Queries only: the layer attends to another layer's keys and values ([`SharedKv`]).
-    QueryOnly { q_proj: Linear },
+    QueryOnly {
+        q_proj: Linear,
+    },
 }
 
 /// A layer's keys and values after this pass's update (as its cache holds them) and the offset
@@ -405,45 +410,38 @@ impl Attention {
             return Ok((self.o_proj.forward(&s.merge_heads(out)?)?, None));
         }
         let (keys, values) = cache.update_and_fetch(k, v)?;
-        let out = fast::scaled_dot_product_attention(q, &keys, &values, s.scale, mask.as_sdpa(), None)?;
-        let shared = SharedKv {
+        let kv = SharedKv {
             keys,
             values,
             offset,
         };
-        Ok((self.o_proj.forward(&s.merge_heads(out)?)?, Some(shared)))
+        Ok((self.attend_to(q, &kv, mask)?, Some(kv)))
     }
 
     /// A KV-shared layer: its queries (RoPE at the sharing layer's offset) attend to `kv`.
     pub fn forward_shared(&self, x: &Array, mask: &Mask, kv: &SharedKv) -> Result<Array> {
+        let (Qkv::QueryOnly { q_proj }, Some(QkNorm::PerHead(q_norm, None))) =
+            (&self.qkv, &self.qk_norm)
+        else {
+            return Err(mlx_rs::error::Exception::custom(
+                "only a KV-shared layer (queries only, per-head query norm) attends to shared \
+                 keys and values",
+            ));
+        };
         let s = &self.shape;
-        let q_proj = match &self.qkv {
-            Qkv::Split { q_proj, .. } | Qkv::KeyIsValue { q_proj, .. } => q_proj,
-            Qkv::QueryOnly { q_proj } => q_proj,
-            Qkv::Fused { .. } => {
-                return Err(mlx_rs::error::Exception::custom(
-                    "a fused qkv projection cannot attend to shared keys and values",
-                ))
-            }
-        };
-        let q_norm = match &self.qk_norm {
-            Some(QkNorm::PerHead(q, _)) => Some(q),
-            _ => None,
-        };
-        let q = s.split_heads_normed(&q_proj.forward(x)?, s.n_heads, q_norm)?;
+        let q = s.split_heads_normed(&q_proj.forward(x)?, s.n_heads, Some(q_norm))?;
         let q = match &self.rope {
             Some(rope) => rope.forward(&q, kv.offset)?,
             None => q,
         };
-        let q = s.temper(q, kv.offset)?;
-        let out = fast::scaled_dot_product_attention(
-            q,
-            &kv.keys,
-            &kv.values,
-            s.scale,
-            mask.as_sdpa(),
-            None,
-        )?;
+        self.attend_to(s.temper(q, kv.offset)?, kv, mask)
+    }
+
+    /// Queries `(B, H, L, D)` attending to `kv` with `mask`, through the output projection.
+    fn attend_to(&self, q: Array, kv: &SharedKv, mask: &Mask) -> Result<Array> {
+        let s = &self.shape;
+        let (k, v) = (&kv.keys, &kv.values);
+        let out = fast::scaled_dot_product_attention(q, k, v, s.scale, mask.as_sdpa(), None)?;
         self.o_proj.forward(&s.merge_heads(out)?)
     }
 

@@ -73,7 +73,13 @@ pub fn rope_from_config(
                 .get("partial_rotary_factor")
                 .and_then(Value::as_f64)
                 .unwrap_or(1.0);
-            proportional(dims, (dims as f64 * partial) as i32, base, factor(), traditional)
+            proportional(
+                dims,
+                (dims as f64 * partial) as i32,
+                base,
+                factor(),
+                traditional,
+            )
         }
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
@@ -93,8 +99,8 @@ fn mlx_freqs(f: impl FnOnce() -> crate::nn::Result<Array>) -> Result<Array, Engi
 
 /// `base^(2i / dims)` for the first `rotated` of `dims` features, float32.
 fn wavelengths(rotated: i32, dims: i32, base: f32) -> crate::nn::Result<Array> {
-    let exponents =
-        Array::arange::<f32, f32>(0.0, rotated as f32, 2.0)?.divide(Array::from_f32(dims as f32))?;
+    let exponents = Array::arange::<f32, f32>(0.0, rotated as f32, 2.0)?
+        .divide(Array::from_f32(dims as f32))?;
     ops::power(Array::from_f32(base), &exponents)
 }
 

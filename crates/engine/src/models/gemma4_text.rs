@@ -74,7 +74,9 @@ impl PerLayerInputs {
         let rows = rows.multiply(scalar_like((self.width as f64).sqrt() as f32, &rows)?)?;
         let proj = self.per_layer_model_projection.forward(h)?;
         let proj = proj.multiply(scalar_like((self.hidden as f64).powf(-0.5) as f32, &proj)?)?;
-        let proj = self.per_layer_projection_norm.forward(&proj.reshape(&shape)?)?;
+        let proj = self
+            .per_layer_projection_norm
+            .forward(&proj.reshape(&shape)?)?;
         let sum = proj.add(rows.reshape(&shape)?)?;
         sum.multiply(scalar_like(2f64.powf(-0.5) as f32, &sum)?)
     }
@@ -244,7 +246,11 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
     let kv_from = kv_sources(&args, &sliding_layers)?;
     let mut layers = Vec::with_capacity(args.num_hidden_layers);
     for (sliding, kv_from) in sliding_layers.into_iter().zip(kv_from) {
-        let kind = if sliding { "sliding_attention" } else { "full_attention" };
+        let kind = if sliding {
+            "sliding_attention"
+        } else {
+            "full_attention"
+        };
         let head_dim = match args.global_head_dim {
             Some(d) if d != 0 && !sliding => d,
             _ => args.head_dim,
@@ -256,7 +262,10 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
         };
         let empty = json!({});
         let params = rope_parameters.get(kind).unwrap_or(&empty);
-        let theta = params.get("rope_theta").and_then(Value::as_f64).unwrap_or(10000.0);
+        let theta = params
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .unwrap_or(10000.0);
         let max_pos = Some(args.max_position_embeddings);
         let rope = rope_from_config(
             head_dim,
@@ -364,4 +373,76 @@ fn sliding_layers(args: &Args) -> Result<Vec<bool>, EngineError> {
             )),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(config: Value) -> Args {
+        parse_args(&config).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_e2b_layout_with_shared_kv_from_the_last_layer_of_each_kind() {
+        // mlx-lm's defaults: 35 layers, pattern 5, the last 20 sharing.
+        let a = args(json!({}));
+        let sliding = sliding_layers(&a).unwrap();
+        assert_eq!(sliding.len(), 35);
+        assert_eq!(&sliding[..5], [true, true, true, true, false]);
+        let sources = kv_sources(&a, &sliding).unwrap();
+        assert!(sources[..15].iter().all(Option::is_none));
+        // Layer 14 is the last full layer before 15, layer 13 the last sliding one.
+        assert_eq!(sources[15], Some(13));
+        assert_eq!(sources[19], Some(14));
+        assert_eq!(sources[34], Some(14));
+    }
+
+    #[test]
+    fn sharing_every_layer_or_a_kind_without_a_source_is_refused() {
+        let all = args(json!({"num_hidden_layers": 4, "num_kv_shared_layers": 4}));
+        let sliding = sliding_layers(&all).unwrap();
+        assert!(kv_sources(&all, &sliding).is_err());
+        // Layers 0-1 are sliding, 2 and 3 share; layer 3 is full with no full layer before.
+        let config = json!({
+            "num_hidden_layers": 4,
+            "num_kv_shared_layers": 2,
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+                            "full_attention"],
+        });
+        let a = args(config);
+        let sliding = sliding_layers(&a).unwrap();
+        assert!(kv_sources(&a, &sliding).is_err());
+    }
+
+    #[test]
+    fn layer_types_must_cover_every_layer_and_be_known() {
+        let short = args(json!({"num_hidden_layers": 3, "layer_types": ["full_attention"]}));
+        assert!(sliding_layers(&short).is_err());
+        let odd = args(json!({"num_hidden_layers": 1, "layer_types": ["chunked_attention"]}));
+        match sliding_layers(&odd) {
+            Err(EngineError::Load { kind, detail }) => {
+                assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+                assert!(detail.contains("`chunked_attention`"), "{detail}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn logits_are_soft_capped() {
+        let family = Gemma4 {
+            embed_scale: 1.0,
+            softcap: Some(30.0),
+            per_layer: None,
+        };
+        let out = family
+            .logits(Array::from_slice(&[0.0f32, 30.0, -300.0], &[3]))
+            .unwrap();
+        let got = out.as_slice::<f32>();
+        let want = [0.0, 30.0 * 1f32.tanh(), -30.0 * 10f32.tanh()];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-5, "{got:?}");
+        }
+    }
 }

@@ -51,12 +51,15 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     let params = args.rope_parameters.as_ref();
     // mlx-lm reads these three without defaults.
     let number = |key: &str| {
-        params.and_then(|p| p.get(key)).and_then(Value::as_f64).ok_or_else(|| {
-            EngineError::load(
-                LoadErrorKind::InvalidWeights,
-                format!("config.json: ministral3 needs a number `rope_parameters.{key}`"),
-            )
-        })
+        params
+            .and_then(|p| p.get(key))
+            .and_then(Value::as_f64)
+            .ok_or_else(|| {
+                EngineError::load(
+                    LoadErrorKind::InvalidWeights,
+                    format!("config.json: ministral3 needs a number `rope_parameters.{key}`"),
+                )
+            })
     };
     let theta = number("rope_theta")?;
     let temperature = QueryTemperature {
@@ -77,4 +80,35 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     }
     sanitize(&mut weights, tie);
     Decoder::load(weights, spec, Llama)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn rope_parameters_without_the_temperature_are_refused_by_field() {
+        let config = json!({
+            "model_type": "ministral3",
+            "hidden_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0},
+        });
+        let weights = Weights::from_tensors(Default::default(), &config);
+        match load(&config, weights) {
+            Err(EngineError::Load { kind, detail }) => {
+                assert_eq!(kind, LoadErrorKind::InvalidWeights);
+                assert!(
+                    detail.contains("rope_parameters.llama_4_scaling_beta"),
+                    "{detail}"
+                );
+            }
+            Err(other) => panic!("expected a load error, got {other:?}"),
+            Ok(_) => panic!("expected a load error, got a model"),
+        }
+    }
 }

@@ -60,6 +60,10 @@ pub trait LanguageModel {
     fn num_layers(&self) -> usize;
     /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).
     fn quantizable_kv_head_dims(&self) -> Vec<i32>;
+    /// Why `kv_bits` cannot quantize this model's KV cache whatever its head sizes, if so.
+    fn kv_bits_unsupported(&self) -> Option<String> {
+        None
+    }
     /// Fresh caches, one per layer, of the kind each layer needs.
     fn make_caches(&self) -> Vec<KvCache> {
         (0..self.num_layers()).map(|_| KvCache::default()).collect()

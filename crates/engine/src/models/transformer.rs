@@ -530,10 +530,9 @@ fn load_block(
     };
     let shared = spec.kv_from.is_some();
     let qk_norm = match spec.qk_norm {
-        Some(QkNormOver::Head) if shared => Some(QkNorm::PerHead(
-            load_norm("self_attn.q_norm")?,
-            None,
-        )),
+        Some(QkNormOver::Head) if shared => {
+            Some(QkNorm::PerHead(load_norm("self_attn.q_norm")?, None))
+        }
         Some(over) => Some(QkNorm::new(
             over,
             load_norm("self_attn.q_norm")?,
@@ -878,6 +877,16 @@ impl<F: Family> LanguageModel for Decoder<F> {
             .collect()
     }
 
+    /// mlx-lm cannot run a quantized cache under KV-shared layers either (they would attend
+    /// to its quantized tuples as plain arrays).
+    fn kv_bits_unsupported(&self) -> Option<String> {
+        self.layers.iter().any(|l| l.kv_from.is_some()).then(|| {
+            "this model's later layers attend to earlier layers' keys and values (Gemma 4's \
+             KV sharing), which a quantized KV cache does not give"
+                .to_owned()
+        })
+    }
+
     fn make_caches(&self) -> Vec<KvCache> {
         let window = |l: &Block| l.self_attn.shape.window;
         self.layers
@@ -899,8 +908,14 @@ impl<F: Family> LanguageModel for Decoder<F> {
             let mlp = l.mlp.linears_mut().into_iter();
             out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
             if let Some(g) = &mut l.per_layer_gate {
-                out.push((format!("{p}.per_layer_input_gate"), &mut g.per_layer_input_gate));
-                out.push((format!("{p}.per_layer_projection"), &mut g.per_layer_projection));
+                out.push((
+                    format!("{p}.per_layer_input_gate"),
+                    &mut g.per_layer_input_gate,
+                ));
+                out.push((
+                    format!("{p}.per_layer_projection"),
+                    &mut g.per_layer_projection,
+                ));
             }
         }
         out.extend(self.family.linears_mut());
