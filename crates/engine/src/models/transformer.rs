@@ -799,7 +799,7 @@ impl<F: Family> Decoder<F> {
                 None => LayerKv::Cache(&mut caches[i]),
             };
             let input = match &per_layer {
-                Some(p) => Some(p.take_axis(&Array::from_int(i as i32), 2)?),
+                Some(p) => Some(p.take_axis(Array::from_int(i as i32), 2)?),
                 None => None,
             };
             let (out, shared) =
