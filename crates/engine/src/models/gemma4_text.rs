@@ -127,89 +127,58 @@ impl Family for Gemma4 {
     }
 }
 
-/// mlx-lm's gemma4_text `ModelArgs`, defaults included (they are Gemma 4 E2B's sizes).
+/// mlx-lm's gemma4_text `ModelArgs`; a missing field takes its default there ([`Default`]:
+/// Gemma 4 E2B's sizes).
 #[derive(Debug, Deserialize)]
+#[serde(default)]
 struct Args {
-    #[serde(default = "d_hidden_size")]
     hidden_size: i32,
-    #[serde(default = "d_num_hidden_layers")]
     num_hidden_layers: usize,
-    #[serde(default = "d_num_attention_heads")]
     num_attention_heads: i32,
-    #[serde(default = "d_head_dim")]
     head_dim: i32,
-    #[serde(default = "d_global_head_dim")]
     global_head_dim: Option<i32>,
-    #[serde(default = "d_rms_norm_eps")]
     rms_norm_eps: f32,
-    #[serde(default = "d_num_key_value_heads")]
     num_key_value_heads: i32,
     num_global_key_value_heads: Option<i32>,
-    #[serde(default = "d_num_kv_shared_layers")]
     num_kv_shared_layers: Option<i64>,
-    #[serde(default = "d_hidden_size_per_layer_input")]
     hidden_size_per_layer_input: Option<i64>,
-    #[serde(default)]
     rope_traditional: bool,
     rope_parameters: Option<Value>,
-    #[serde(default = "d_sliding_window")]
     sliding_window: i32,
-    #[serde(default = "d_sliding_window_pattern")]
     sliding_window_pattern: i64,
-    #[serde(default = "d_max_position_embeddings")]
     max_position_embeddings: usize,
-    #[serde(default)]
     attention_k_eq_v: bool,
-    #[serde(default = "d_final_logit_softcapping")]
     final_logit_softcapping: Option<f64>,
-    #[serde(default)]
     enable_moe_block: bool,
     layer_types: Option<Vec<String>>,
-    #[serde(default = "d_true")]
     tie_word_embeddings: bool,
 }
 
-fn d_hidden_size() -> i32 {
-    1536
-}
-fn d_num_hidden_layers() -> usize {
-    35
-}
-fn d_num_attention_heads() -> i32 {
-    8
-}
-fn d_head_dim() -> i32 {
-    256
-}
-fn d_global_head_dim() -> Option<i32> {
-    Some(512)
-}
-fn d_rms_norm_eps() -> f32 {
-    1e-6
-}
-fn d_num_key_value_heads() -> i32 {
-    1
-}
-fn d_num_kv_shared_layers() -> Option<i64> {
-    Some(20)
-}
-fn d_hidden_size_per_layer_input() -> Option<i64> {
-    Some(256)
-}
-fn d_sliding_window() -> i32 {
-    512
-}
-fn d_sliding_window_pattern() -> i64 {
-    5
-}
-fn d_max_position_embeddings() -> usize {
-    131072
-}
-fn d_final_logit_softcapping() -> Option<f64> {
-    Some(30.0)
-}
-fn d_true() -> bool {
-    true
+impl Default for Args {
+    fn default() -> Self {
+        Self {
+            hidden_size: 1536,
+            num_hidden_layers: 35,
+            num_attention_heads: 8,
+            head_dim: 256,
+            global_head_dim: Some(512),
+            rms_norm_eps: 1e-6,
+            num_key_value_heads: 1,
+            num_global_key_value_heads: None,
+            num_kv_shared_layers: Some(20),
+            hidden_size_per_layer_input: Some(256),
+            rope_traditional: false,
+            rope_parameters: None,
+            sliding_window: 512,
+            sliding_window_pattern: 5,
+            max_position_embeddings: 131072,
+            attention_k_eq_v: false,
+            final_logit_softcapping: Some(30.0),
+            enable_moe_block: false,
+            layer_types: None,
+            tie_word_embeddings: true,
+        }
+    }
 }
 
 /// mlx-lm's RoPE parameters when config.json gives none.
@@ -396,6 +365,10 @@ mod tests {
         assert_eq!(sources[15], Some(13));
         assert_eq!(sources[19], Some(14));
         assert_eq!(sources[34], Some(14));
+        // A missing field takes the default, an explicit null is null (no softcap).
+        assert_eq!(a.final_logit_softcapping, Some(30.0));
+        let uncapped = args(json!({"final_logit_softcapping": null}));
+        assert_eq!(uncapped.final_logit_softcapping, None);
     }
 
     #[test]
