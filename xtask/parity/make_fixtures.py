@@ -35,6 +35,22 @@ FAMILY_BASE = {
     # Four layers, so that some run without RoPE (which ones: the spec's config).
     "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 4},
     "olmo2": {"architectures": ["Olmo2ForCausalLM"]},
+    # YaRN RoPE and the attention temperature, both from `rope_parameters`; an original context
+    # of 64 so that the temperature steps up within every case's prompt.
+    "ministral3": {
+        "architectures": ["Ministral3ForCausalLM"],
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 1000000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1,
+        },
+    },
     # Mixtures of experts: 4 experts, top 2, expert MLPs of 64 (groups of 64 when quantized).
     "qwen3_moe": {
         "architectures": ["Qwen3MoeForCausalLM"],
@@ -95,6 +111,26 @@ FAMILY_BASE = {
         "sliding_window": 256,
         "sliding_window_pattern": 2,
         "max_position_embeddings": 32768,
+    },
+    # Three layers, every third one full attention (sliding_window_pattern 3): sliding layers
+    # of head 32 with a window of 32 (shorter than most cases' prompts) and default RoPE, the
+    # full layer of head 64 with proportional RoPE over a quarter of it. No per-layer inputs and
+    # no shared KV (mlx-lm's defaults for both are E2B's, so they are set to 0).
+    "gemma4_text": {
+        "architectures": ["Gemma4ForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 32,
+        "global_head_dim": 64,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 32,
+        "sliding_window_pattern": 3,
+        "num_kv_shared_layers": 0,
+        "hidden_size_per_layer_input": 0,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
     },
 }
 

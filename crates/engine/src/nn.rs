@@ -314,13 +314,33 @@ pub enum Qkv {
     Fused {
         qkv_proj: Linear,
     },
+    /// No value projection: the key projection gives the values too, before the key norm
+    /// (Gemma 4's `attention_k_eq_v` layers).
+    KeyIsValue {
+        q_proj: Linear,
+        k_proj: Linear,
+    },
+    /// Queries only: the layer attends to another layer's keys and values ([`SharedKv`]).
+    QueryOnly {
+        q_proj: Linear,
+    },
+}
+
+/// A layer's keys and values after this pass's update (as its cache holds them) and the offset
+/// the pass started at: what Gemma 4's KV-shared layers attend to.
+#[derive(Clone)]
+pub struct SharedKv {
+    pub keys: Array,
+    pub values: Array,
+    pub offset: i32,
 }
 
 /// RMS norms over the queries and keys, before RoPE.
 #[derive(Debug)]
 pub enum QkNorm {
-    /// Over each head's features (Qwen3, Gemma 3).
-    PerHead(RmsNorm, RmsNorm),
+    /// Over each head's features (Qwen3, Gemma 3); no key norm in a layer without keys of its
+    /// own (Gemma 4's KV-shared layers).
+    PerHead(RmsNorm, Option<RmsNorm>),
     /// Over the whole projection, all heads at once (OLMoE).
     Whole(RmsNorm, RmsNorm),
 }
@@ -335,7 +355,7 @@ pub enum QkNormOver {
 impl QkNorm {
     pub fn new(over: QkNormOver, q: RmsNorm, k: RmsNorm) -> Self {
         match over {
-            QkNormOver::Head => Self::PerHead(q, k),
+            QkNormOver::Head => Self::PerHead(q, Some(k)),
             QkNormOver::Projection => Self::Whole(q, k),
         }
     }
@@ -355,19 +375,72 @@ pub struct Attention {
     /// One learned logit per query head that joins every softmax over the keys and takes its
     /// share of the weight without a value (GPT-OSS's attention sinks).
     pub sinks: Option<Array>,
+    /// Values RMS-normalised over each head's features without a scale, with this epsilon
+    /// (Gemma 4).
+    pub v_norm_eps: Option<f32>,
 }
 
 impl Attention {
     /// `mask` is this layer's cache's mask for `x`'s length, asked before the update
     /// ([`KvCache::mask`]). `angles`: the pass's rotary angles when positions are given
-    /// explicitly (M-RoPE), else RoPE runs at the cache's offset.
+    /// explicitly (M-RoPE), else RoPE runs at the cache's offset. With `keep`, also the keys
+    /// and values after the cache's update, for the layers that share them.
     pub fn forward(
         &self,
         x: &Array,
         mask: &Mask,
         cache: &mut KvCache,
         angles: Option<&RotaryAngles>,
-    ) -> Result<Array> {
+        keep: bool,
+    ) -> Result<(Array, Option<SharedKv>)> {
+        let s = &self.shape;
+        let (q, k, v) = self.project(x)?;
+        let offset = cache.offset();
+        let (q, k) = s.rotate(q, k, self.rope.as_ref(), angles, offset)?;
+        let q = s.temper(q, offset)?;
+        if !keep {
+            let out = cache.update_and_attend(q, k, v, s.scale, mask, self.sinks.as_ref())?;
+            return Ok((self.o_proj.forward(&s.merge_heads(out)?)?, None));
+        }
+        let (keys, values) = cache.update_and_fetch(k, v)?;
+        let kv = SharedKv {
+            keys,
+            values,
+            offset,
+        };
+        Ok((self.attend_to(q, &kv, mask)?, Some(kv)))
+    }
+
+    /// A KV-shared layer: its queries (RoPE at the sharing layer's offset) attend to `kv`.
+    pub fn forward_shared(&self, x: &Array, mask: &Mask, kv: &SharedKv) -> Result<Array> {
+        let (Qkv::QueryOnly { q_proj }, Some(QkNorm::PerHead(q_norm, None))) =
+            (&self.qkv, &self.qk_norm)
+        else {
+            return Err(mlx_rs::error::Exception::custom(
+                "only a KV-shared layer (queries only, per-head query norm) attends to shared \
+                 keys and values",
+            ));
+        };
+        let s = &self.shape;
+        let q = s.split_heads_normed(&q_proj.forward(x)?, s.n_heads, Some(q_norm))?;
+        let q = match &self.rope {
+            Some(rope) => rope.forward(&q, kv.offset)?,
+            None => q,
+        };
+        self.attend_to(s.temper(q, kv.offset)?, kv, mask)
+    }
+
+    /// Queries `(B, H, L, D)` attending to `kv` with `mask`, through the output projection.
+    fn attend_to(&self, q: Array, kv: &SharedKv, mask: &Mask) -> Result<Array> {
+        let s = &self.shape;
+        let (k, v) = (&kv.keys, &kv.values);
+        let sinks = self.sinks.as_ref();
+        let out = fast::scaled_dot_product_attention(q, k, v, s.scale, mask.as_sdpa(), sinks)?;
+        self.o_proj.forward(&s.merge_heads(out)?)
+    }
+
+    /// Queries, keys and values `(B, H, L, D)`, each normalised as the layer asks.
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array)> {
         let s = &self.shape;
         let (q, k, v) = match &self.qkv {
             Qkv::Split {
@@ -384,21 +457,35 @@ impl Attention {
                 let mut next = || parts.next().expect("split gives three parts");
                 (next(), next(), next())
             }
+            Qkv::KeyIsValue { q_proj, k_proj } => {
+                let k = k_proj.forward(x)?;
+                (q_proj.forward(x)?, k.clone(), k)
+            }
+            Qkv::QueryOnly { .. } => {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a KV-shared layer has no keys and values of its own",
+                ))
+            }
         };
         let (q, k) = match &self.qk_norm {
             Some(QkNorm::Whole(q_norm, k_norm)) => (q_norm.forward(&q)?, k_norm.forward(&k)?),
             _ => (q, k),
         };
         let (q_norm, k_norm) = match &self.qk_norm {
-            Some(QkNorm::PerHead(q, k)) => (Some(q), Some(k)),
+            Some(QkNorm::PerHead(q, k)) => (Some(q), k.as_ref()),
             _ => (None, None),
         };
         let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
-        let v = s.split_heads(&v, s.n_kv_heads)?;
-        let rope = self.rope.as_ref();
-        let out = s.attend(q, k, v, rope, angles, mask, self.sinks.as_ref(), cache)?;
-        self.o_proj.forward(&out)
+        let v = match self.v_norm_eps {
+            Some(eps) => {
+                let (b, l) = (v.dim(0), v.dim(1));
+                let v = fast::rms_norm(v.reshape(&[b, l, s.n_kv_heads, -1])?, None, eps)?;
+                v.transpose_axes(&[0, 2, 1, 3])?
+            }
+            None => s.split_heads(&v, s.n_kv_heads)?,
+        };
+        Ok((q, k, v))
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).
@@ -410,6 +497,8 @@ impl Attention {
                 v_proj,
             } => vec![("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj)],
             Qkv::Fused { qkv_proj } => vec![("qkv_proj", qkv_proj)],
+            Qkv::KeyIsValue { q_proj, k_proj } => vec![("q_proj", q_proj), ("k_proj", k_proj)],
+            Qkv::QueryOnly { q_proj } => vec![("q_proj", q_proj)],
         };
         out.push(("o_proj", &mut self.o_proj));
         out
@@ -427,6 +516,30 @@ pub struct AttentionShape {
     /// Sliding-window layers attend to the last `window` positions only: their cache is a
     /// [`KvCache::for_window`] ring, which also gives their masks.
     pub window: Option<i32>,
+    /// Queries scaled by their position after RoPE (Ministral 3).
+    pub temperature: Option<QueryTemperature>,
+}
+
+/// Llama 4's attention temperature as mlx-lm's ministral3.py applies it: after RoPE, the query
+/// at position `p` is multiplied by `1 + beta * ln(1 + floor(p / max_position_embeddings))`,
+/// computed in float32 and cast to the queries' dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryTemperature {
+    pub beta: f32,
+    pub max_position_embeddings: f32,
+}
+
+impl QueryTemperature {
+    /// `q` `(B, H, L, D)` at positions `offset..offset + L`, scaled.
+    pub fn apply(&self, q: &Array, offset: i32) -> Result<Array> {
+        let l = q.dim(2);
+        let positions = Array::arange::<f32, f32>(offset as f32, (offset + l) as f32, 1.0)?;
+        let one = Array::from_f32(1.0);
+        let steps = ops::floor(&positions.divide(Array::from_f32(self.max_position_embeddings))?)?;
+        let scale = Array::from_f32(self.beta).multiply(one.add(&steps)?.log()?)?;
+        let scale = one.add(&scale)?.reshape(&[l, 1])?.as_dtype(q.dtype())?;
+        q.multiply(&scale)
+    }
 }
 
 impl AttentionShape {
@@ -439,6 +552,7 @@ impl AttentionShape {
             head_dim,
             scale: scale_base.powf(-0.5) as f32,
             window: None,
+            temperature: None,
         }
     }
 
@@ -464,32 +578,34 @@ impl AttentionShape {
         x.transpose_axes(&[0, 2, 1, 3])
     }
 
-    /// Runs RoPE on q and k (at the cache's offset, or by `angles` when given; neither for a
-    /// layer without RoPE), appends k/v to the cache, and attends with `mask` (the cache's mask
-    /// for these `L` positions, asked before the update) and the heads' `sinks`, if any.
-    /// Returns `(B, L, H*D)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend(
+    /// RoPE on q and k at `offset` (the cache's, before this pass's update), or by `angles`
+    /// when given; neither for a layer without RoPE.
+    pub fn rotate(
         &self,
         q: Array,
         k: Array,
-        v: Array,
         rope: Option<&Rope>,
         angles: Option<&RotaryAngles>,
-        mask: &Mask,
-        sinks: Option<&Array>,
-        cache: &mut KvCache,
-    ) -> Result<Array> {
-        let (b, l) = (q.dim(0), q.dim(2));
-        let (q, k) = match (angles, rope) {
-            (Some(a), _) => (a.rotate(&q)?, a.rotate(&k)?),
-            (None, Some(rope)) => {
-                let offset = cache.offset();
-                (rope.forward(&q, offset)?, rope.forward(&k, offset)?)
-            }
-            (None, None) => (q, k),
-        };
-        let out = cache.update_and_attend(q, k, v, self.scale, mask, sinks)?;
+        offset: i32,
+    ) -> Result<(Array, Array)> {
+        match (angles, rope) {
+            (Some(a), _) => Ok((a.rotate(&q)?, a.rotate(&k)?)),
+            (None, Some(rope)) => Ok((rope.forward(&q, offset)?, rope.forward(&k, offset)?)),
+            (None, None) => Ok((q, k)),
+        }
+    }
+
+    /// The queries scaled by [`Self::temperature`], if the layer has one.
+    pub fn temper(&self, q: Array, offset: i32) -> Result<Array> {
+        match &self.temperature {
+            Some(t) => t.apply(&q, offset),
+            None => Ok(q),
+        }
+    }
+
+    /// `(B, H, L, D)` -> `(B, L, H*D)`.
+    pub fn merge_heads(&self, out: Array) -> Result<Array> {
+        let (b, l) = (out.dim(0), out.dim(2));
         out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
     }
 }

@@ -8,7 +8,8 @@ use crate::{
     nn::{Rope, RotaryAngles},
 };
 
-/// Builds the rotary embedding a config asks for: default, `linear`, `llama3` or `yarn`.
+/// Builds the rotary embedding a config asks for: default, `linear`, `llama3`, `yarn` or
+/// `proportional` (Gemma 4's partial rotation).
 pub fn rope_from_config(
     dims: i32,
     base: f32,
@@ -53,72 +54,142 @@ pub fn rope_from_config(
                 ..plain(1.0)
             })
         }
-        "yarn" => yarn(
-            dims,
-            base,
-            traditional,
-            scaling.expect("yarn scaling has a config"),
-        ),
+        "yarn" => {
+            let s = scaling.expect("yarn scaling has a config");
+            let get = |k: &str, d: f64| s.get(k).and_then(Value::as_f64).unwrap_or(d);
+            let yarn = Yarn {
+                factor: factor(),
+                original_max_position_embeddings: get("original_max_position_embeddings", 4096.0),
+                beta_fast: get("beta_fast", 32.0),
+                beta_slow: get("beta_slow", 1.0),
+                mscale: get("mscale", 1.0),
+                mscale_all_dim: get("mscale_all_dim", 0.0),
+            };
+            yarn.rope(dims, base, traditional)
+        }
+        "proportional" => {
+            let s = scaling.expect("proportional scaling has a config");
+            let partial = s
+                .get("partial_rotary_factor")
+                .and_then(Value::as_f64)
+                .unwrap_or(1.0);
+            proportional(
+                dims,
+                (dims as f64 * partial) as i32,
+                base,
+                factor(),
+                traditional,
+            )
+        }
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(
-                "rope_scaling type `{other}` is not supported (default, linear, llama3, yarn are)"
+                "rope_scaling type `{other}` is not supported (default, linear, llama3, yarn, \
+                 proportional are)"
             ),
         )),
     }
 }
 
-/// YaRN as mlx-lm's `YarnRoPE` computes it: wavelengths blended between the original and the
-/// `factor`-scaled ones over a ramp of dims whose ends are floored and ceiled (whatever the
-/// config's `truncate` says), and the rotated features scaled by
-/// `mscale(factor, mscale) / mscale(factor, mscale_all_dim)`.
-fn yarn(dims: i32, base: f32, traditional: bool, s: &Value) -> Result<Rope, EngineError> {
-    let get = |k: &str, d: f64| s.get(k).and_then(Value::as_f64).unwrap_or(d);
-    let factor = s.get("factor").and_then(Value::as_f64).ok_or_else(|| {
-        EngineError::load(
-            LoadErrorKind::InvalidWeights,
-            "config.json: rope_scaling of type yarn needs a `factor`",
-        )
-    })?;
-    let original = get("original_max_position_embeddings", 4096.0);
-    let (beta_fast, beta_slow) = (get("beta_fast", 32.0), get("beta_slow", 1.0));
-    let (mscale, mscale_all_dim) = (get("mscale", 1.0), get("mscale_all_dim", 0.0));
-    let (d, b) = (dims as f64, base as f64);
-    let correction_dim = |rotations: f64| {
-        d * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * b.ln())
-    };
-    let low = correction_dim(beta_fast).floor().max(0.0);
-    let high = correction_dim(beta_slow).ceil().min(d - 1.0);
-    let get_mscale = |m: f64| match factor <= 1.0 {
-        true => 1.0,
-        false => 0.1 * m * factor.ln() + 1.0,
-    };
-    let input_scale = get_mscale(mscale) / get_mscale(mscale_all_dim);
-    // With MLX's f32 ops in mlx-lm's order, so the frequencies are bit-equal.
-    let freqs = || -> crate::nn::Result<Array> {
-        let f = |v: f64| Array::from_f32(v as f32);
-        let exponents = Array::arange::<f32, f32>(0.0, d as f32, 2.0)?.divide(f(d))?;
-        let extra = ops::power(f(b), &exponents)?;
-        let inter = f(factor).multiply(&extra)?;
+/// A frequency table computed with MLX's f32 ops (as mlx-lm does, so that it is bit-equal),
+/// with MLX's errors as load errors.
+fn mlx_freqs(f: impl FnOnce() -> crate::nn::Result<Array>) -> Result<Array, EngineError> {
+    f().map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string()))
+}
+
+/// `base^(2i / dims)` for the first `rotated` of `dims` features, float32.
+fn wavelengths(rotated: i32, dims: i32, base: f32) -> crate::nn::Result<Array> {
+    let exponents = Array::arange::<f32, f32>(0.0, rotated as f32, 2.0)?
+        .divide(Array::from_f32(dims as f32))?;
+    ops::power(Array::from_f32(base), &exponents)
+}
+
+/// YaRN as mlx-lm's `YarnRoPE`: frequencies blended between interpolated (`factor` times) and
+/// original by a linear ramp over the correction range of `beta_fast`..`beta_slow` rotations,
+/// and the rotated features scaled by `mscale(factor, mscale) / mscale(factor, mscale_all_dim)`.
+struct Yarn {
+    factor: f64,
+    original_max_position_embeddings: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+    mscale: f64,
+    mscale_all_dim: f64,
+}
+
+impl Yarn {
+    fn rope(&self, dims: i32, base: f32, traditional: bool) -> Result<Rope, EngineError> {
+        let d = dims as f64;
+        let correction_dim = |rotations: f64| {
+            d * (self.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI))
+                .ln()
+                / (2.0 * (base as f64).ln())
+        };
+        let low = correction_dim(self.beta_fast).floor().max(0.0);
+        let high = correction_dim(self.beta_slow).ceil().min(d - 1.0);
+        // mlx-lm nudges an empty ramp to avoid dividing by zero.
         let high = if low == high { high + 0.001 } else { high };
-        let ramp = Array::arange::<f32, f32>(0.0, (dims / 2) as f32, 1.0)?
-            .subtract(f(low))?
-            .divide(f(high - low))?;
-        let mask = f(1.0).subtract(ops::clip(&ramp, (f(0.0), f(1.0)))?)?;
-        let blended = inter
-            .multiply(&mask)?
-            .add(extra.multiply(f(1.0).subtract(&mask)?)?)?;
-        inter.multiply(&extra)?.divide(&blended)
-    };
-    let freqs =
-        freqs().map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string()))?;
+        let get_mscale = |m: f64| match self.factor <= 1.0 {
+            true => 1.0,
+            false => 0.1 * m * self.factor.ln() + 1.0,
+        };
+        let mscale = get_mscale(self.mscale) / get_mscale(self.mscale_all_dim);
+        let freqs = mlx_freqs(|| {
+            let extra = wavelengths(dims, dims, base)?;
+            let inter = Array::from_f32(self.factor as f32).multiply(&extra)?;
+            let ramp = Array::arange::<f32, f32>(0.0, (dims / 2) as f32, 1.0)?
+                .subtract(Array::from_f32(low as f32))?
+                .divide(Array::from_f32((high - low) as f32))?;
+            let ramp = ops::clip(&ramp, (&Array::from_f32(0.0), &Array::from_f32(1.0)))?;
+            let one = Array::from_f32(1.0);
+            let mask = one.subtract(&ramp)?;
+            inter.multiply(&extra)?.divide(
+                inter
+                    .multiply(&mask)?
+                    .add(extra.multiply(one.subtract(&mask)?)?)?,
+            )
+        })?;
+        Ok(Rope {
+            dims,
+            traditional,
+            base,
+            scale: 1.0,
+            freqs: Some(freqs),
+            input_scale: (mscale != 1.0).then_some(mscale as f32),
+        })
+    }
+}
+
+/// mlx-lm's `ProportionalRoPE` (Gemma 4's global layers): the first `rotated` features turn
+/// with frequencies `factor * base^(2i / dims)` (exponents over the whole head), the rest get
+/// infinite wavelengths, so they do not turn.
+fn proportional(
+    dims: i32,
+    rotated: i32,
+    base: f32,
+    factor: f64,
+    traditional: bool,
+) -> Result<Rope, EngineError> {
+    if rotated > dims || rotated < 0 {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!(
+                "config.json: partial_rotary_factor gives {rotated} rotated features of {dims}; \
+                 it must be between 0 and 1"
+            ),
+        ));
+    }
+    let freqs = mlx_freqs(|| {
+        let turning = Array::from_f32(factor as f32).multiply(wavelengths(rotated, dims, base)?)?;
+        let still = ops::full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
+        ops::concatenate(&[turning, still], 0)
+    })?;
     Ok(Rope {
         dims,
         traditional,
         base,
         scale: 1.0,
         freqs: Some(freqs),
-        input_scale: (input_scale != 1.0).then_some(input_scale as f32),
+        input_scale: None,
     })
 }
 
@@ -167,15 +238,10 @@ pub fn su_scaled(
             ),
         ));
     }
-    // Computed with MLX's f32 ops, as mlx-lm does, so the frequencies are bit-equal.
-    let freqs = || -> crate::nn::Result<Array> {
-        let exponents = Array::arange::<f32, f32>(0.0, dims as f32, 2.0)?
-            .divide(Array::from_f32(dims as f32))?;
-        let freqs = ops::power(Array::from_f32(base), &exponents)?;
-        Array::from_slice(long_factor, &[long_factor.len() as i32]).multiply(&freqs)
-    };
-    let freqs =
-        freqs().map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, e.to_string()))?;
+    let freqs = mlx_freqs(|| {
+        let long = Array::from_slice(long_factor, &[long_factor.len() as i32]);
+        long.multiply(wavelengths(dims, dims, base)?)
+    })?;
     let original = original_max_position_embeddings as f64;
     let factor = max_position_embeddings as f64 / original;
     let mscale = long_mscale.unwrap_or(if factor <= 1.0 {

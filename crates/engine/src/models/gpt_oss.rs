@@ -87,7 +87,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         let pair = ["sliding_attention", "full_attention"].map(String::from);
         pair.iter().cycle().take(n).cloned().collect()
     });
-    let windows = layer_windows(Some(&types), n, Some(args.sliding_window), "gpt_oss")?;
+    let windows = layer_windows(Some(&types), Some(args.sliding_window), n, "gpt_oss")?;
     let max_pos = args.max_position_embeddings;
     let rope = c.rope(args.head_dim, args.rope_theta, false, max_pos)?;
     let moe = MoeSpec {

@@ -34,9 +34,9 @@ pub fn load(config: &Value, mut weights: Weights, family: &str) -> Result<Decode
 /// The Llama layers config.json describes, for families that adjust them (SmolLM3).
 pub fn decoder_spec(config: &Value, family: &str) -> Result<DecoderSpec, EngineError> {
     let args: Args = parse_args(config)?;
-    let n = args.llama.common.num_hidden_layers;
-    let windows = layer_windows(args.layer_types.as_deref(), n, args.sliding_window, family)?;
     let a = &args.llama;
+    let n = a.common.num_hidden_layers;
+    let windows = layer_windows(args.layer_types.as_deref(), args.sliding_window, n, family)?;
     let mut spec = DecoderSpec::uniform(
         a.layer()?,
         a.common.num_hidden_layers,
@@ -49,15 +49,15 @@ pub fn decoder_spec(config: &Value, family: &str) -> Result<DecoderSpec, EngineE
     Ok(spec)
 }
 
-/// Each of the `n` layers' attention window (`None`: full attention), from `layer_types`
-/// (absent: all full) and `sliding_window`.
+/// Each of `n` layers' attention window (`None`: full attention), from `layer_types` (absent:
+/// all full) and `sliding_window`.
 pub fn layer_windows(
-    types: Option<&[String]>,
-    n: usize,
+    layer_types: Option<&[String]>,
     sliding_window: Option<i32>,
+    n: usize,
     family: &str,
 ) -> Result<Vec<Option<i32>>, EngineError> {
-    let Some(types) = types else {
+    let Some(types) = layer_types else {
         return Ok(vec![None; n]);
     };
     let invalid = |detail: String| EngineError::load(LoadErrorKind::InvalidWeights, detail);

@@ -5,8 +5,10 @@
 //! `crate::nn`.
 
 mod gemma3_text;
+mod gemma4_text;
 mod gpt_oss;
 mod llama;
+mod ministral3;
 mod mistral;
 mod mixtral;
 mod moe;
@@ -59,8 +61,8 @@ pub trait LanguageModel {
     fn num_layers(&self) -> usize;
     /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).
     fn quantizable_kv_head_dims(&self) -> Vec<i32>;
-    /// Why this model's KV cache cannot be quantized whatever its head sizes (attention sinks),
-    /// if so.
+    /// Why `kv_bits` cannot quantize this model's KV cache whatever its head sizes (attention
+    /// sinks, layers sharing another layer's keys and values), if so.
     fn kv_bits_refusal(&self) -> Option<String> {
         None
     }
@@ -78,8 +80,10 @@ pub trait LanguageModel {
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3_text",
+    "gemma4_text",
     "gpt_oss",
     "llama",
+    "ministral3",
     "mistral",
     "mixtral",
     "olmo2",
@@ -103,8 +107,10 @@ pub fn build(
     check_sizes(config, &weights)?;
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
+        "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
         "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
+        "ministral3" => Ok(Box::new(ministral3::load(config, weights)?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
         "olmo2" => Ok(Box::new(olmo2::load(config, weights)?)),

@@ -21,7 +21,7 @@ use crate::{
     },
     nn::{
         Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, QkNorm,
-        QkNormOver, Qkv, Result, RmsNorm, Rope, RotaryAngles,
+        QkNormOver, Qkv, Result, RmsNorm, Rope, RotaryAngles, SharedKv,
     },
     rope::{rope_from_config, MRope},
     weights::Weights,
@@ -160,6 +160,22 @@ pub trait Family {
     fn residual(&self, x: &Array, y: &Array) -> Result<Array> {
         x.add(y)
     }
+
+    /// The logits as the head gives them.
+    fn logits(&self, logits: Array) -> Result<Array> {
+        Ok(logits)
+    }
+
+    /// Each layer's extra input `(B, L, layers, width)` for the blocks' per-layer input gates
+    /// (Gemma 4), from the token ids (`None`: given embeddings) and the scaled embeddings.
+    fn per_layer_inputs(&self, _tokens: Option<&Array>, _h: &Array) -> Result<Option<Array>> {
+        Ok(None)
+    }
+
+    /// The family's own linear layers under their checkpoint names.
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        Vec::new()
+    }
 }
 
 /// The Llama family's choices: every hook as it defaults.
@@ -197,6 +213,19 @@ pub struct LayerSpec {
     pub rope: Option<Rope>,
     /// Learned attention sinks, one logit per query head (`self_attn.sinks`, GPT-OSS).
     pub sinks: bool,
+    /// No `v_proj`: the values are the key projection (Gemma 4's `attention_k_eq_v`).
+    pub values_from_keys: bool,
+    /// Values RMS-normalised per head without a scale (Gemma 4).
+    pub v_norm: bool,
+    /// The block's output multiplied by its stored `layer_scalar` (Gemma 4).
+    pub layer_scalar: bool,
+    /// A gate that adds the layer's per-layer input ([`Family::per_layer_inputs`]) to the
+    /// block's output (Gemma 4).
+    pub per_layer_input: bool,
+    /// Attends to the keys and values of this earlier layer, with no k/v projections, key norm
+    /// or cache of its own (Gemma 4's KV-shared layers; they come after every layer with a
+    /// cache).
+    pub kv_from: Option<usize>,
 }
 
 /// The MLP of a layer.
@@ -221,6 +250,11 @@ impl LayerSpec {
             shape,
             rope: Some(rope),
             sinks: false,
+            values_from_keys: false,
+            v_norm: false,
+            layer_scalar: false,
+            per_layer_input: false,
+            kv_from: None,
         }
     }
 }
@@ -323,24 +357,85 @@ struct Block {
     /// Which of the forward pass's masks this layer takes (an index into
     /// [`Decoder::mask_sources`]).
     mask_kind: usize,
+    /// Multiplies the block's output (Gemma 4).
+    layer_scalar: Option<Array>,
+    per_layer_gate: Option<PerLayerGate>,
+    /// The layer whose keys and values this one attends to, when not its own.
+    kv_from: Option<usize>,
+    /// Later layers attend to this one's keys and values.
+    shares_kv: bool,
+}
+
+/// Gemma 4's per-layer input gate: `h + norm(projection(gelu_approx(gate(h)) * input))`.
+struct PerLayerGate {
+    per_layer_input_gate: Linear,
+    per_layer_projection: Linear,
+    post_per_layer_input_norm: RmsNorm,
+}
+
+impl PerLayerGate {
+    fn forward(&self, h: &Array, input: &Array) -> Result<Array> {
+        let gate = crate::nn::gelu_approx(&self.per_layer_input_gate.forward(h)?)?;
+        let gate = self.per_layer_projection.forward(&gate.multiply(input)?)?;
+        h.add(self.post_per_layer_input_norm.forward(&gate)?)
+    }
+}
+
+/// Where a block's attention gets its keys and values.
+enum LayerKv<'a> {
+    /// Its own, through its cache.
+    Cache(&'a mut KvCache),
+    /// An earlier layer's, of this pass.
+    Shared(&'a SharedKv),
 }
 
 impl Block {
+    /// The block's output, and its keys and values when later layers share them.
     fn forward(
         &self,
         family: &impl Family,
         x: &Array,
         mask: &Mask,
-        cache: &mut KvCache,
+        kv: LayerKv,
         angles: Option<&RotaryAngles>,
+        per_layer_input: Option<&Array>,
+    ) -> Result<(Array, Option<SharedKv>)> {
+        let mut kept = None;
+        let attn = |x: &Array| match kv {
+            LayerKv::Cache(cache) => {
+                let (out, shared) =
+                    self.self_attn
+                        .forward(x, mask, cache, angles, self.shares_kv)?;
+                kept = shared;
+                Ok(out)
+            }
+            LayerKv::Shared(shared) => self.self_attn.forward_shared(x, mask, shared),
+        };
+        let out = self.sublayers(family, x, attn)?;
+        let out = match (&self.per_layer_gate, per_layer_input) {
+            (Some(gate), Some(input)) => gate.forward(&out, input)?,
+            _ => out,
+        };
+        let out = match &self.layer_scalar {
+            Some(s) => out.multiply(s)?,
+            None => out,
+        };
+        Ok((out, kept))
+    }
+
+    /// Attention and MLP with their norms and residuals, as the norm layout places them.
+    fn sublayers(
+        &self,
+        family: &impl Family,
+        x: &Array,
+        attn: impl FnOnce(&Array) -> Result<Array>,
     ) -> Result<Array> {
-        let attn = |x: &Array, cache: &mut KvCache| self.self_attn.forward(x, mask, cache, angles);
         match &self.norms {
             Norms::PreNorm {
                 input_layernorm,
                 post_attention_layernorm,
             } => {
-                let h = family.residual(x, &attn(&input_layernorm.forward(x)?, cache)?)?;
+                let h = family.residual(x, &attn(&input_layernorm.forward(x)?)?)?;
                 let r = self.mlp.forward(&post_attention_layernorm.forward(&h)?)?;
                 family.residual(&h, &r)
             }
@@ -350,7 +445,7 @@ impl Block {
                 pre_feedforward_layernorm,
                 post_feedforward_layernorm,
             } => {
-                let r = attn(&input_layernorm.forward(x)?, cache)?;
+                let r = attn(&input_layernorm.forward(x)?)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
                 let r = self.mlp.forward(&pre_feedforward_layernorm.forward(&h)?)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
@@ -359,7 +454,7 @@ impl Block {
                 post_attention_layernorm,
                 post_feedforward_layernorm,
             } => {
-                let r = attn(x, cache)?;
+                let r = attn(x)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
                 let r = self.mlp.forward(&h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
@@ -439,7 +534,11 @@ fn load_block(
             post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
         },
     };
+    let shared = spec.kv_from.is_some();
     let qk_norm = match spec.qk_norm {
+        Some(QkNormOver::Head) if shared => {
+            Some(QkNorm::PerHead(load_norm("self_attn.q_norm")?, None))
+        }
         Some(over) => Some(QkNorm::new(
             over,
             load_norm("self_attn.q_norm")?,
@@ -451,12 +550,32 @@ fn load_block(
         true => Some(weights.take(&format!("{p}.self_attn.sinks"))?),
         false => None,
     };
+    let per_layer_gate = match spec.per_layer_input {
+        true => Some(PerLayerGate {
+            per_layer_input_gate: weights.linear(&format!("{p}.per_layer_input_gate"))?,
+            per_layer_projection: weights.linear(&format!("{p}.per_layer_projection"))?,
+            post_per_layer_input_norm: norm(
+                weights,
+                &format!("{p}.post_per_layer_input_norm"),
+                eps,
+                family,
+            )?,
+        }),
+        false => None,
+    };
     let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
-    let qkv = match spec.fused {
-        true => Qkv::Fused {
+    let qkv = match (spec.fused, spec.values_from_keys) {
+        _ if shared => Qkv::QueryOnly {
+            q_proj: linear("self_attn.q_proj")?,
+        },
+        (true, _) => Qkv::Fused {
             qkv_proj: linear("self_attn.qkv_proj")?,
         },
-        false => Qkv::Split {
+        (false, true) => Qkv::KeyIsValue {
+            q_proj: linear("self_attn.q_proj")?,
+            k_proj: linear("self_attn.k_proj")?,
+        },
+        (false, false) => Qkv::Split {
             q_proj: linear("self_attn.q_proj")?,
             k_proj: linear("self_attn.k_proj")?,
             v_proj: linear("self_attn.v_proj")?,
@@ -493,10 +612,18 @@ fn load_block(
             shape: spec.shape,
             rope: spec.rope,
             sinks,
+            v_norm_eps: spec.v_norm.then_some(eps),
         },
         mlp,
         norms,
         mask_kind,
+        layer_scalar: match spec.layer_scalar {
+            true => Some(weights.take(&format!("{p}.layer_scalar"))?),
+            false => None,
+        },
+        per_layer_gate,
+        kv_from: spec.kv_from,
+        shares_kv: false,
     })
 }
 
@@ -520,6 +647,11 @@ fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
             ("self_attn.v_proj", v_proj, (kv, hidden)),
         ],
         Qkv::Fused { qkv_proj } => vec![("self_attn.qkv_proj", qkv_proj, (q + 2 * kv, hidden))],
+        Qkv::KeyIsValue { q_proj, k_proj } => vec![
+            ("self_attn.q_proj", q_proj, (q, hidden)),
+            ("self_attn.k_proj", k_proj, (kv, hidden)),
+        ],
+        Qkv::QueryOnly { q_proj } => vec![("self_attn.q_proj", q_proj, (q, hidden))],
     };
     expected.push(("self_attn.o_proj", &a.o_proj, (hidden, q)));
     if let Some(sinks) = a.sinks.as_ref().filter(|s| s.shape() != [a.shape.n_heads]) {
@@ -573,6 +705,32 @@ fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
     Ok(())
 }
 
+/// Checks that every KV-shared layer comes after all layers with a cache and attends to an
+/// earlier one of its own window kind (which also gives its mask), and marks those layers to
+/// keep their keys and values.
+fn check_kv_sharing(layers: &mut [Block]) -> LoadResult<()> {
+    let owners = layers.iter().filter(|l| l.kv_from.is_none()).count();
+    for j in 0..layers.len() {
+        let Some(src) = layers[j].kv_from else {
+            continue;
+        };
+        let ok = j >= owners
+            && src < owners
+            && layers[src].self_attn.shape.window == layers[j].self_attn.shape.window;
+        if !ok {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!(
+                    "layer {j} would share the keys and values of layer {src}: shared layers must \
+                     follow every layer with its own and share one of their window kind"
+                ),
+            ));
+        }
+        layers[src].shares_kv = true;
+    }
+    Ok(())
+}
+
 impl<F: Family> Decoder<F> {
     /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
     pub fn load(mut weights: Weights, spec: DecoderSpec, family: F) -> LoadResult<Self> {
@@ -586,6 +744,7 @@ impl<F: Family> Decoder<F> {
             check_shapes(&block, &p, hidden)?;
             layers.push(block);
         }
+        check_kv_sharing(&mut layers)?;
         Ok(Self {
             embed_tokens,
             layers,
@@ -615,15 +774,17 @@ impl<F: Family> Decoder<F> {
         h: Array,
         positions: Option<&Array>,
         caches: &mut [KvCache],
+        tokens: Option<&Array>,
     ) -> Result<Array> {
-        if caches.len() != self.layers.len() {
+        if caches.len() != self.cache_count() {
             return Err(mlx_rs::error::Exception::custom(format!(
                 "{} layers need one KV cache each, got {}",
-                self.layers.len(),
+                self.cache_count(),
                 caches.len()
             )));
         }
         let mut h = self.family.scale_embeddings(h)?;
+        let per_layer = self.family.per_layer_inputs(tokens, &h)?;
         // mlx-lm's `create_attention_mask`, once per kind of layer, asked of that kind's first
         // cache before any layer adds this pass's positions.
         let n = h.dim(1);
@@ -648,15 +809,33 @@ impl<F: Family> Decoder<F> {
             }
             (None, None) => None,
         };
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+        // Keys and values of this pass that later layers share (mlx-lm's `intermediates`).
+        let mut kept: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
+        for (i, layer) in self.layers.iter().enumerate() {
             let mask = &masks[layer.mask_kind];
-            h = layer.forward(&self.family, &h, mask, cache, angles.as_ref())?;
+            let kv = match layer.kv_from {
+                Some(src) => LayerKv::Shared(kept[src].as_ref().ok_or_else(|| {
+                    mlx_rs::error::Exception::custom(format!("layer {src} kept no keys"))
+                })?),
+                None => LayerKv::Cache(&mut caches[i]),
+            };
+            let input = match &per_layer {
+                Some(p) => Some(p.take_axis(Array::from_int(i as i32), 2)?),
+                None => None,
+            };
+            let (out, shared) =
+                layer.forward(&self.family, &h, mask, kv, angles.as_ref(), input.as_ref())?;
+            h = out;
+            if shared.is_some() {
+                kept[i] = shared;
+            }
         }
         let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed_tokens.as_linear(&h),
-        }
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&h)?,
+            None => self.embed_tokens.as_linear(&h)?,
+        };
+        self.family.logits(logits)
     }
 }
 
@@ -678,13 +857,24 @@ pub fn sanitize(weights: &mut Weights, tie_word_embeddings: bool) {
     }
 }
 
+impl<F: Family> Decoder<F> {
+    /// Layers with a KV cache of their own: all but the KV-shared ones, which follow them.
+    fn cache_count(&self) -> usize {
+        self.layers.iter().filter(|l| l.kv_from.is_none()).count()
+    }
+}
+
 impl<F: Family> LanguageModel for Decoder<F> {
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        self.forward_at(self.embed(tokens)?, None, caches, Some(tokens))
+    }
+
     fn embed(&self, tokens: &Array) -> Result<Array> {
         self.embed_tokens.forward(tokens)
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array> {
-        self.forward_at(h, None, caches)
+        self.forward_at(h, None, caches, None)
     }
 
     fn forward_embeddings_at(
@@ -693,7 +883,7 @@ impl<F: Family> LanguageModel for Decoder<F> {
         positions: &Array,
         caches: &mut [KvCache],
     ) -> Result<Array> {
-        self.forward_at(h, Some(positions), caches)
+        self.forward_at(h, Some(positions), caches, None)
     }
 
     fn num_layers(&self) -> usize {
@@ -701,17 +891,26 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn quantizable_kv_head_dims(&self) -> Vec<i32> {
-        let full = self.layers.iter().map(|l| &l.self_attn.shape);
+        let own = self.layers.iter().filter(|l| l.kv_from.is_none());
+        let full = own.map(|l| &l.self_attn.shape);
         full.filter(|s| s.window.is_none())
             .map(|s| s.head_dim)
             .collect()
     }
 
     fn kv_bits_refusal(&self) -> Option<String> {
-        let sinks = self.layers.iter().any(|l| l.self_attn.sinks.is_some());
-        sinks.then(|| {
-            "this model's attention has sinks, which attention over a quantized KV cache does \
-             not take (mlx-lm refuses it too), so its KV cache cannot be quantized"
+        if self.layers.iter().any(|l| l.self_attn.sinks.is_some()) {
+            return Some(
+                "this model's attention has sinks, which attention over a quantized KV cache \
+                 does not take (mlx-lm refuses it too), so its KV cache cannot be quantized"
+                    .to_owned(),
+            );
+        }
+        // mlx-lm cannot run a quantized cache under KV-shared layers either (they would attend
+        // to its quantized tuples as plain arrays).
+        self.layers.iter().any(|l| l.kv_from.is_some()).then(|| {
+            "this model's later layers attend to earlier layers' keys and values (Gemma 4's \
+             KV sharing), which a quantized KV cache does not give"
                 .to_owned()
         })
     }
@@ -720,6 +919,7 @@ impl<F: Family> LanguageModel for Decoder<F> {
         let window = |l: &Block| l.self_attn.shape.window;
         self.layers
             .iter()
+            .filter(|l| l.kv_from.is_none())
             .map(|l| KvCache::for_window(window(l)))
             .collect()
     }
@@ -735,7 +935,18 @@ impl<F: Family> LanguageModel for Decoder<F> {
             out.extend(attn.map(|(n, linear)| (format!("{p}.self_attn.{n}"), linear)));
             let mlp = l.mlp.linears_mut().into_iter();
             out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
+            if let Some(g) = &mut l.per_layer_gate {
+                out.push((
+                    format!("{p}.per_layer_input_gate"),
+                    &mut g.per_layer_input_gate,
+                ));
+                out.push((
+                    format!("{p}.per_layer_projection"),
+                    &mut g.per_layer_projection,
+                ));
+            }
         }
+        out.extend(self.family.linears_mut());
         out.extend(self.lm_head.as_mut().map(|h| ("lm_head".to_owned(), h)));
         out
     }
