@@ -4,13 +4,13 @@
 
 use std::time::Instant;
 
-use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
+use mlx_rs::{ops, transforms, Array};
 use text::{StopMatcher, StreamingDetokenizer};
 
 use crate::{
     kv_cache::KvCache,
     models::LanguageModel,
-    prompt::PromptInputs,
+    prompt::{PromptEmbeds, PromptInputs},
     prompt_cache::PromptCache,
     request::{Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage},
     rope::MropePositions,
@@ -80,18 +80,19 @@ impl Decoder<'_> {
 
     /// Logits for `tokens` `(L,)`, or their input embeddings `(1, L, D)` when images are
     /// merged into them, at the next positions of the sequence.
-    fn forward(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Array> {
+    fn forward(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Array> {
         let model = self.ctx.model;
         let n = tokens.dim(0) as usize;
         let logits = match (self.positions, embeds) {
             (Some(p), embeds) => {
-                let h = match embeds {
-                    Some(h) => h,
-                    None => model.embed(&tokens.reshape(&[1, -1])?)?,
+                let (h, deepstack) = match embeds {
+                    Some(e) => (e.h, e.deepstack),
+                    None => (model.embed(&tokens.reshape(&[1, -1])?)?, Vec::new()),
                 };
-                model.forward_embeddings_at(h, &p.slice(self.next, n)?, &mut self.caches)?
+                let positions = p.slice(self.next, n)?;
+                model.forward_embeddings_at(h, &positions, &deepstack, &mut self.caches)?
             }
-            (None, Some(h)) => model.forward_embeddings(h, &mut self.caches)?,
+            (None, Some(e)) => model.forward_embeddings(e.h, &mut self.caches)?,
             (None, None) => model.forward(&tokens.reshape(&[1, -1])?, &mut self.caches)?,
         };
         self.next += n;
@@ -100,7 +101,7 @@ impl Decoder<'_> {
 
     /// Runs `tokens` `(L,)` (or their input embeddings) through the model and samples from the
     /// last position.
-    fn step(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Step> {
+    fn step(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Step> {
         let logits = self.forward(tokens, embeds)?;
         self.quantize_caches()?;
         let last = logits.dim(1) - 1;
@@ -219,9 +220,10 @@ fn run(
         }
         let n = ctx.prefill_chunk.min(rest.len() - 1);
         let chunk = Array::from_slice(&rest[..n], &[n as i32]);
-        let chunk_embeds = embeds.take().map(|h| {
-            embeds = Some(h.index((.., n as i32..)));
-            h.index((.., ..n as i32))
+        let chunk_embeds = embeds.take().map(|e| {
+            let (chunk, later) = e.split_at(n as i32);
+            embeds = Some(later);
+            chunk
         });
         dec.forward(&chunk, chunk_embeds)?;
         dec.quantize_caches()?;

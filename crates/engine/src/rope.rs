@@ -131,10 +131,20 @@ pub fn su_scaled(
     })
 }
 
-/// Multimodal RoPE (Qwen2-VL/Qwen2.5-VL's language model), as mlx-vlm 0.7.0 computes it off
-/// Metal (`MRoPERotaryEmbedding`, "chunked" style): each position has three ids (temporal,
-/// height, width); the first `sections[0]` rotary frequencies turn with the temporal id, the
-/// next `sections[1]` with the height id, the rest with the width id. The angles are computed
+/// How M-RoPE assigns the rotary frequencies to the three position rows (mlx-vlm's `style`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MropeStyle {
+    /// Qwen2-VL/Qwen2.5-VL: the first `sections[0]` frequencies turn with the temporal id, the
+    /// next `sections[1]` with the height id, the rest with the width id.
+    Chunked,
+    /// Qwen3-VL: frequency `i` turns with the height id when `i % 3 == 1` and `i < 3 *
+    /// sections[1]`, the width id when `i % 3 == 2` and `i < 3 * sections[2]`, else the temporal.
+    Interleaved,
+}
+
+/// Multimodal RoPE (the Qwen-VL language models), as mlx-vlm 0.7.0 computes it off Metal
+/// (`MRoPERotaryEmbedding`): each position has three ids (temporal, height, width), and each
+/// rotary frequency turns with the one its [`MropeStyle`] picks. The angles are computed
 /// with MLX ops (not `fast::rope`), cos/sin cast to the activations' dtype, and applied as
 /// `x * cos + rotate_half(x) * sin` ([`RotaryAngles`]).
 #[derive(Debug)]
@@ -146,7 +156,12 @@ pub struct MRope {
 }
 
 impl MRope {
-    pub fn new(head_dim: i32, base: f32, sections: &[i32]) -> Result<Self, EngineError> {
+    pub fn new(
+        head_dim: i32,
+        base: f32,
+        sections: &[i32],
+        style: MropeStyle,
+    ) -> Result<Self, EngineError> {
         let freqs = head_dim / 2;
         if sections.len() != 3 || sections.iter().any(|&s| s < 0) {
             return Err(EngineError::load(
@@ -154,14 +169,27 @@ impl MRope {
                 format!("config.json: mrope_section must be three counts, got {sections:?}"),
             ));
         }
-        // mlx-vlm's `_chunked_position_selector`: sections past `freqs` are cut off.
+        // mlx-vlm's `_chunked_position_selector` / `_interleaved_position_selector`: sections
+        // past `freqs` are cut off.
         let mut selector = vec![0i32; freqs as usize];
-        let mut start = sections[0];
-        for (row, &len) in sections.iter().enumerate().skip(1) {
-            for i in start.min(freqs)..(start + len).min(freqs) {
-                selector[i as usize] = row as i32;
+        match style {
+            MropeStyle::Chunked => {
+                let mut start = sections[0];
+                for (row, &len) in sections.iter().enumerate().skip(1) {
+                    for i in start.min(freqs)..(start + len).min(freqs) {
+                        selector[i as usize] = row as i32;
+                    }
+                    start += len;
+                }
             }
-            start += len;
+            MropeStyle::Interleaved => {
+                for row in 1..3 {
+                    let end = (sections[row] * 3).min(freqs);
+                    for i in (row as i32..end).step_by(3) {
+                        selector[i as usize] = row as i32;
+                    }
+                }
+            }
         }
         let inv_freq = || -> crate::nn::Result<Array> {
             let exponents = Array::arange::<f32, f32>(0.0, head_dim as f32, 2.0)?
@@ -196,6 +224,30 @@ impl MRope {
             sin: emb.sin()?.as_dtype(dtype)?,
         })
     }
+}
+
+/// `rope_scaling.mrope_section` of a Qwen-VL language model, as mlx-vlm's `TextConfig`s check
+/// it (absent: `[24, 20, 20]`).
+pub fn mrope_section(scaling: Option<&Value>) -> Result<Vec<i32>, EngineError> {
+    let Some(s) = scaling.filter(|s| !s.is_null()) else {
+        return Ok(vec![24, 20, 20]);
+    };
+    let kind = s
+        .get("type")
+        .or_else(|| s.get("rope_type"))
+        .and_then(Value::as_str);
+    if !matches!(kind, Some("mrope" | "default")) {
+        return Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            format!("rope_scaling type {kind:?} is not supported for Qwen-VL (mrope, default are)"),
+        ));
+    }
+    serde_json::from_value(s.get("mrope_section").cloned().unwrap_or(Value::Null)).map_err(|_| {
+        EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            "config.json: rope_scaling.mrope_section must list three integers",
+        )
+    })
 }
 
 /// The M-RoPE position ids of a whole prompt, `(3, L)` rows (temporal, height, width), and the

@@ -588,11 +588,13 @@ impl<F: Family> Decoder<F> {
         self
     }
 
-    /// The forward pass; `positions` `(3, L)` only for an M-RoPE model.
+    /// The forward pass; `positions` `(3, L)` only for an M-RoPE model, which may also add
+    /// `deepstack[i]` to the output of layer `i`.
     fn forward_at(
         &self,
         h: Array,
         positions: Option<&Array>,
+        deepstack: &[Array],
         caches: &mut [KvCache],
     ) -> Result<Array> {
         if caches.len() != self.layers.len() {
@@ -627,9 +629,12 @@ impl<F: Family> Decoder<F> {
             }
             (None, None) => None,
         };
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let mask = &masks[layer.mask_kind];
             h = layer.forward(&self.family, &h, mask, cache, angles.as_ref())?;
+            if let Some(rows) = deepstack.get(i) {
+                h = h.add(rows)?;
+            }
         }
         let h = self.norm.forward(&h)?;
         match &self.lm_head {
@@ -663,16 +668,17 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array> {
-        self.forward_at(h, None, caches)
+        self.forward_at(h, None, &[], caches)
     }
 
     fn forward_embeddings_at(
         &self,
         h: Array,
         positions: &Array,
+        deepstack: &[Array],
         caches: &mut [KvCache],
     ) -> Result<Array> {
-        self.forward_at(h, Some(positions), caches)
+        self.forward_at(h, Some(positions), deepstack, caches)
     }
 
     fn num_layers(&self) -> usize {

@@ -70,6 +70,16 @@ pub trait VisionModel {
     /// Feature rows `(image tokens, text hidden)` for `inputs`, computed in `dtype` (the
     /// language model's embedding dtype, as mlx-vlm casts the pixels).
     fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array>;
+    /// [`VisionModel::encode`]'s features and, for Qwen3-VL (deepstack), per first language
+    /// layer the rows `(image tokens, hidden)` added to that layer's output at the image
+    /// tokens. Other families: none.
+    fn encode_with_deepstack(
+        &self,
+        inputs: &ImageInputs,
+        dtype: Dtype,
+    ) -> nn::Result<(Array, Vec<Array>)> {
+        Ok((self.encode(inputs, dtype)?, Vec::new()))
+    }
     /// The language model's input embeddings `(1, L, hidden)` for `ids`, with `features` (one
     /// row per image token among `ids`, in order) in the image tokens' places. By default as
     /// mlx-vlm's LLaVA and Idefics3 do: the features cast to the embeddings' dtype, written over
