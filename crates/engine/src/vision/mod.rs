@@ -11,7 +11,9 @@ mod gemma3;
 mod idefics3;
 mod llava;
 mod qwen2_5_vit;
-mod qwen2_5_vl;
+mod qwen3_vit;
+mod qwen_vit;
+mod qwen_vl;
 mod siglip;
 
 use std::path::Path;
@@ -110,9 +112,13 @@ pub(crate) fn split(
             let (vision, text) = llava::load(dir, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
-        "qwen2_5_vl" => {
+        "qwen2_5_vl" | "qwen3_vl" => {
+            let family = match model_type {
+                "qwen2_5_vl" => qwen_vl::Family::Qwen25,
+                _ => qwen_vl::Family::Qwen3,
+            };
             let processor = image_processor(dir, model_type)?;
-            let (vision, text) = qwen2_5_vl::load(config, weights, processor)?;
+            let (vision, text) = qwen_vl::load(family, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
         "idefics3" | "smolvlm" => {
