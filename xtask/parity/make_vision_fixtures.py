@@ -615,8 +615,11 @@ def build_qwen3_vl(spec, out, tokenizer_dirs):
     (out / "config.json").write_text(json.dumps(config, indent=2))
     write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"],
                             "Qwen3VLProcessor", QWEN3_VL_TEMPLATE)
+    # A spec's "max_pixels" widens the budget, a smaller patch makes more tokens of an image
+    # (prompts past one prefill chunk).
     preprocessor = json.loads(json.dumps(QWEN3_VL_PREPROCESSOR))
     preprocessor["size"]["longest_edge"] = spec.get("max_pixels", preprocessor["size"]["longest_edge"])
+    preprocessor["patch_size"] = config["vision_config"]["patch_size"]
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
     processor = {"processor_class": "Qwen3VLProcessor"}
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
