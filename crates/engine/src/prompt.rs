@@ -279,7 +279,10 @@ pub(crate) fn merged_embeddings(
             let inputs = vision.preprocess(&images.decoded[first..])?;
             let (features, deepstack) = vision.encode_with_deepstack(&inputs, embeds.dtype())?;
             let skipped = |a: Array| a.index(skip as i32..);
-            (skipped(features), deepstack.into_iter().map(skipped).collect())
+            (
+                skipped(features),
+                deepstack.into_iter().map(skipped).collect(),
+            )
         }
         false => {
             let none = Array::zeros::<f32>(&[0, embeds.dim(-1)])?.as_dtype(embeds.dtype())?;

@@ -15,8 +15,8 @@ mod phi3;
 mod qwen2;
 mod qwen2_5_vl_text;
 mod qwen3;
-mod qwen3_vl_text;
 mod qwen3_moe;
+mod qwen3_vl_text;
 mod smollm3;
 mod transformer;
 

@@ -29,7 +29,14 @@ use crate::{
 };
 
 /// The vision `model_type`s this build runs, as `capabilities.architectures` lists them.
-pub const ARCHITECTURES: &[&str] = &["gemma3", "llava", "qwen2_5_vl", "idefics3", "smolvlm"];
+pub const ARCHITECTURES: &[&str] = &[
+    "gemma3",
+    "llava",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "idefics3",
+    "smolvlm",
+];
 
 /// A batch of images as the family's encoder takes them.
 pub struct ImageInputs {

@@ -133,7 +133,11 @@ impl Qwen3Vit {
         let blocks = (0..args.depth)
             .map(|i| Block::load(w, &format!("blocks.{i}"), &args))
             .collect::<Result<Vec<_>, _>>()?;
-        if let Some(&i) = args.deepstack_visual_indexes.iter().find(|&&i| i >= args.depth) {
+        if let Some(&i) = args
+            .deepstack_visual_indexes
+            .iter()
+            .find(|&&i| i >= args.depth)
+        {
             return Err(EngineError::load(
                 LoadErrorKind::InvalidWeights,
                 format!(
@@ -146,7 +150,12 @@ impl Qwen3Vit {
             .deepstack_visual_indexes
             .iter()
             .enumerate()
-            .map(|(k, &i)| Ok((i, Merger::load(w, &format!("deepstack_merger_list.{k}"), true)?)))
+            .map(|(k, &i)| {
+                Ok((
+                    i,
+                    Merger::load(w, &format!("deepstack_merger_list.{k}"), true)?,
+                ))
+            })
             .collect::<Result<Vec<_>, EngineError>>()?;
         Ok(Self {
             patch_embed: PatchEmbed::load(
@@ -167,11 +176,7 @@ impl Qwen3Vit {
     /// Feature rows `(tokens, text hidden)` of `pixels` `(patches, c * t * p * p)` with their
     /// grids, in the processor's order, and the deepstack features (the same rows, one set
     /// per deepstack block, in block order).
-    pub fn forward(
-        &self,
-        pixels: &Array,
-        grids: &[[usize; 3]],
-    ) -> nn::Result<(Array, Vec<Array>)> {
+    pub fn forward(&self, pixels: &Array, grids: &[[usize; 3]]) -> nn::Result<(Array, Vec<Array>)> {
         let m = self.args.spatial_merge_size;
         let width = self.patch_embed.hidden() * m * m;
         let mut x = self
@@ -209,10 +214,7 @@ impl Qwen3Vit {
                 };
                 let idx = ops::linspace::<f32, f32>(0.0, (side - 1) as f32, count)?;
                 let floor = idx.as_dtype(Dtype::Int32)?;
-                let ceil = ops::minimum(
-                    floor.add(Array::from_int(1))?,
-                    Array::from_int(side - 1),
-                )?;
+                let ceil = ops::minimum(floor.add(Array::from_int(1))?, Array::from_int(side - 1))?;
                 let frac = idx.subtract(floor.as_dtype(Dtype::Float32)?)?;
                 Ok((floor, ceil, frac))
             };

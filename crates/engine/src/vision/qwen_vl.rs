@@ -135,12 +135,20 @@ pub fn load(
         Family::Qwen25 => {
             let args: Args<VitConfig> = parse_args(config)?;
             let tower = QwenVit::load(args.vision_config, &mut tower_weights)?;
-            (Tower::Windowed(tower), args.image_token_id, args.vision_start_token_id)
+            (
+                Tower::Windowed(tower),
+                args.image_token_id,
+                args.vision_start_token_id,
+            )
         }
         Family::Qwen3 => {
             let args: Args<Vit3Config> = parse_args(config)?;
             let tower = Qwen3Vit::load(args.vision_config, &mut tower_weights)?;
-            (Tower::Deepstack(tower), args.image_token_id, args.vision_start_token_id)
+            (
+                Tower::Deepstack(tower),
+                args.image_token_id,
+                args.vision_start_token_id,
+            )
         }
     };
     let (patch, temporal, merge) = tower.patching();
