@@ -275,3 +275,26 @@ impl MropePositions {
         Ok(Array::from_slice(&out, &[3, n as i32]))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_style_gives_the_frequencies_their_position_rows() {
+        let rows = |style| {
+            let m = MRope::new(32, 1e6, &[6, 5, 5], style).unwrap();
+            m.selector.as_slice::<i32>().to_vec()
+        };
+        // Qwen2/2.5-VL: 6 temporal, 5 height, 5 width, in runs.
+        let chunked = [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2];
+        assert_eq!(rows(MropeStyle::Chunked), chunked);
+        // Qwen3-VL: t, h, w in turn while the height and width sections last.
+        let interleaved = [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0];
+        assert_eq!(rows(MropeStyle::Interleaved), interleaved);
+        // The real [24, 20, 20] over 64 frequencies: the last four are temporal.
+        let m = MRope::new(128, 5e6, &[24, 20, 20], MropeStyle::Interleaved).unwrap();
+        let s = m.selector.as_slice::<i32>().to_vec();
+        assert_eq!(&s[57..], [0, 1, 2, 0, 0, 0, 0]);
+    }
+}

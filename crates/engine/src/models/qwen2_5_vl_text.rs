@@ -2,7 +2,7 @@
 //! Qwen2's layers (q/k/v biases, `head_dim = hidden / heads`) with multimodal RoPE
 //! (`rope.rs` [`MRope`]) over `rope_scaling.mrope_section` (default `[24, 20, 20]`), base
 //! `rope_theta` (default 1e6), the head tied unless `tie_word_embeddings` is false. Built only
-//! under a vision model (`vision/qwen2_5_vl.rs` names it `qwen2_5_vl_text`, as transformers 5
+//! under a vision model (`vision/qwen_vl.rs` names it `qwen2_5_vl_text`, as transformers 5
 //! names the text config); the positions come from there.
 
 use serde::Deserialize;

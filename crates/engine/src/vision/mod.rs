@@ -1,9 +1,10 @@
 //! Vision-language models: an image encoder (vision tower and projector) whose features take
 //! the place of the prompt's image tokens, in front of a language model from `models/`.
 //!
-//! A family file (`gemma3.rs`, `llava.rs`, `idefics3.rs`) splits its checkpoint into the vision side, built
-//! there, and the language model's tensors and config, which `models::build` turns into the
-//! decoder. Shared towers live beside it (`siglip.rs`, `clip.rs`). What a family does to the
+//! A family file (`gemma3.rs`, `llava.rs`, `qwen_vl.rs`, `idefics3.rs`) splits its checkpoint
+//! into the vision side, built there, and the language model's tensors and config, which
+//! `models::build` turns into the decoder. Towers live beside it (`siglip.rs`, `clip.rs`,
+//! `qwen2_5_vit.rs` and `qwen3_vit.rs` with what they share in `qwen_vit.rs`). What a family does to the
 //! prompt (its processor's text-level expansion of image placeholders) lives in its file too.
 
 mod clip;
