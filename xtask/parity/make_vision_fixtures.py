@@ -586,16 +586,25 @@ def build_qwen2_5_vl(spec, out, tokenizer_dirs):
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
 
-def qwen_vl_transformers_layout(weights):
-    """mlx-vlm's names and Conv3d layout turned into transformers 5's (`model.visual.*`,
-    `model.language_model.*`, `lm_head.*`; the patch convolution `(out, in, t, p, p)`)."""
+# Checkpoint layouts other than mlx-vlm's: transformers 5's and Qwen's original one.
+QWEN_VL_LAYOUTS = {
+    "transformers": (("vision_tower.", "model.visual."),
+                     ("language_model.model.", "model.language_model."),
+                     ("language_model.lm_head.", "lm_head.")),
+    "qwen": (("vision_tower.", "visual."),
+             ("language_model.model.", "model."),
+             ("language_model.lm_head.", "lm_head.")),
+}
+
+
+def qwen_vl_layout(weights, layout):
+    """mlx-vlm's names and Conv3d layout turned into `layout`'s names (QWEN_VL_LAYOUTS) and
+    PyTorch's convolution layout `(out, in, t, p, p)`."""
     out = {}
     for name, w in weights.items():
         if name == "vision_tower.patch_embed.proj.weight":
             w = w.transpose(0, 4, 1, 2, 3)
-        for old, new in (("vision_tower.", "model.visual."),
-                         ("language_model.model.", "model.language_model."),
-                         ("language_model.lm_head.", "lm_head.")):
+        for old, new in QWEN_VL_LAYOUTS[layout]:
             if name.startswith(old):
                 name = new + name[len(old):]
                 break
@@ -609,8 +618,8 @@ def build_qwen3_vl(spec, out, tokenizer_dirs):
     model, config = random_model(qwen3_vl, QWEN3_VL, spec, lambda path, p: None)
     quantize_like_convert(model, config, spec)
     weights = dict(tree_flatten(model.parameters()))
-    if spec.get("layout") == "transformers":
-        weights = qwen_vl_transformers_layout(weights)
+    if layout := spec.get("layout"):
+        weights = qwen_vl_layout(weights, layout)
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"],
@@ -622,6 +631,65 @@ def build_qwen3_vl(spec, out, tokenizer_dirs):
     preprocessor["patch_size"] = config["vision_config"]["patch_size"]
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
     processor = {"processor_class": "Qwen3VLProcessor"}
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
+# The tiny Qwen2-VL: a two-layer Qwen2 language model with chunked M-RoPE (sections 2+3+3), a
+# three-block tower of LayerNorm blocks over whole images (`embed_dim` 64, MLP 2x wide) on 14 px
+# patches, images resized to at most 64 merged patches. Text settings at the top level.
+QWEN2_VL = {
+    "model_type": "qwen2_vl",
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    "max_position_embeddings": 32768,
+    "vocab_size": 49216,
+    "tie_word_embeddings": True,
+    "vision_start_token_id": 49152,
+    "vision_end_token_id": 49153,
+    "vision_token_id": 49154,
+    "image_token_id": 49155,
+    "video_token_id": 49156,
+    "eos_token_id": [2],
+    "text_config": {},
+    "vision_config": {
+        "model_type": "qwen2_vl",
+        "depth": 3,
+        "embed_dim": 64,
+        "hidden_size": 64,
+        "num_heads": 4,
+        "mlp_ratio": 2.0,
+        "in_channels": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
+
+
+def build_qwen2_vl(spec, out, tokenizer_dirs):
+    from mlx_vlm.models import qwen2_vl
+
+    model, config = random_model(qwen2_vl, QWEN2_VL, spec, lambda path, p: None)
+    quantize_like_convert(model, config, spec)
+    weights = dict(tree_flatten(model.parameters()))
+    if layout := spec.get("layout"):
+        weights = qwen_vl_layout(weights, layout)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    # mlx-vlm's ModelConfig copied the top level into `text_config`; Qwen's checkpoints have none.
+    config.pop("text_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"],
+                            "Qwen2VLProcessor")
+    preprocessor = dict(QWEN2_5_VL_PREPROCESSOR, processor_class="Qwen2VLProcessor")
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    processor = {"processor_class": "Qwen2VLProcessor"}
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
 
@@ -757,6 +825,7 @@ def build_idefics3(spec, out, tokenizer_dirs):
 BUILDERS = {
     "gemma3": build_gemma3,
     "llava": build_llava,
+    "qwen2_vl": build_qwen2_vl,
     "qwen2_5_vl": build_qwen2_5_vl,
     "qwen3_vl": build_qwen3_vl,
     "idefics3": build_idefics3,

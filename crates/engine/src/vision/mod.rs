@@ -120,8 +120,9 @@ pub(crate) fn split(
             let (vision, text) = llava::load(dir, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
-        "qwen2_5_vl" | "qwen3_vl" => {
+        "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl" => {
             let family = match model_type {
+                "qwen2_vl" => qwen_vl::Family::Qwen2,
                 "qwen2_5_vl" => qwen_vl::Family::Qwen25,
                 _ => qwen_vl::Family::Qwen3,
             };
@@ -286,12 +287,12 @@ mod tests {
 
     #[test]
     fn an_unknown_vision_family_is_unsupported_and_named() {
-        let config = json!({"model_type": "qwen2_vl", "vision_config": {"depth": 2}});
+        let config = json!({"model_type": "qwen3_vl_moe", "vision_config": {"depth": 2}});
         let mut weights = Weights::from_tensors(Default::default(), &config);
         match split(Path::new("."), &config, &mut weights) {
             Err(EngineError::Load { kind, detail }) => {
                 assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-                assert!(detail.contains("`qwen2_vl`"), "{detail}");
+                assert!(detail.contains("`qwen3_vl_moe`"), "{detail}");
                 assert!(
                     detail.contains("gemma3"),
                     "lists what is supported: {detail}"

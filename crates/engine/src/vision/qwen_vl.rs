@@ -1,13 +1,16 @@
-//! Qwen2.5-VL (`Qwen2_5_VLForConditionalGeneration`) and Qwen3-VL
-//! (`Qwen3VLForConditionalGeneration`), as mlx-vlm 0.7.0's `qwen2_5_vl` and `qwen3_vl` compute
-//! them: a vision transformer (`qwen2_5_vit.rs`, windowed; `qwen3_vit.rs`, with deepstack) over
+//! Qwen2-VL (`Qwen2VLForConditionalGeneration`), Qwen2.5-VL
+//! (`Qwen2_5_VLForConditionalGeneration`) and Qwen3-VL (`Qwen3VLForConditionalGeneration`), as
+//! mlx-vlm 0.7.0's `qwen2_vl`, `qwen2_5_vl` and `qwen3_vl` compute them: a vision transformer
+//! (`qwen2_5_vit.rs`, windowed; `qwen3_vit.rs`, Qwen3-VL's with deepstack and Qwen2-VL's) over
 //! the processor's resized image, the features in place of `<|image_pad|>` tokens (the
 //! processor repeats it `t * h * w / merge^2` times), and the language model
-//! (`models/qwen2_5_vl_text.rs`, `models/qwen3_vl_text.rs`) with multimodal RoPE at the
-//! positions [`rope_index`] computes for the whole prompt (the same for both families).
+//! (`models/qwen2_5_vl_text.rs` for Qwen2-VL and Qwen2.5-VL, `models/qwen3_vl_text.rs`) with
+//! multimodal RoPE at the positions [`rope_index`] computes for the whole prompt (the same for
+//! the three families).
 //!
 //! Where mlx-vlm differs from transformers, this follows mlx-vlm (docs/decisions/vision.md):
-//! Qwen2.5-VL's text config is config.json's top level; pixels are cast to the tower's dtype.
+//! Qwen2-VL's and Qwen2.5-VL's text config is config.json's top level; pixels are cast to the
+//! tower's dtype.
 
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
@@ -20,7 +23,7 @@ use crate::{
     rope::MropePositions,
     vision::{
         qwen2_5_vit::{QwenVit, VitConfig},
-        qwen3_vit::{Qwen3Vit, Vit3Config},
+        qwen3_vit::{Patching, Qwen3Vit, Vit2Config, Vit3Config},
         ImageInputs, PromptTokens, VisionModel,
     },
     weights::Weights,
@@ -29,6 +32,7 @@ use crate::{
 /// Which Qwen-VL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
+    Qwen2,
     Qwen25,
     Qwen3,
 }
@@ -36,6 +40,7 @@ pub enum Family {
 impl Family {
     fn name(self) -> &'static str {
         match self {
+            Family::Qwen2 => "Qwen2-VL",
             Family::Qwen25 => "Qwen2.5-VL",
             Family::Qwen3 => "Qwen3-VL",
         }
@@ -61,51 +66,61 @@ fn default_vision_start_token_id() -> u32 {
 /// The tokens the chat template writes per image; the processor repeats the pad.
 const IMAGE_PAD: &str = "<|image_pad|>";
 
-/// The language model's config. Qwen2.5-VL: mlx-vlm reads the top level of config.json
-/// (transformers 5 checkpoints that keep the text settings only under `text_config` are read
-/// from there). Qwen3-VL: `text_config`, as mlx-vlm reads it.
+/// The language model's config. Qwen2-VL and Qwen2.5-VL: mlx-vlm reads the top level of
+/// config.json (transformers 5 checkpoints that keep the text settings only under
+/// `text_config` are read from there); Qwen2-VL's defaults where it is silent (its
+/// `TextConfig`'s: 8 KV heads, 40960 positions, an untied head) are written in. Qwen3-VL:
+/// `text_config`, as mlx-vlm reads it.
 fn text_config(family: Family, config: &Value) -> Value {
-    let nested = || config.get("text_config").cloned().unwrap_or(json!({}));
+    let nested = config.get("text_config").cloned().unwrap_or(json!({}));
+    let top_or_nested = match config.get("hidden_size") {
+        Some(_) => config.clone(),
+        None => nested.clone(),
+    };
     let (mut text, model_type) = match family {
-        Family::Qwen25 => match config.get("hidden_size") {
-            Some(_) => (config.clone(), "qwen2_5_vl_text"),
-            None => (nested(), "qwen2_5_vl_text"),
-        },
-        Family::Qwen3 => (nested(), "qwen3_vl_text"),
+        Family::Qwen2 | Family::Qwen25 => (top_or_nested, "qwen2_5_vl_text"),
+        Family::Qwen3 => (nested, "qwen3_vl_text"),
     };
     if let Some(obj) = text.as_object_mut() {
         obj.remove("vision_config");
         obj.remove("text_config");
         obj.insert("model_type".into(), json!(model_type));
+        if family == Family::Qwen2 {
+            let defaults = [
+                ("num_key_value_heads", json!(8)),
+                ("max_position_embeddings", json!(40960)),
+                ("tie_word_embeddings", json!(false)),
+            ];
+            for (key, value) in defaults {
+                obj.entry(key).or_insert(value);
+            }
+        }
     }
     text
 }
 
 /// The vision transformer of each family.
 enum Tower {
+    /// Qwen2.5-VL's.
     Windowed(QwenVit),
-    Deepstack(Qwen3Vit),
+    /// Qwen2-VL's and Qwen3-VL's: each image whole.
+    Whole(Qwen3Vit),
 }
 
 impl Tower {
-    /// (patch, temporal patch, spatial merge).
-    fn patching(&self) -> (i32, i32, i32) {
+    fn patching(&self) -> Patching {
         match self {
-            Tower::Windowed(t) => (
-                t.args.patch_size,
-                t.args.temporal_patch_size,
-                t.args.spatial_merge_size,
-            ),
-            Tower::Deepstack(t) => (
-                t.args.patch_size,
-                t.args.temporal_patch_size,
-                t.args.spatial_merge_size,
-            ),
+            Tower::Windowed(t) => Patching {
+                patch: t.args.patch_size,
+                temporal: t.args.temporal_patch_size,
+                merge: t.args.spatial_merge_size,
+            },
+            Tower::Whole(t) => t.patching,
         }
     }
 
     fn merge_size(&self) -> usize {
-        self.patching().2 as usize
+        self.patching().merge as usize
     }
 }
 
@@ -132,6 +147,15 @@ pub fn load(
     };
     let mut tower_weights = split_parts(weights, family.name())?;
     let (tower, image_token_id, vision_start_token_id) = match family {
+        Family::Qwen2 => {
+            let args: Args<Vit2Config> = parse_args(config)?;
+            let tower = Qwen3Vit::load_qwen2(args.vision_config, &mut tower_weights)?;
+            (
+                Tower::Whole(tower),
+                args.image_token_id,
+                args.vision_start_token_id,
+            )
+        }
         Family::Qwen25 => {
             let args: Args<VitConfig> = parse_args(config)?;
             let tower = QwenVit::load(args.vision_config, &mut tower_weights)?;
@@ -145,13 +169,17 @@ pub fn load(
             let args: Args<Vit3Config> = parse_args(config)?;
             let tower = Qwen3Vit::load(args.vision_config, &mut tower_weights)?;
             (
-                Tower::Deepstack(tower),
+                Tower::Whole(tower),
                 args.image_token_id,
                 args.vision_start_token_id,
             )
         }
     };
-    let (patch, temporal, merge) = tower.patching();
+    let Patching {
+        patch,
+        temporal,
+        merge,
+    } = tower.patching();
     if processor.merge_size as i32 != merge
         || processor.patch_size as i32 != patch
         || processor.temporal_patch_size as i32 != temporal
@@ -286,7 +314,7 @@ impl VisionModel for QwenVlVision {
         let (pixels, grids) = (&inputs.pixel_values, &inputs.grid_thw);
         match &self.tower {
             Tower::Windowed(t) => Ok((t.forward(pixels, grids)?, Vec::new())),
-            Tower::Deepstack(t) => t.forward(pixels, grids),
+            Tower::Whole(t) => t.forward(pixels, grids),
         }
     }
 
