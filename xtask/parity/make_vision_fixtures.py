@@ -664,7 +664,7 @@ QWEN2_VL = {
         "embed_dim": 64,
         "hidden_size": 64,
         "num_heads": 4,
-        "mlp_ratio": 2.0,
+        "mlp_ratio": 2,
         "in_channels": 3,
         "patch_size": 14,
         "spatial_merge_size": 2,

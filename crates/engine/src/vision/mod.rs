@@ -33,6 +33,7 @@ use crate::{
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3",
     "llava",
+    "qwen2_vl",
     "qwen2_5_vl",
     "qwen3_vl",
     "idefics3",

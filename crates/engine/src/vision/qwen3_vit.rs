@@ -54,7 +54,7 @@ impl Default for Vit3Config {
 }
 
 /// Qwen2-VL's `vision_config`, with mlx-vlm's defaults: `embed_dim` is the tower's width,
-/// `hidden_size` the merger's output.
+/// `hidden_size` the merger's output (the MLP's width is its weights').
 #[derive(Debug, Deserialize)]
 #[serde(default)]
 pub struct Vit2Config {
@@ -65,7 +65,6 @@ pub struct Vit2Config {
     pub in_channels: i32,
     pub spatial_merge_size: i32,
     pub temporal_patch_size: i32,
-    pub mlp_ratio: f64,
 }
 
 impl Default for Vit2Config {
@@ -78,7 +77,6 @@ impl Default for Vit2Config {
             in_channels: 3,
             spatial_merge_size: 2,
             temporal_patch_size: 2,
-            mlp_ratio: 4.0,
         }
     }
 }

@@ -438,6 +438,19 @@ mod tests {
         assert!(text.get("vision_config").is_none() && text.get("text_config").is_none());
         let nested = json!({"vision_config": {}, "text_config": {"hidden_size": 32}});
         assert_eq!(text_config(Family::Qwen25, &nested)["hidden_size"], 32);
+        // Qwen2-VL: the top level, with its `TextConfig`'s defaults where it is silent.
+        let qwen2 = text_config(
+            Family::Qwen2,
+            &json!({"hidden_size": 64, "rope_theta": 1.0}),
+        );
+        assert_eq!(qwen2["num_key_value_heads"], 8);
+        assert_eq!(qwen2["tie_word_embeddings"], false);
+        assert_eq!(qwen2["rope_theta"], 1.0);
+        let tied = json!({"hidden_size": 64, "tie_word_embeddings": true});
+        assert_eq!(
+            text_config(Family::Qwen2, &tied)["tie_word_embeddings"],
+            true
+        );
         // Qwen3-VL: `text_config` only, as mlx-vlm reads it.
         let qwen3 = text_config(Family::Qwen3, &top);
         assert_eq!(qwen3, json!({"x": 1, "model_type": "qwen3_vl_text"}));
