@@ -570,19 +570,27 @@ def write_qwen_vl_tokenizer(src, out, first_id, processor_class="Qwen2_5_VLProce
 def build_qwen2_5_vl(spec, out, tokenizer_dirs):
     from mlx_vlm.models import qwen2_5_vl
 
-    model, config = random_model(qwen2_5_vl, QWEN2_5_VL, spec, lambda path, p: None)
+    build_qwen2_vl_like(qwen2_5_vl, QWEN2_5_VL, "Qwen2_5_VLProcessor", spec, out, tokenizer_dirs)
+
+
+def build_qwen2_vl_like(family, base, processor_class, spec, out, tokenizer_dirs):
+    """Qwen2-VL and Qwen2.5-VL: the text settings at the top level, Qwen2.5-VL's template."""
+    model, config = random_model(family, base, spec, lambda path, p: None)
     quantize_like_convert(model, config, spec)
     weights = dict(tree_flatten(model.parameters()))
+    if layout := spec.get("layout"):
+        weights = qwen_vl_layout(weights, layout)
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     # mlx-vlm's ModelConfig copied the top level into `text_config`; Qwen's checkpoints have none.
     config.pop("text_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"])
+    write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"],
+                            processor_class)
     # A spec's "max_pixels" widens the budget (prompts past one prefill chunk).
-    preprocessor = dict(QWEN2_5_VL_PREPROCESSOR)
+    preprocessor = dict(QWEN2_5_VL_PREPROCESSOR, processor_class=processor_class)
     preprocessor["max_pixels"] = spec.get("max_pixels", preprocessor["max_pixels"])
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
-    processor = {"processor_class": "Qwen2_5_VLProcessor"}
+    processor = {"processor_class": processor_class}
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
 
@@ -676,21 +684,7 @@ QWEN2_VL = {
 def build_qwen2_vl(spec, out, tokenizer_dirs):
     from mlx_vlm.models import qwen2_vl
 
-    model, config = random_model(qwen2_vl, QWEN2_VL, spec, lambda path, p: None)
-    quantize_like_convert(model, config, spec)
-    weights = dict(tree_flatten(model.parameters()))
-    if layout := spec.get("layout"):
-        weights = qwen_vl_layout(weights, layout)
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    # mlx-vlm's ModelConfig copied the top level into `text_config`; Qwen's checkpoints have none.
-    config.pop("text_config", None)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"],
-                            "Qwen2VLProcessor")
-    preprocessor = dict(QWEN2_5_VL_PREPROCESSOR, processor_class="Qwen2VLProcessor")
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
-    processor = {"processor_class": "Qwen2VLProcessor"}
-    (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+    build_qwen2_vl_like(qwen2_vl, QWEN2_VL, "Qwen2VLProcessor", spec, out, tokenizer_dirs)
 
 
 # SmolVLM's chat template (HuggingFaceTB/SmolVLM-256M-Instruct's), with string content rendered

@@ -218,11 +218,16 @@ impl Qwen3Vit {
                 ),
             ));
         }
+        let patching = Patching {
+            patch: args.patch_size,
+            temporal: args.temporal_patch_size,
+            merge: args.spatial_merge_size,
+        };
         let shape = (args.hidden_size, args.num_heads);
-        let blocks = (0..args.depth)
-            .map(|i| Block::load(w, &format!("blocks.{i}"), shape, &QWEN3))
-            .collect::<Result<Vec<_>, _>>()?;
-        let deepstack = args
+        let mut tower =
+            Self::blocks_and_merger(w, &QWEN3, args.depth, shape, args.in_channels, patching)?;
+        tower.pos_embed = Some(w.take("pos_embed.weight")?);
+        tower.deepstack = args
             .deepstack_visual_indexes
             .iter()
             .enumerate()
@@ -231,49 +236,41 @@ impl Qwen3Vit {
                 Ok((i, Merger::load(w, &p, &QWEN3, true)?))
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
-        Ok(Self {
-            patch_embed: PatchEmbed::load(
-                w,
-                args.in_channels,
-                args.temporal_patch_size,
-                args.patch_size,
-            )?,
-            pos_embed: Some(w.take("pos_embed.weight")?),
-            blocks,
-            merger: Merger::load(w, "merger", &QWEN3, false)?,
-            deepstack,
-            inv_freq: qwen_vit::inv_freq(args.hidden_size / args.num_heads)?,
-            patching: Patching {
-                patch: args.patch_size,
-                temporal: args.temporal_patch_size,
-                merge: args.spatial_merge_size,
-            },
-        })
+        Ok(tower)
     }
 
     /// Qwen2-VL's tower.
     pub fn load_qwen2(args: Vit2Config, w: &mut Weights) -> Result<Self, EngineError> {
+        let patching = Patching {
+            patch: args.patch_size,
+            temporal: args.temporal_patch_size,
+            merge: args.spatial_merge_size,
+        };
         let shape = (args.embed_dim, args.num_heads);
-        let blocks = (0..args.depth)
-            .map(|i| Block::load(w, &format!("blocks.{i}"), shape, &QWEN2))
+        Self::blocks_and_merger(w, &QWEN2, args.depth, shape, args.in_channels, patching)
+    }
+
+    /// The patch embedding, the blocks and the merger: a tower without position embeddings or
+    /// deepstack.
+    fn blocks_and_merger(
+        w: &mut Weights,
+        names: &Naming,
+        depth: usize,
+        (hidden, heads): (i32, i32),
+        in_channels: i32,
+        patching: Patching,
+    ) -> Result<Self, EngineError> {
+        let blocks = (0..depth)
+            .map(|i| Block::load(w, &format!("blocks.{i}"), (hidden, heads), names))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            patch_embed: PatchEmbed::load(
-                w,
-                args.in_channels,
-                args.temporal_patch_size,
-                args.patch_size,
-            )?,
+            patch_embed: PatchEmbed::load(w, in_channels, patching.temporal, patching.patch)?,
             pos_embed: None,
             blocks,
-            merger: Merger::load(w, "merger", &QWEN2, false)?,
+            merger: Merger::load(w, "merger", names, false)?,
             deepstack: Vec::new(),
-            inv_freq: qwen_vit::inv_freq(args.embed_dim / args.num_heads)?,
-            patching: Patching {
-                patch: args.patch_size,
-                temporal: args.temporal_patch_size,
-                merge: args.spatial_merge_size,
-            },
+            inv_freq: qwen_vit::inv_freq(hidden / heads)?,
+            patching,
         })
     }
 
