@@ -183,9 +183,8 @@ impl MRope {
                 }
             }
             MropeStyle::Interleaved => {
-                for row in 1..3 {
-                    let end = (sections[row] * 3).min(freqs);
-                    for i in (row as i32..end).step_by(3) {
+                for (row, &len) in sections.iter().enumerate().skip(1) {
+                    for i in (row as i32..(len * 3).min(freqs)).step_by(3) {
                         selector[i as usize] = row as i32;
                     }
                 }
