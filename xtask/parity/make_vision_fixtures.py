@@ -644,27 +644,11 @@ def build_qwen3_vl(spec, out, tokenizer_dirs):
 
 # The tiny Qwen2-VL: a two-layer Qwen2 language model with chunked M-RoPE (sections 2+3+3), a
 # three-block tower of LayerNorm blocks over whole images (`embed_dim` 64, MLP 2x wide) on 14 px
-# patches, images resized to at most 64 merged patches. Text settings at the top level.
+# patches, images resized to at most 64 merged patches. Text settings as Qwen2.5-VL's.
 QWEN2_VL = {
+    **QWEN2_5_VL,
     "model_type": "qwen2_vl",
     "architectures": ["Qwen2VLForConditionalGeneration"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
-    "max_position_embeddings": 32768,
-    "vocab_size": 49216,
-    "tie_word_embeddings": True,
-    "vision_start_token_id": 49152,
-    "vision_end_token_id": 49153,
-    "vision_token_id": 49154,
-    "image_token_id": 49155,
-    "video_token_id": 49156,
-    "eos_token_id": [2],
     "text_config": {},
     "vision_config": {
         "model_type": "qwen2_vl",
