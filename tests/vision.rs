@@ -3,8 +3,8 @@
 //! token for token against mlx-vlm. Here, through the binary: every way an image can arrive,
 //! several images, the prompt cache across images, and bad images, each a clear -32602 after
 //! which the worker goes on. And a tiny LLaVA (`tiny-llava`, a CLIP tower on a Llama) answering an
-//! image question, a tiny Qwen2.5-VL (`tiny-qwen2.5-vl`) and Qwen3-VL (`tiny-qwen3-vl`) answering
-//! a second question about an image from the prompt cache, and a tiny Idefics3 (`tiny-idefics3`) one about an image split
+//! image question, a tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL (`tiny-qwen2-vl`, `tiny-qwen2.5-vl`,
+//! `tiny-qwen3-vl`) answering a second question about an image from the prompt cache, and a tiny Idefics3 (`tiny-idefics3`) one about an image split
 //! into tiles.
 
 use std::path::{Path, PathBuf};
@@ -402,6 +402,13 @@ async fn a_llava_model_answers_an_image_question() {
 #[tokio::test]
 async fn a_qwen2_5_vl_model_answers_a_second_question_from_the_cache() {
     second_question_from_the_cache("tiny-qwen2.5-vl", "qwen2_5_vl", 54).await;
+}
+
+/// Qwen2-VL (`tiny-qwen2-vl`: its tower over whole images, the same processor settings as
+/// `tiny-qwen2.5-vl`, 54 tokens): likewise.
+#[tokio::test]
+async fn a_qwen2_vl_model_answers_a_second_question_from_the_cache() {
+    second_question_from_the_cache("tiny-qwen2-vl", "qwen2_vl", 54).await;
 }
 
 /// Qwen3-VL (`tiny-qwen3-vl`: 16 px patches, the same image resized to 12x18 of them, 54
