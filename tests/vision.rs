@@ -3,8 +3,8 @@
 //! token for token against mlx-vlm. Here, through the binary: every way an image can arrive,
 //! several images, the prompt cache across images, and bad images, each a clear -32602 after
 //! which the worker goes on. And a tiny LLaVA (`tiny-llava`, a CLIP tower on a Llama) answering an
-//! image question, a tiny Qwen2.5-VL (`tiny-qwen2.5-vl`) answering a second question about an
-//! image from the prompt cache, and a tiny Idefics3 (`tiny-idefics3`) one about an image split
+//! image question, a tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL (`tiny-qwen2-vl`, `tiny-qwen2.5-vl`,
+//! `tiny-qwen3-vl`) answering a second question about an image from the prompt cache, and a tiny Idefics3 (`tiny-idefics3`) one about an image split
 //! into tiles.
 
 use std::path::{Path, PathBuf};
@@ -398,15 +398,35 @@ async fn a_llava_model_answers_an_image_question() {
 
 /// Qwen2.5-VL (`tiny-qwen2.5-vl`: a windowed tower, a 400x300 image resized within the
 /// fixture's pixel budget to 12x18 patches, 54 tokens after the 2x2 merge; M-RoPE positions;
-/// token-exact with mlx-vlm in `cargo xtask parity`): an image question, then a second question
-/// about the same image whose prompt reuses the cached image tokens and is answered as a fresh
-/// start answers it (the suffix and the new tokens take their positions from the whole prompt).
+/// token-exact with mlx-vlm in `cargo xtask parity`): see [`second_question_from_the_cache`].
 #[tokio::test]
 async fn a_qwen2_5_vl_model_answers_a_second_question_from_the_cache() {
-    let Some((dir, images)) = fixture("tiny-qwen2.5-vl") else {
+    second_question_from_the_cache("tiny-qwen2.5-vl", "qwen2_5_vl", 54).await;
+}
+
+/// Qwen2-VL (`tiny-qwen2-vl`: its tower over whole images, the same processor settings as
+/// `tiny-qwen2.5-vl`, 54 tokens): likewise.
+#[tokio::test]
+async fn a_qwen2_vl_model_answers_a_second_question_from_the_cache() {
+    second_question_from_the_cache("tiny-qwen2-vl", "qwen2_vl", 54).await;
+}
+
+/// Qwen3-VL (`tiny-qwen3-vl`: 16 px patches, the same image resized to 12x18 of them, 54
+/// tokens; deepstack features added in the first language layers; interleaved M-RoPE):
+/// likewise, the second turn's image tokens (and their deepstack rows) all cached.
+#[tokio::test]
+async fn a_qwen3_vl_model_answers_a_second_question_from_the_cache() {
+    second_question_from_the_cache("tiny-qwen3-vl", "qwen3_vl", 54).await;
+}
+
+/// A Qwen-VL `fixture` (`image_tokens` for the 400x300 gradient): an image question, then a
+/// second question about the same image whose prompt reuses the cached image tokens and is
+/// answered as a fresh start answers it (the suffix and the new tokens take their positions
+/// from the whole prompt).
+async fn second_question_from_the_cache(fixture_name: &str, architecture: &str, image_tokens: u64) {
+    let Some((dir, images)) = fixture(fixture_name) else {
         return;
     };
-    const QWEN_IMAGE_TOKENS: u64 = 54;
     let w = worker(&[]);
     let init = within_for(LIMIT, w.call::<Initialize>(&InitializeParams::default()))
         .await
@@ -415,8 +435,8 @@ async fn a_qwen2_5_vl_model_answers_a_second_question_from_the_cache() {
         .capabilities
         .architectures
         .iter()
-        .any(|a| a == "qwen2_5_vl"));
-    loaded(&w, &dir, "qwen2_5_vl").await;
+        .any(|a| a == architecture));
+    loaded(&w, &dir, architecture).await;
 
     let question = "What is in this picture?";
     let text_only = generate(&w, &greedy(vec![ChatMessage::new("user", question)])).await;
@@ -430,7 +450,7 @@ async fn a_qwen2_5_vl_model_answers_a_second_question_from_the_cache() {
     // `<|vision_start|>`, the image's tokens, `<|vision_end|>`.
     assert_eq!(
         first.usage.prompt_tokens,
-        text_only.usage.prompt_tokens + QWEN_IMAGE_TOKENS + 2
+        text_only.usage.prompt_tokens + image_tokens + 2
     );
 
     let second_turn = greedy(vec![
@@ -440,7 +460,7 @@ async fn a_qwen2_5_vl_model_answers_a_second_question_from_the_cache() {
     ]);
     let cached = generate(&w, &second_turn).await;
     assert!(
-        cached.usage.cached_tokens > QWEN_IMAGE_TOKENS + 2,
+        cached.usage.cached_tokens > image_tokens + 2,
         "{:?}",
         cached.usage
     );

@@ -468,7 +468,84 @@ QWEN2_5_VL_PREPROCESSOR = {
 }
 
 
-def write_qwen_vl_tokenizer(src, out, first_id):
+# Qwen3-VL's chat template (Qwen/Qwen3-VL-2B-Instruct's, its tool-call and reasoning branches
+# left out): no default system prompt, each image part `<|vision_start|><|image_pad|><|vision_end|>`.
+QWEN3_VL_TEMPLATE = (
+    "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{%- if message['content'] is string %}{{ message['content'] }}"
+    "{%- else %}{%- for content in message['content'] %}"
+    "{%- if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif 'text' in content %}{{ content['text'] }}{%- endif %}{%- endfor %}{%- endif %}"
+    "<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+# The tiny Qwen3-VL: a three-layer Qwen3 language model (q/k norms, head_dim 32 wider than
+# hidden / heads) with interleaved M-RoPE (sections 6+5+5 of its 16 frequencies), a three-block
+# tower on 16 px patches whose first two blocks feed deepstack (added after language layers 0
+# and 1), position embeddings from a 6x6 table interpolated to the grid, images resized to at
+# most 64 merged patches. The text settings sit under `text_config`, as mlx-vlm reads them.
+QWEN3_VL = {
+    "model_type": "qwen3_vl",
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "image_token_id": 49155,
+    "video_token_id": 49156,
+    "vision_start_token_id": 49152,
+    "vision_end_token_id": 49153,
+    "tie_word_embeddings": True,
+    "eos_token_id": [2],
+    "text_config": {
+        "model_type": "qwen3_vl_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 5000000.0,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [6, 5, 5], "mrope_interleaved": True},
+        "max_position_embeddings": 32768,
+        "vocab_size": 49216,
+        "tie_word_embeddings": True,
+    },
+    "vision_config": {
+        "model_type": "qwen3_vl",
+        "depth": 3,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "out_hidden_size": 64,
+        "num_heads": 4,
+        "in_channels": 3,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 36,
+        "deepstack_visual_indexes": [0, 1],
+    },
+}
+
+# Qwen3-VL's preprocessor_config.json (its sizes as `size`), with a small pixel budget.
+QWEN3_VL_PREPROCESSOR = {
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+    "image_std": [0.5, 0.5, 0.5],
+    "merge_size": 2,
+    "patch_size": 16,
+    "processor_class": "Qwen3VLProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 32 * 32 * 64, "shortest_edge": 32 * 32 * 4},
+    "temporal_patch_size": 2,
+}
+
+
+def write_qwen_vl_tokenizer(src, out, first_id, processor_class="Qwen2_5_VLProcessor",
+                            template=QWEN2_5_VL_TEMPLATE):
     """SmolLM2's tokenizer with Qwen2's pipeline (as transformers 5 builds a Qwen2 tokenizer) and
     Qwen's vision tokens added after its vocabulary."""
     from make_fixtures import TOKENIZER_PIPELINES
@@ -483,30 +560,115 @@ def write_qwen_vl_tokenizer(src, out, first_id):
                  "single_word": False, "special": True}
         tokenizer["added_tokens"].append({"id": first_id + i, **entry})
         config.setdefault("added_tokens_decoder", {})[str(first_id + i)] = entry
-    config["processor_class"] = "Qwen2_5_VLProcessor"
+    config["processor_class"] = processor_class
     (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     shutil.copy(src / "generation_config.json", out / "generation_config.json")
-    (out / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_5_VL_TEMPLATE}, indent=2))
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": template}, indent=2))
 
 
 def build_qwen2_5_vl(spec, out, tokenizer_dirs):
     from mlx_vlm.models import qwen2_5_vl
 
-    model, config = random_model(qwen2_5_vl, QWEN2_5_VL, spec, lambda path, p: None)
+    build_qwen2_vl_like(qwen2_5_vl, QWEN2_5_VL, "Qwen2_5_VLProcessor", spec, out, tokenizer_dirs)
+
+
+def build_qwen2_vl_like(family, base, processor_class, spec, out, tokenizer_dirs):
+    """Qwen2-VL and Qwen2.5-VL: the text settings at the top level, Qwen2.5-VL's template."""
+    model, config = random_model(family, base, spec, lambda path, p: None)
     quantize_like_convert(model, config, spec)
     weights = dict(tree_flatten(model.parameters()))
+    if layout := spec.get("layout"):
+        weights = qwen_vl_layout(weights, layout)
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     # mlx-vlm's ModelConfig copied the top level into `text_config`; Qwen's checkpoints have none.
     config.pop("text_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"])
+    write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"],
+                            processor_class)
     # A spec's "max_pixels" widens the budget (prompts past one prefill chunk).
-    preprocessor = dict(QWEN2_5_VL_PREPROCESSOR)
+    preprocessor = dict(QWEN2_5_VL_PREPROCESSOR, processor_class=processor_class)
     preprocessor["max_pixels"] = spec.get("max_pixels", preprocessor["max_pixels"])
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
-    processor = {"processor_class": "Qwen2_5_VLProcessor"}
+    processor = {"processor_class": processor_class}
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
+# Checkpoint layouts other than mlx-vlm's: transformers 5's and Qwen's original one.
+QWEN_VL_LAYOUTS = {
+    "transformers": (("vision_tower.", "model.visual."),
+                     ("language_model.model.", "model.language_model."),
+                     ("language_model.lm_head.", "lm_head.")),
+    "qwen": (("vision_tower.", "visual."),
+             ("language_model.model.", "model."),
+             ("language_model.lm_head.", "lm_head.")),
+}
+
+
+def qwen_vl_layout(weights, layout):
+    """mlx-vlm's names and Conv3d layout turned into `layout`'s names (QWEN_VL_LAYOUTS) and
+    PyTorch's convolution layout `(out, in, t, p, p)`."""
+    out = {}
+    for name, w in weights.items():
+        if name == "vision_tower.patch_embed.proj.weight":
+            w = w.transpose(0, 4, 1, 2, 3)
+        for old, new in QWEN_VL_LAYOUTS[layout]:
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        out[name] = w
+    return out
+
+
+def build_qwen3_vl(spec, out, tokenizer_dirs):
+    from mlx_vlm.models import qwen3_vl
+
+    model, config = random_model(qwen3_vl, QWEN3_VL, spec, lambda path, p: None)
+    quantize_like_convert(model, config, spec)
+    weights = dict(tree_flatten(model.parameters()))
+    if layout := spec.get("layout"):
+        weights = qwen_vl_layout(weights, layout)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_qwen_vl_tokenizer(tokenizer_dirs["smollm2"], out, config["vision_start_token_id"],
+                            "Qwen3VLProcessor", QWEN3_VL_TEMPLATE)
+    # A spec's "max_pixels" widens the budget, a smaller patch makes more tokens of an image
+    # (prompts past one prefill chunk).
+    preprocessor = json.loads(json.dumps(QWEN3_VL_PREPROCESSOR))
+    preprocessor["size"]["longest_edge"] = spec.get("max_pixels", preprocessor["size"]["longest_edge"])
+    preprocessor["patch_size"] = config["vision_config"]["patch_size"]
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    processor = {"processor_class": "Qwen3VLProcessor"}
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
+# The tiny Qwen2-VL: a two-layer Qwen2 language model with chunked M-RoPE (sections 2+3+3), a
+# three-block tower of LayerNorm blocks over whole images (`embed_dim` 64, MLP 2x wide) on 14 px
+# patches, images resized to at most 64 merged patches. Text settings as Qwen2.5-VL's.
+QWEN2_VL = {
+    **QWEN2_5_VL,
+    "model_type": "qwen2_vl",
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "text_config": {},
+    "vision_config": {
+        "model_type": "qwen2_vl",
+        "depth": 3,
+        "embed_dim": 64,
+        "hidden_size": 64,
+        "num_heads": 4,
+        "mlp_ratio": 2,
+        "in_channels": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
+
+
+def build_qwen2_vl(spec, out, tokenizer_dirs):
+    from mlx_vlm.models import qwen2_vl
+
+    build_qwen2_vl_like(qwen2_vl, QWEN2_VL, "Qwen2VLProcessor", spec, out, tokenizer_dirs)
 
 
 # SmolVLM's chat template (HuggingFaceTB/SmolVLM-256M-Instruct's), with string content rendered
@@ -641,7 +803,9 @@ def build_idefics3(spec, out, tokenizer_dirs):
 BUILDERS = {
     "gemma3": build_gemma3,
     "llava": build_llava,
+    "qwen2_vl": build_qwen2_vl,
     "qwen2_5_vl": build_qwen2_5_vl,
+    "qwen3_vl": build_qwen3_vl,
     "idefics3": build_idefics3,
     "smolvlm": build_idefics3,
 }

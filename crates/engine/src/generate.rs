@@ -6,14 +6,14 @@
 use std::time::Instant;
 
 use constrain::{ConstraintError, Guide};
-use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
+use mlx_rs::{ops, transforms, Array};
 use text::{StopMatcher, StreamingDetokenizer};
 
 use crate::{
     constrained::Markup,
     kv_cache::KvCache,
     models::LanguageModel,
-    prompt::PromptInputs,
+    prompt::{PromptEmbeds, PromptInputs},
     prompt_cache::PromptCache,
     request::{
         Channel, Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage,
@@ -91,18 +91,19 @@ impl Decoder<'_> {
 
     /// Logits for `tokens` `(L,)`, or their input embeddings `(1, L, D)` when images are
     /// merged into them, at the next positions of the sequence.
-    fn forward(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Array> {
+    fn forward(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Array> {
         let model = self.ctx.model;
         let n = tokens.dim(0) as usize;
         let logits = match (self.positions, embeds) {
             (Some(p), embeds) => {
-                let h = match embeds {
-                    Some(h) => h,
-                    None => model.embed(&tokens.reshape(&[1, -1])?)?,
+                let (h, deepstack) = match embeds {
+                    Some(e) => (e.h, e.deepstack),
+                    None => (model.embed(&tokens.reshape(&[1, -1])?)?, Vec::new()),
                 };
-                model.forward_embeddings_at(h, &p.slice(self.next, n)?, &mut self.caches)?
+                let positions = p.slice(self.next, n)?;
+                model.forward_embeddings_at(h, &positions, &deepstack, &mut self.caches)?
             }
-            (None, Some(h)) => model.forward_embeddings(h, &mut self.caches)?,
+            (None, Some(e)) => model.forward_embeddings(e.h, &mut self.caches)?,
             (None, None) => model.forward(&tokens.reshape(&[1, -1])?, &mut self.caches)?,
         };
         self.next += n;
@@ -111,7 +112,7 @@ impl Decoder<'_> {
 
     /// Runs `tokens` `(L,)` (or their input embeddings) through the model: the last position's
     /// logits `(1, V)`, still lazy.
-    fn logits(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Array> {
+    fn logits(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Array> {
         let logits = self.forward(tokens, embeds)?;
         self.quantize_caches()?;
         let last = logits.dim(1) - 1;
@@ -147,7 +148,7 @@ impl Decoder<'_> {
 
     /// Runs `tokens` through the model and samples from the last position; with a guide, its
     /// mask (computed on the host while the forward pass runs) restricts the choice.
-    fn step(&mut self, tokens: &Array, embeds: Option<Array>) -> Result<Step> {
+    fn step(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Step> {
         let logits = self.logits(tokens, embeds)?;
         let mask = match &mut self.guide {
             Some(guide) => {
@@ -293,9 +294,10 @@ fn run(
         }
         let n = ctx.prefill_chunk.min(rest.len() - 1);
         let chunk = Array::from_slice(&rest[..n], &[n as i32]);
-        let chunk_embeds = embeds.take().map(|h| {
-            embeds = Some(h.index((.., n as i32..)));
-            h.index((.., ..n as i32))
+        let chunk_embeds = embeds.take().map(|e| {
+            let (chunk, later) = e.split_at(n as i32);
+            embeds = Some(later);
+            chunk
         });
         dec.forward(&chunk, chunk_embeds)?;
         dec.quantize_caches()?;

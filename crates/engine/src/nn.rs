@@ -254,6 +254,12 @@ pub fn gelu_approx(x: &Array) -> Result<Array> {
     c(0.5)?.multiply(x)?.multiply(c(1.0)?.add(&inner)?)
 }
 
+/// MLX's `gelu_fast_approx` (`nn.GELU(approx="fast")`, quick GELU): `x * sigmoid(1.702 x)`,
+/// the constant in `x`'s dtype.
+pub fn quick_gelu(x: &Array) -> Result<Array> {
+    x.multiply(ops::sigmoid(scalar_like(1.702, x)?.multiply(x)?)?)
+}
+
 /// MLX's exact `gelu` (`nn.GELU()`): `x * (1 + erf(x / sqrt(2))) / 2`, constants in `x`'s dtype.
 pub fn gelu(x: &Array) -> Result<Array> {
     let c = |v: f64| scalar_like(v as f32, x);

@@ -3,7 +3,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use mlx_rs::{ops::indexing::IndexOp, transforms, Array};
+use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
 use serde_json::{json, Value};
 use text::{Message, MessageContent, ModelTokenizer};
 
@@ -221,15 +221,42 @@ fn digest(image: &images::RgbImage) -> u64 {
     h.finish()
 }
 
+/// A prompt's input embeddings, its images' features merged in.
+pub(crate) struct PromptEmbeds {
+    /// `(1, L, hidden)`.
+    pub h: Array,
+    /// Qwen3-VL's deepstack: per first language layer, `(1, L, hidden)` added to its output
+    /// (the image's features at its tokens, zeros elsewhere). Empty for other families.
+    pub deepstack: Vec<Array>,
+}
+
+impl PromptEmbeds {
+    /// The first `n` positions, and the rest.
+    pub fn split_at(self, n: i32) -> (Self, Self) {
+        let head = |a: &Array| a.index((.., ..n));
+        let tail = |a: &Array| a.index((.., n..));
+        let first = PromptEmbeds {
+            h: head(&self.h),
+            deepstack: self.deepstack.iter().map(head).collect(),
+        };
+        let rest = PromptEmbeds {
+            h: tail(&self.h),
+            deepstack: self.deepstack.iter().map(tail).collect(),
+        };
+        (first, rest)
+    }
+}
+
 /// The input embeddings `(1, L, D)` of `prompt.ids[reused..]` with the features of the image
-/// tokens among them merged in. Preprocesses and encodes only the images those tokens belong
-/// to; evaluated, and the encoder's buffers released, before prefill starts.
+/// tokens among them merged in (and their deepstack rows, for Qwen3-VL). Preprocesses and
+/// encodes only the images those tokens belong to; evaluated, and the encoder's buffers
+/// released, before prefill starts.
 pub(crate) fn merged_embeddings(
     model: &dyn LanguageModel,
     vision: &dyn VisionModel,
     prompt: &PromptInputs,
     reused: usize,
-) -> Result<Array, EngineError> {
+) -> Result<PromptEmbeds, EngineError> {
     let images = prompt
         .images
         .as_ref()
@@ -247,15 +274,35 @@ pub(crate) fn merged_embeddings(
         first += 1;
     }
     let embeds = model.embed(&Array::from_slice(rest, &[1, rest.len() as i32]))?;
-    let features = match first < images.tokens_per_image.len() {
+    let (features, deepstack) = match first < images.tokens_per_image.len() {
         true => {
             let inputs = vision.preprocess(&images.decoded[first..])?;
-            vision.encode(&inputs, embeds.dtype())?.index(skip as i32..)
+            let (features, deepstack) = vision.encode_with_deepstack(&inputs, embeds.dtype())?;
+            let skipped = |a: Array| a.index(skip as i32..);
+            (
+                skipped(features),
+                deepstack.into_iter().map(skipped).collect(),
+            )
         }
-        false => Array::zeros::<f32>(&[0, embeds.dim(-1)])?.as_dtype(embeds.dtype())?,
+        false => {
+            let none = Array::zeros::<f32>(&[0, embeds.dim(-1)])?.as_dtype(embeds.dtype())?;
+            (none, Vec::new())
+        }
     };
-    let merged = vision.merge(rest, embeds, &features)?;
-    transforms::eval([&merged])?;
+    // mlx-vlm adds the deepstack rows in the hidden states' dtype, at the image tokens.
+    let zeros = ops::zeros_like(&embeds)?;
+    let deepstack = deepstack
+        .iter()
+        .map(|rows| {
+            let rows = rows.as_dtype(embeds.dtype())?;
+            crate::vision::scatter_rows(rest, image_id, zeros.clone(), &rows)
+        })
+        .collect::<Result<Vec<Array>, _>>()?;
+    let merged = PromptEmbeds {
+        h: vision.merge(rest, embeds, &features)?,
+        deepstack,
+    };
+    transforms::eval(std::iter::once(&merged.h).chain(&merged.deepstack))?;
     drop(features);
     mlx_rs::memory::clear_cache()?;
     Ok(merged)

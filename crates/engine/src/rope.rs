@@ -259,10 +259,20 @@ pub fn su_scaled(
     })
 }
 
-/// Multimodal RoPE (Qwen2-VL/Qwen2.5-VL's language model), as mlx-vlm 0.7.0 computes it off
-/// Metal (`MRoPERotaryEmbedding`, "chunked" style): each position has three ids (temporal,
-/// height, width); the first `sections[0]` rotary frequencies turn with the temporal id, the
-/// next `sections[1]` with the height id, the rest with the width id. The angles are computed
+/// How M-RoPE assigns the rotary frequencies to the three position rows (mlx-vlm's `style`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MropeStyle {
+    /// Qwen2-VL/Qwen2.5-VL: the first `sections[0]` frequencies turn with the temporal id, the
+    /// next `sections[1]` with the height id, the rest with the width id.
+    Chunked,
+    /// Qwen3-VL: frequency `i` turns with the height id when `i % 3 == 1` and `i < 3 *
+    /// sections[1]`, the width id when `i % 3 == 2` and `i < 3 * sections[2]`, else the temporal.
+    Interleaved,
+}
+
+/// Multimodal RoPE (the Qwen-VL language models), as mlx-vlm 0.7.0 computes it off Metal
+/// (`MRoPERotaryEmbedding`): each position has three ids (temporal, height, width), and each
+/// rotary frequency turns with the one its [`MropeStyle`] picks. The angles are computed
 /// with MLX ops (not `fast::rope`), cos/sin cast to the activations' dtype, and applied as
 /// `x * cos + rotate_half(x) * sin` ([`RotaryAngles`]).
 #[derive(Debug)]
@@ -274,7 +284,12 @@ pub struct MRope {
 }
 
 impl MRope {
-    pub fn new(head_dim: i32, base: f32, sections: &[i32]) -> Result<Self, EngineError> {
+    pub fn new(
+        head_dim: i32,
+        base: f32,
+        sections: &[i32],
+        style: MropeStyle,
+    ) -> Result<Self, EngineError> {
         let freqs = head_dim / 2;
         if sections.len() != 3 || sections.iter().any(|&s| s < 0) {
             return Err(EngineError::load(
@@ -282,14 +297,26 @@ impl MRope {
                 format!("config.json: mrope_section must be three counts, got {sections:?}"),
             ));
         }
-        // mlx-vlm's `_chunked_position_selector`: sections past `freqs` are cut off.
+        // mlx-vlm's `_chunked_position_selector` / `_interleaved_position_selector`: sections
+        // past `freqs` are cut off.
         let mut selector = vec![0i32; freqs as usize];
-        let mut start = sections[0];
-        for (row, &len) in sections.iter().enumerate().skip(1) {
-            for i in start.min(freqs)..(start + len).min(freqs) {
-                selector[i as usize] = row as i32;
+        match style {
+            MropeStyle::Chunked => {
+                let mut start = sections[0];
+                for (row, &len) in sections.iter().enumerate().skip(1) {
+                    for i in start.min(freqs)..(start + len).min(freqs) {
+                        selector[i as usize] = row as i32;
+                    }
+                    start += len;
+                }
             }
-            start += len;
+            MropeStyle::Interleaved => {
+                for (row, &len) in sections.iter().enumerate().skip(1) {
+                    for i in (row as i32..(len * 3).min(freqs)).step_by(3) {
+                        selector[i as usize] = row as i32;
+                    }
+                }
+            }
         }
         let inv_freq = || -> crate::nn::Result<Array> {
             let exponents = Array::arange::<f32, f32>(0.0, head_dim as f32, 2.0)?
@@ -326,6 +353,30 @@ impl MRope {
     }
 }
 
+/// `rope_scaling.mrope_section` of a Qwen-VL language model, as mlx-vlm's `TextConfig`s check
+/// it (absent: `[24, 20, 20]`).
+pub fn mrope_section(scaling: Option<&Value>) -> Result<Vec<i32>, EngineError> {
+    let Some(s) = scaling.filter(|s| !s.is_null()) else {
+        return Ok(vec![24, 20, 20]);
+    };
+    let kind = s
+        .get("type")
+        .or_else(|| s.get("rope_type"))
+        .and_then(Value::as_str);
+    if !matches!(kind, Some("mrope" | "default")) {
+        return Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            format!("rope_scaling type {kind:?} is not supported for Qwen-VL (mrope, default are)"),
+        ));
+    }
+    serde_json::from_value(s.get("mrope_section").cloned().unwrap_or(Value::Null)).map_err(|_| {
+        EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            "config.json: rope_scaling.mrope_section must list three integers",
+        )
+    })
+}
+
 /// The M-RoPE position ids of a whole prompt, `(3, L)` rows (temporal, height, width), and the
 /// `delta` every later token adds to its index: a pure function of the prompt's ids and image
 /// grids, so a prompt-cache reuse takes the slice it has not prefilled and decoding continues
@@ -349,5 +400,28 @@ impl MropePositions {
             }));
         }
         Ok(Array::from_slice(&out, &[3, n as i32]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_style_gives_the_frequencies_their_position_rows() {
+        let rows = |style| {
+            let m = MRope::new(32, 1e6, &[6, 5, 5], style).unwrap();
+            m.selector.as_slice::<i32>().to_vec()
+        };
+        // Qwen2/2.5-VL: 6 temporal, 5 height, 5 width, in runs.
+        let chunked = [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2];
+        assert_eq!(rows(MropeStyle::Chunked), chunked);
+        // Qwen3-VL: t, h, w in turn while the height and width sections last.
+        let interleaved = [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0];
+        assert_eq!(rows(MropeStyle::Interleaved), interleaved);
+        // The real [24, 20, 20] over 64 frequencies: the last four are temporal.
+        let m = MRope::new(128, 5e6, &[24, 20, 20], MropeStyle::Interleaved).unwrap();
+        let s = m.selector.as_slice::<i32>().to_vec();
+        assert_eq!(&s[57..], [0, 1, 2, 0, 0, 0, 0]);
     }
 }

@@ -19,6 +19,7 @@ mod qwen2;
 mod qwen2_5_vl_text;
 mod qwen3;
 mod qwen3_moe;
+mod qwen3_vl_text;
 mod smollm3;
 mod transformer;
 
@@ -46,11 +47,13 @@ pub trait LanguageModel {
     fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array>;
     /// [`LanguageModel::forward_embeddings`] at explicit rotary positions `(3, L)` (temporal,
     /// height, width; M-RoPE, see `rope.rs`) instead of the cache's offset: Qwen-VL's language
-    /// model. Other models take no positions.
+    /// model. `deepstack[i]` `(B, L, hidden)` is added to the output of layer `i` (Qwen3-VL's
+    /// deepstack: image features, zero at text tokens). Other models take no positions.
     fn forward_embeddings_at(
         &self,
         _h: Array,
         _positions: &Array,
+        _deepstack: &[Array],
         _caches: &mut [KvCache],
     ) -> Result<Array> {
         Err(mlx_rs::error::Exception::custom(
@@ -117,9 +120,11 @@ pub fn build(
         "olmoe" => Ok(Box::new(olmoe::load(config, weights)?)),
         "phi3" => Ok(Box::new(phi3::load(config, weights)?)),
         "qwen2" => Ok(Box::new(qwen2::load(config, weights)?)),
-        // Only under a Qwen2.5-VL (`vision::split`), which gives the positions.
+        // Only under a Qwen2-VL/Qwen2.5-VL (`vision::split`), which gives the positions.
         "qwen2_5_vl_text" => Ok(Box::new(qwen2_5_vl_text::load(config, weights)?)),
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
+        // Only under a Qwen3-VL, likewise.
+        "qwen3_vl_text" => Ok(Box::new(qwen3_vl_text::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
         "smollm3" => Ok(Box::new(smollm3::load(config, weights)?)),
         other => Err(EngineError::load(

@@ -2,20 +2,20 @@
 //! Qwen2's layers (q/k/v biases, `head_dim = hidden / heads`) with multimodal RoPE
 //! (`rope.rs` [`MRope`]) over `rope_scaling.mrope_section` (default `[24, 20, 20]`), base
 //! `rope_theta` (default 1e6), the head tied unless `tie_word_embeddings` is false. Built only
-//! under a vision model (`vision/qwen2_5_vl.rs` names it `qwen2_5_vl_text`, as transformers 5
+//! under a vision model (`vision/qwen_vl.rs` names it `qwen2_5_vl_text`, as transformers 5
 //! names the text config); the positions come from there.
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    error::{EngineError, LoadErrorKind},
+    error::EngineError,
     models::{
         parse_args,
         transformer::{load_uniform, CommonArgs, Decoder},
     },
     nn::Rope,
-    rope::MRope,
+    rope::{mrope_section, MRope, MropeStyle},
     weights::Weights,
 };
 
@@ -41,35 +41,12 @@ fn default_true() -> bool {
     true
 }
 
-/// `rope_scaling.mrope_section`, as mlx-vlm's `TextConfig` checks it.
-fn mrope_section(scaling: Option<&Value>) -> Result<Vec<i32>, EngineError> {
-    let Some(s) = scaling.filter(|s| !s.is_null()) else {
-        return Ok(vec![24, 20, 20]);
-    };
-    let kind = s
-        .get("type")
-        .or_else(|| s.get("rope_type"))
-        .and_then(Value::as_str);
-    if !matches!(kind, Some("mrope" | "default")) {
-        return Err(EngineError::load(
-            LoadErrorKind::UnsupportedArchitecture,
-            format!("rope_scaling type {kind:?} is not supported for Qwen-VL (mrope, default are)"),
-        ));
-    }
-    serde_json::from_value(s.get("mrope_section").cloned().unwrap_or(Value::Null)).map_err(|_| {
-        EngineError::load(
-            LoadErrorKind::InvalidWeights,
-            "config.json: rope_scaling.mrope_section must list three integers",
-        )
-    })
-}
-
 pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
     let c = &args.common;
     let head_dim = c.default_head_dim();
     let sections = mrope_section(c.rope_scaling.as_ref())?;
-    let mrope = MRope::new(head_dim, args.rope_theta, &sections)?;
+    let mrope = MRope::new(head_dim, args.rope_theta, &sections, MropeStyle::Chunked)?;
     // Never used: every layer rotates by `mrope`.
     let rope = Rope {
         dims: head_dim,

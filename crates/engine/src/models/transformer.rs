@@ -768,11 +768,13 @@ impl<F: Family> Decoder<F> {
         self
     }
 
-    /// The forward pass; `positions` `(3, L)` only for an M-RoPE model.
+    /// The forward pass; `positions` `(3, L)` only for an M-RoPE model, which may also add
+    /// `deepstack[i]` to the output of layer `i`.
     fn forward_at(
         &self,
         h: Array,
         positions: Option<&Array>,
+        deepstack: &[Array],
         caches: &mut [KvCache],
         tokens: Option<&Array>,
     ) -> Result<Array> {
@@ -829,6 +831,9 @@ impl<F: Family> Decoder<F> {
             if shared.is_some() {
                 kept[i] = shared;
             }
+            if let Some(rows) = deepstack.get(i) {
+                h = h.add(rows)?;
+            }
         }
         let h = self.norm.forward(&h)?;
         let logits = match &self.lm_head {
@@ -866,7 +871,7 @@ impl<F: Family> Decoder<F> {
 
 impl<F: Family> LanguageModel for Decoder<F> {
     fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        self.forward_at(self.embed(tokens)?, None, caches, Some(tokens))
+        self.forward_at(self.embed(tokens)?, None, &[], caches, Some(tokens))
     }
 
     fn embed(&self, tokens: &Array) -> Result<Array> {
@@ -874,16 +879,17 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array> {
-        self.forward_at(h, None, caches, None)
+        self.forward_at(h, None, &[], caches, None)
     }
 
     fn forward_embeddings_at(
         &self,
         h: Array,
         positions: &Array,
+        deepstack: &[Array],
         caches: &mut [KvCache],
     ) -> Result<Array> {
-        self.forward_at(h, Some(positions), caches, None)
+        self.forward_at(h, Some(positions), deepstack, caches, None)
     }
 
     fn num_layers(&self) -> usize {

@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::{scalar_like, LayerNorm, Result},
+    nn::{quick_gelu, LayerNorm, Result},
     vision::siglip::EncoderLayer,
     weights::Weights,
 };
@@ -217,10 +217,4 @@ impl ClipTower {
             })
             .collect()
     }
-}
-
-/// MLX's `gelu_fast_approx` (`nn.GELU(approx="fast")`): `x * sigmoid(1.702 x)`, the constant in
-/// `x`'s dtype.
-fn quick_gelu(x: &Array) -> Result<Array> {
-    x.multiply(ops::sigmoid(scalar_like(1.702, x)?.multiply(x)?)?)
 }

@@ -1,9 +1,10 @@
 //! Vision-language models: an image encoder (vision tower and projector) whose features take
 //! the place of the prompt's image tokens, in front of a language model from `models/`.
 //!
-//! A family file (`gemma3.rs`, `llava.rs`, `idefics3.rs`) splits its checkpoint into the vision side, built
-//! there, and the language model's tensors and config, which `models::build` turns into the
-//! decoder. Shared towers live beside it (`siglip.rs`, `clip.rs`). What a family does to the
+//! A family file (`gemma3.rs`, `llava.rs`, `qwen_vl.rs`, `idefics3.rs`) splits its checkpoint
+//! into the vision side, built there, and the language model's tensors and config, which
+//! `models::build` turns into the decoder. Towers live beside it (`siglip.rs`, `clip.rs`,
+//! `qwen2_5_vit.rs` and `qwen3_vit.rs` with what they share in `qwen_vit.rs`). What a family does to the
 //! prompt (its processor's text-level expansion of image placeholders) lives in its file too.
 
 mod clip;
@@ -11,7 +12,9 @@ mod gemma3;
 mod idefics3;
 mod llava;
 mod qwen2_5_vit;
-mod qwen2_5_vl;
+mod qwen3_vit;
+mod qwen_vit;
+mod qwen_vl;
 mod siglip;
 
 use std::path::Path;
@@ -27,7 +30,15 @@ use crate::{
 };
 
 /// The vision `model_type`s this build runs, as `capabilities.architectures` lists them.
-pub const ARCHITECTURES: &[&str] = &["gemma3", "llava", "qwen2_5_vl", "idefics3", "smolvlm"];
+pub const ARCHITECTURES: &[&str] = &[
+    "gemma3",
+    "llava",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "idefics3",
+    "smolvlm",
+];
 
 /// A batch of images as the family's encoder takes them.
 pub struct ImageInputs {
@@ -70,6 +81,16 @@ pub trait VisionModel {
     /// Feature rows `(image tokens, text hidden)` for `inputs`, computed in `dtype` (the
     /// language model's embedding dtype, as mlx-vlm casts the pixels).
     fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array>;
+    /// [`VisionModel::encode`]'s features and, for Qwen3-VL (deepstack), per first language
+    /// layer the rows `(image tokens, hidden)` added to that layer's output at the image
+    /// tokens. Other families: none.
+    fn encode_with_deepstack(
+        &self,
+        inputs: &ImageInputs,
+        dtype: Dtype,
+    ) -> nn::Result<(Array, Vec<Array>)> {
+        Ok((self.encode(inputs, dtype)?, Vec::new()))
+    }
     /// The language model's input embeddings `(1, L, hidden)` for `ids`, with `features` (one
     /// row per image token among `ids`, in order) in the image tokens' places. By default as
     /// mlx-vlm's LLaVA and Idefics3 do: the features cast to the embeddings' dtype, written over
@@ -100,9 +121,14 @@ pub(crate) fn split(
             let (vision, text) = llava::load(dir, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
-        "qwen2_5_vl" => {
+        "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl" => {
+            let family = match model_type {
+                "qwen2_vl" => qwen_vl::Family::Qwen2,
+                "qwen2_5_vl" => qwen_vl::Family::Qwen25,
+                _ => qwen_vl::Family::Qwen3,
+            };
             let processor = image_processor(dir, model_type)?;
-            let (vision, text) = qwen2_5_vl::load(config, weights, processor)?;
+            let (vision, text) = qwen_vl::load(family, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
         "idefics3" | "smolvlm" => {
@@ -262,12 +288,12 @@ mod tests {
 
     #[test]
     fn an_unknown_vision_family_is_unsupported_and_named() {
-        let config = json!({"model_type": "qwen2_vl", "vision_config": {"depth": 2}});
+        let config = json!({"model_type": "qwen3_vl_moe", "vision_config": {"depth": 2}});
         let mut weights = Weights::from_tensors(Default::default(), &config);
         match split(Path::new("."), &config, &mut weights) {
             Err(EngineError::Load { kind, detail }) => {
                 assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-                assert!(detail.contains("`qwen2_vl`"), "{detail}");
+                assert!(detail.contains("`qwen3_vl_moe`"), "{detail}");
                 assert!(
                     detail.contains("gemma3"),
                     "lists what is supported: {detail}"

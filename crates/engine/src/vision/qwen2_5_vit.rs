@@ -1,16 +1,17 @@
 //! Qwen2.5-VL's vision transformer, as mlx-vlm 0.7.0's `qwen2_5_vl` `VisionModel` computes it:
 //! a bias-free Conv3d over (temporal, 14, 14) patches; blocks of RMS norm, attention with a fused
-//! `qkv` and 2-D rotary embedding (each patch's row and column angles) within windows of merged
-//! patches, or over the whole image on `fullatt_block_indexes`, and a SwiGLU MLP; then the patch
-//! merger (RMS norm, 2x2 patches concatenated, `Linear`, exact GELU, `Linear`). The patches run
-//! window by window and the merged features come back in the processor's order.
+//! `qkv` and 2-D rotary embedding (`qwen_vit.rs`) within windows of merged patches, or over the
+//! whole image on `fullatt_block_indexes`, and a SwiGLU MLP; then the patch merger (RMS norm,
+//! 2x2 patches concatenated, `Linear`, exact GELU, `Linear`). The patches run window by window
+//! and the merged features come back in the processor's order.
 
-use mlx_rs::{fast, ops, Array};
+use mlx_rs::Array;
 use serde::Deserialize;
 
 use crate::{
-    error::{EngineError, LoadErrorKind},
-    nn::{self, gelu, rotate_half, Activation, Linear, RmsNorm},
+    error::EngineError,
+    nn::{self, gelu, Activation, Linear, RmsNorm},
+    vision::qwen_vit::{self, PatchEmbed, VitAttention},
     weights::Weights,
 };
 
@@ -48,8 +49,7 @@ impl Default for VitConfig {
 /// A vision block: RMS norms (eps 1e-6), attention with a fused `qkv`, a SwiGLU MLP.
 struct Block {
     norm1: RmsNorm,
-    qkv: Linear,
-    proj: Linear,
+    attn: VitAttention,
     norm2: RmsNorm,
     gate_proj: Linear,
     up_proj: Linear,
@@ -62,11 +62,10 @@ struct Block {
 const NORM_EPS: f32 = 1e-6;
 
 impl Block {
-    fn load(w: &mut Weights, p: &str, full: bool) -> Result<Self, EngineError> {
+    fn load(w: &mut Weights, p: &str, args: &VitConfig, full: bool) -> Result<Self, EngineError> {
         Ok(Self {
             norm1: w.rms_norm(&format!("{p}.norm1"), NORM_EPS)?,
-            qkv: w.linear(&format!("{p}.attn.qkv"))?,
-            proj: w.linear(&format!("{p}.attn.proj"))?,
+            attn: VitAttention::load(w, &format!("{p}.attn"), args.hidden_size, args.num_heads)?,
             norm2: w.rms_norm(&format!("{p}.norm2"), NORM_EPS)?,
             gate_proj: w.linear(&format!("{p}.mlp.gate_proj"))?,
             up_proj: w.linear(&format!("{p}.mlp.up_proj"))?,
@@ -75,70 +74,16 @@ impl Block {
         })
     }
 
-    fn forward(
-        &self,
-        x: &Array,
-        tower: &QwenVit,
-        rope: &(Array, Array),
-        bounds: &Bounds,
-    ) -> nn::Result<Array> {
+    fn forward(&self, x: &Array, rope: &(Array, Array), bounds: &Bounds) -> nn::Result<Array> {
         let bounds = match self.full {
             true => &bounds.images,
             false => &bounds.windows,
         };
-        let h = x.add(self.attention(&self.norm1.forward(x)?, tower, rope, bounds)?)?;
+        let h = x.add(self.attn.forward(&self.norm1.forward(x)?, rope, bounds)?)?;
         let n = self.norm2.forward(&h)?;
         let gated =
             Activation::Silu.gated(&self.gate_proj.forward(&n)?, &self.up_proj.forward(&n)?)?;
         h.add(self.down_proj.forward(&gated)?)
-    }
-
-    /// Attention of `x` `(S, D)` within each span of `bounds` (cumulative ends).
-    fn attention(
-        &self,
-        x: &Array,
-        tower: &QwenVit,
-        rope: &(Array, Array),
-        bounds: &[i32],
-    ) -> nn::Result<Array> {
-        let s = x.dim(0);
-        let qkv = self
-            .qkv
-            .forward(x)?
-            .reshape(&[s, 3, tower.heads, -1])?
-            .transpose_axes(&[1, 0, 2, 3])?;
-        let parts = qkv.split_equal(3, 0)?;
-        // mlx-vlm's `apply_rotary_pos_emb_vision`: in float32 (cos/sin are), cast back.
-        let rotate = |t: &Array| -> nn::Result<Array> {
-            t.multiply(&rope.0)?
-                .add(rotate_half(t)?.multiply(&rope.1)?)?
-                .as_dtype(t.dtype())?
-                .transpose_axes(&[0, 2, 1, 3])
-        };
-        let q = rotate(&parts[0])?;
-        let k = rotate(&parts[1])?;
-        let v = parts[2].transpose_axes(&[0, 2, 1, 3])?;
-        let cuts = &bounds[..bounds.len() - 1];
-        let (qs, ks, vs) = (
-            q.split_at_indices(cuts, 2)?,
-            k.split_at_indices(cuts, 2)?,
-            v.split_at_indices(cuts, 2)?,
-        );
-        let mut outs = Vec::with_capacity(qs.len());
-        for ((q, k), v) in qs.iter().zip(&ks).zip(&vs) {
-            outs.push(fast::scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                tower.scale,
-                None,
-                None,
-            )?);
-        }
-        let o = ops::concatenate(&outs, 2)?
-            .transpose_axes(&[0, 2, 1, 3])?
-            .reshape(&[s, -1])?;
-        self.proj.forward(&o)
     }
 }
 
@@ -151,28 +96,14 @@ struct Bounds {
 }
 
 pub struct QwenVit {
-    /// `(hidden, t, p, p, channels)`: MLX's convolution layout.
-    patch_weight: Array,
+    patch_embed: PatchEmbed,
     blocks: Vec<Block>,
     merger_norm: RmsNorm,
     merger_fc1: Linear,
     merger_fc2: Linear,
-    /// `1 / 10000^(2i / (head_dim / 2))`, float32: the 2-D rotary frequencies.
+    /// The 2-D rotary frequencies.
     inv_freq: Array,
-    heads: i32,
-    scale: f32,
     pub args: VitConfig,
-}
-
-/// A Conv3d weight in MLX's `(out, t, p, p, in)` layout; PyTorch's `(out, in, t, p, p)` is
-/// transposed (mlx-vlm's `check_array_shape` decides which it is).
-fn conv3d_weight(w: Array) -> nn::Result<Array> {
-    let s = w.shape();
-    let mlx_layout = s.len() == 5 && (s[4] == 3 || (s[1] >= s[2] && s[1] >= s[3] && s[2] == s[3]));
-    match mlx_layout {
-        true => Ok(w),
-        false => w.transpose_axes(&[0, 2, 3, 4, 1]),
-    }
 }
 
 impl QwenVit {
@@ -180,27 +111,20 @@ impl QwenVit {
         let mut blocks = Vec::with_capacity(args.depth);
         for i in 0..args.depth {
             let full = args.fullatt_block_indexes.contains(&i);
-            blocks.push(Block::load(w, &format!("blocks.{i}"), full)?);
+            blocks.push(Block::load(w, &format!("blocks.{i}"), &args, full)?);
         }
-        let head_dim = args.hidden_size / args.num_heads;
-        let dim = head_dim / 2;
-        let inv_freq = || -> nn::Result<Array> {
-            let exponents = Array::arange::<f32, f32>(0.0, dim as f32, 2.0)?
-                .divide(Array::from_f32(dim as f32))?;
-            Array::from_f32(1.0).divide(ops::power(Array::from_f32(10000.0), &exponents)?)
-        };
-        let invalid = |e: mlx_rs::error::Exception| {
-            EngineError::load(LoadErrorKind::InvalidWeights, e.to_string())
-        };
         Ok(Self {
-            patch_weight: conv3d_weight(w.take("patch_embed.proj.weight")?).map_err(invalid)?,
+            patch_embed: PatchEmbed::load(
+                w,
+                args.in_channels,
+                args.temporal_patch_size,
+                args.patch_size,
+            )?,
             blocks,
             merger_norm: w.rms_norm("merger.ln_q", NORM_EPS)?,
             merger_fc1: w.linear("merger.mlp.0")?,
             merger_fc2: w.linear("merger.mlp.2")?,
-            inv_freq: inv_freq().map_err(invalid)?,
-            heads: args.num_heads,
-            scale: (head_dim as f64).powf(-0.5) as f32,
+            inv_freq: qwen_vit::inv_freq(args.hidden_size / args.num_heads)?,
             args,
         })
     }
@@ -210,20 +134,8 @@ impl QwenVit {
     pub fn forward(&self, pixels: &Array, grids: &[[usize; 3]]) -> nn::Result<Array> {
         let a = &self.args;
         let unit = a.spatial_merge_size * a.spatial_merge_size;
-        let hidden = self.patch_weight.dim(0);
-        let x = pixels
-            .as_dtype(self.patch_weight.dtype())?
-            .reshape(&[
-                -1,
-                a.in_channels,
-                a.temporal_patch_size,
-                a.patch_size,
-                a.patch_size,
-            ])?
-            .move_axis(1, 4)?;
-        let kernel = (a.temporal_patch_size, a.patch_size, a.patch_size);
-        let x = ops::conv3d(&x, &self.patch_weight, kernel, None, None, None)?
-            .reshape(&[-1, hidden])?;
+        let hidden = self.patch_embed.hidden();
+        let x = self.patch_embed.forward(pixels)?;
         let s = x.dim(0);
         let layout = WindowLayout::new(
             grids,
@@ -237,12 +149,11 @@ impl QwenVit {
                 .reshape(&[s, -1])
         };
         let mut x = in_windows(&x)?;
-        let angles = in_windows(&self.rotary_angles(grids)?)?;
-        // cos/sin `(S, 1, head_dim)`: the angles of both axes, twice.
-        let angles = ops::concatenate(&[&angles, &angles], -1)?.expand_dims(1)?;
-        let rope = (angles.cos()?, angles.sin()?);
+        let merge = a.spatial_merge_size as usize;
+        let angles = qwen_vit::rotary_angles(grids, merge, &self.inv_freq)?;
+        let rope = qwen_vit::rotary_cos_sin(&in_windows(&angles)?)?;
         for block in &self.blocks {
-            x = block.forward(&x, self, &rope, &layout.bounds)?;
+            x = block.forward(&x, &rope, &layout.bounds)?;
         }
         let merged = self
             .merger_norm
@@ -256,37 +167,6 @@ impl QwenVit {
             reverse[o as usize] = i as i32;
         }
         merged.take_axis(Array::from_slice(&reverse, &[reverse.len() as i32]), 0)
-    }
-
-    /// mlx-vlm's `rot_pos_emb`: each patch's (row, column) angles `(S, head_dim / 2)`, patches
-    /// in the processor's order (2x2 merge blocks row-major, row-major inside a block).
-    fn rotary_angles(&self, grids: &[[usize; 3]]) -> nn::Result<Array> {
-        let m = self.args.spatial_merge_size as usize;
-        let mut ids: Vec<i32> = Vec::new();
-        for &[t, h, w] in grids {
-            let mut one = Vec::with_capacity(2 * h * w);
-            for bh in 0..h / m {
-                for bw in 0..w / m {
-                    for i in 0..m {
-                        for j in 0..m {
-                            one.extend([(bh * m + i) as i32, (bw * m + j) as i32]);
-                        }
-                    }
-                }
-            }
-            for _ in 0..t {
-                ids.extend_from_slice(&one);
-            }
-        }
-        let max_side = grids.iter().map(|g| g[1].max(g[2])).max().unwrap_or(0) as i32;
-        let seq = ops::arange::<_, f32>(0.0, max_side as f32, 1.0)?;
-        let table = seq
-            .reshape(&[-1, 1])?
-            .multiply(self.inv_freq.reshape(&[1, -1])?)?;
-        let n = ids.len() as i32;
-        table
-            .take_axis(Array::from_slice(&ids, &[n]), 0)?
-            .reshape(&[n / 2, -1])
     }
 }
 
@@ -303,7 +183,7 @@ impl WindowLayout {
     fn new(grids: &[[usize; 3]], merge: i32, win: i32) -> Self {
         let (m, win) = (merge as usize, win.max(1) as usize);
         let unit = (m * m) as i32;
-        let (mut order, mut windows, mut images) = (Vec::new(), vec![0i32], vec![0i32]);
+        let (mut order, mut windows) = (Vec::new(), vec![0i32]);
         let mut base = 0usize;
         for &[t, h, w] in grids {
             let (lh, lw) = (h / m, w / m);
@@ -327,15 +207,16 @@ impl WindowLayout {
                         }
                     }
                 }
-                images.push(images.last().copied().unwrap_or(0) + (h * w) as i32);
             }
             base += t * lh * lw;
         }
         windows.remove(0);
-        images.remove(0);
         WindowLayout {
             order,
-            bounds: Bounds { images, windows },
+            bounds: Bounds {
+                images: qwen_vit::image_bounds(grids),
+                windows,
+            },
         }
     }
 }

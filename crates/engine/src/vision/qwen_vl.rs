@@ -1,11 +1,16 @@
-//! Qwen2.5-VL (`Qwen2_5_VLForConditionalGeneration`), as mlx-vlm 0.7.0's `qwen2_5_vl` computes
-//! it: its windowed vision transformer (`qwen2_5_vit.rs`) over 14 px patches of the processor's
-//! resized image, the features in place of `<|image_pad|>` tokens (the processor repeats it
-//! `t * h * w / merge^2` times), and the language model `models/qwen2_5_vl_text.rs` with
-//! multimodal RoPE at the positions [`rope_index`] computes for the whole prompt.
+//! Qwen2-VL (`Qwen2VLForConditionalGeneration`), Qwen2.5-VL
+//! (`Qwen2_5_VLForConditionalGeneration`) and Qwen3-VL (`Qwen3VLForConditionalGeneration`), as
+//! mlx-vlm 0.7.0's `qwen2_vl`, `qwen2_5_vl` and `qwen3_vl` compute them: a vision transformer
+//! (`qwen2_5_vit.rs`, windowed; `qwen3_vit.rs`, Qwen3-VL's with deepstack and Qwen2-VL's) over
+//! the processor's resized image, the features in place of `<|image_pad|>` tokens (the
+//! processor repeats it `t * h * w / merge^2` times), and the language model
+//! (`models/qwen2_5_vl_text.rs` for Qwen2-VL and Qwen2.5-VL, `models/qwen3_vl_text.rs`) with
+//! multimodal RoPE at the positions [`rope_index`] computes for the whole prompt (the same for
+//! the three families).
 //!
-//! Where mlx-vlm differs from transformers, this follows mlx-vlm (docs/decisions/vision.md): the
-//! text config is config.json's top level; pixels are cast to the tower's dtype.
+//! Where mlx-vlm differs from transformers, this follows mlx-vlm (docs/decisions/vision.md):
+//! Qwen2-VL's and Qwen2.5-VL's text config is config.json's top level; pixels are cast to the
+//! tower's dtype.
 
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
@@ -18,14 +23,33 @@ use crate::{
     rope::MropePositions,
     vision::{
         qwen2_5_vit::{QwenVit, VitConfig},
+        qwen3_vit::{Patching, Qwen3Vit, Vit2Config, Vit3Config},
         ImageInputs, PromptTokens, VisionModel,
     },
     weights::Weights,
 };
 
+/// Which Qwen-VL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Qwen2,
+    Qwen25,
+    Qwen3,
+}
+
+impl Family {
+    fn name(self) -> &'static str {
+        match self {
+            Family::Qwen2 => "Qwen2-VL",
+            Family::Qwen25 => "Qwen2.5-VL",
+            Family::Qwen3 => "Qwen3-VL",
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
-struct Args {
-    vision_config: VitConfig,
+struct Args<V> {
+    vision_config: V,
     #[serde(default = "default_image_token_id")]
     image_token_id: u32,
     #[serde(default = "default_vision_start_token_id")]
@@ -42,63 +66,133 @@ fn default_vision_start_token_id() -> u32 {
 /// The tokens the chat template writes per image; the processor repeats the pad.
 const IMAGE_PAD: &str = "<|image_pad|>";
 
-/// The language model's config: mlx-vlm reads the top level of config.json (transformers 5
-/// checkpoints that keep the text settings only under `text_config` are read from there).
-fn text_config(config: &Value) -> Value {
-    let mut text = match config.get("hidden_size") {
+/// The language model's config. Qwen2-VL and Qwen2.5-VL: mlx-vlm reads the top level of
+/// config.json (transformers 5 checkpoints that keep the text settings only under
+/// `text_config` are read from there); Qwen2-VL's defaults where it is silent (its
+/// `TextConfig`'s: 8 KV heads, 40960 positions, an untied head) are written in. Qwen3-VL:
+/// `text_config`, as mlx-vlm reads it.
+fn text_config(family: Family, config: &Value) -> Value {
+    let nested = config.get("text_config").cloned().unwrap_or(json!({}));
+    let top_or_nested = match config.get("hidden_size") {
         Some(_) => config.clone(),
-        None => config.get("text_config").cloned().unwrap_or(json!({})),
+        None => nested.clone(),
+    };
+    let (mut text, model_type) = match family {
+        Family::Qwen2 | Family::Qwen25 => (top_or_nested, "qwen2_5_vl_text"),
+        Family::Qwen3 => (nested, "qwen3_vl_text"),
     };
     if let Some(obj) = text.as_object_mut() {
         obj.remove("vision_config");
         obj.remove("text_config");
-        obj.insert("model_type".into(), json!("qwen2_5_vl_text"));
+        obj.insert("model_type".into(), json!(model_type));
+        if family == Family::Qwen2 {
+            let defaults = [
+                ("num_key_value_heads", json!(8)),
+                ("max_position_embeddings", json!(40960)),
+                ("tie_word_embeddings", json!(false)),
+            ];
+            for (key, value) in defaults {
+                obj.entry(key).or_insert(value);
+            }
+        }
     }
     text
 }
 
-pub struct Qwen25Vision {
-    tower: QwenVit,
+/// The vision transformer of each family.
+enum Tower {
+    /// Qwen2.5-VL's.
+    Windowed(QwenVit),
+    /// Qwen2-VL's and Qwen3-VL's: each image whole.
+    Whole(Qwen3Vit),
+}
+
+impl Tower {
+    fn patching(&self) -> Patching {
+        match self {
+            Tower::Windowed(t) => Patching {
+                patch: t.args.patch_size,
+                temporal: t.args.temporal_patch_size,
+                merge: t.args.spatial_merge_size,
+            },
+            Tower::Whole(t) => t.patching,
+        }
+    }
+
+    fn merge_size(&self) -> usize {
+        self.patching().merge as usize
+    }
+}
+
+pub struct QwenVlVision {
+    tower: Tower,
     image_token_id: u32,
     vision_start_token_id: u32,
     processor: images::processors::QwenVlImageProcessor,
 }
 
-/// Splits a Qwen2.5-VL checkpoint: the vision tower built here, the language model's tensors
+/// Splits a Qwen-VL checkpoint: the vision tower built here, the language model's tensors
 /// left in `weights` under mlx-lm's names; returns the language model's config.
 pub fn load(
+    family: Family,
     config: &Value,
     weights: &mut Weights,
     processor: images::processors::Processor,
-) -> Result<(Qwen25Vision, Value), EngineError> {
-    let args: Args = parse_args(config)?;
+) -> Result<(QwenVlVision, Value), EngineError> {
     let images::processors::Processor::QwenVl(processor) = processor else {
         return Err(EngineError::load(
             LoadErrorKind::InvalidWeights,
-            "Qwen2.5-VL needs a Qwen-VL image processor",
+            format!("{} needs a Qwen-VL image processor", family.name()),
         ));
     };
-    let vision = args.vision_config;
-    if processor.merge_size as i32 != vision.spatial_merge_size
-        || processor.patch_size as i32 != vision.patch_size
-        || processor.temporal_patch_size as i32 != vision.temporal_patch_size
+    let mut tower_weights = split_parts(weights, family.name())?;
+    let (tower, image_token_id, vision_start_token_id) = match family {
+        Family::Qwen2 => {
+            let args: Args<Vit2Config> = parse_args(config)?;
+            let tower = Qwen3Vit::load_qwen2(args.vision_config, &mut tower_weights)?;
+            (
+                Tower::Whole(tower),
+                args.image_token_id,
+                args.vision_start_token_id,
+            )
+        }
+        Family::Qwen25 => {
+            let args: Args<VitConfig> = parse_args(config)?;
+            let tower = QwenVit::load(args.vision_config, &mut tower_weights)?;
+            (
+                Tower::Windowed(tower),
+                args.image_token_id,
+                args.vision_start_token_id,
+            )
+        }
+        Family::Qwen3 => {
+            let args: Args<Vit3Config> = parse_args(config)?;
+            let tower = Qwen3Vit::load(args.vision_config, &mut tower_weights)?;
+            (
+                Tower::Whole(tower),
+                args.image_token_id,
+                args.vision_start_token_id,
+            )
+        }
+    };
+    let Patching {
+        patch,
+        temporal,
+        merge,
+    } = tower.patching();
+    if processor.merge_size as i32 != merge
+        || processor.patch_size as i32 != patch
+        || processor.temporal_patch_size as i32 != temporal
     {
         return Err(EngineError::load(
             LoadErrorKind::InvalidWeights,
             format!(
                 "the image processor's patch {}/temporal {}/merge {} differ from the tower's \
-                 {}/{}/{} (preprocessor_config.json vs config.json)",
-                processor.patch_size,
-                processor.temporal_patch_size,
-                processor.merge_size,
-                vision.patch_size,
-                vision.temporal_patch_size,
-                vision.spatial_merge_size
+                 {patch}/{temporal}/{merge} (preprocessor_config.json vs config.json)",
+                processor.patch_size, processor.temporal_patch_size, processor.merge_size,
             ),
         ));
     }
-    let mut tower_weights = split_parts(weights)?;
-    let tower = QwenVit::load(vision, &mut tower_weights)?;
     if let Some(name) = tower_weights.names().next() {
         return Err(EngineError::load(
             LoadErrorKind::InvalidWeights,
@@ -106,13 +200,13 @@ pub fn load(
         ));
     }
     Ok((
-        Qwen25Vision {
+        QwenVlVision {
             tower,
-            image_token_id: args.image_token_id,
-            vision_start_token_id: args.vision_start_token_id,
+            image_token_id,
+            vision_start_token_id,
             processor,
         },
-        text_config(config),
+        text_config(family, config),
     ))
 }
 
@@ -120,7 +214,7 @@ pub fn load(
 /// language model's in `weights` under mlx-lm's names. transformers 5 saves `model.visual.*`,
 /// `model.language_model.*`; Qwen's original checkpoints `visual.*`, `model.*`; mlx-vlm and
 /// mlx-community `vision_tower.*`, `language_model.*`: all are read.
-fn split_parts(weights: &mut Weights) -> Result<Weights, EngineError> {
+fn split_parts(weights: &mut Weights, family: &str) -> Result<Weights, EngineError> {
     weights.rename_prefix("model.visual.", "vision_tower.");
     weights.rename_prefix("visual.", "vision_tower.");
     weights.rename_prefix("model.language_model.", "language_model.model.");
@@ -128,11 +222,11 @@ fn split_parts(weights: &mut Weights) -> Result<Weights, EngineError> {
     weights.rename_prefix("lm_head.", "language_model.lm_head.");
     let tower = weights.split_off("vision_tower.");
     let language = weights.split_off("language_model.");
-    super::keep_language(weights, language, "Qwen2.5-VL")?;
+    super::keep_language(weights, language, family)?;
     Ok(tower)
 }
 
-impl Qwen25Vision {
+impl QwenVlVision {
     /// `[t, h, w]` in patches for each image, as the processor will make it.
     fn grids(&self, images: &[images::RgbImage]) -> Result<Vec<[usize; 3]>, EngineError> {
         let ps = self.processor.patch_size;
@@ -152,12 +246,12 @@ impl Qwen25Vision {
     }
 
     fn merge_unit(&self) -> usize {
-        let m = self.tower.args.spatial_merge_size as usize;
+        let m = self.tower.merge_size();
         m * m
     }
 }
 
-impl VisionModel for Qwen25Vision {
+impl VisionModel for QwenVlVision {
     fn image_token_id(&self) -> u32 {
         self.image_token_id
     }
@@ -191,7 +285,7 @@ impl VisionModel for Qwen25Vision {
         ids: &[u32],
         images: &[images::RgbImage],
     ) -> Result<Option<MropePositions>, EngineError> {
-        let m = self.tower.args.spatial_merge_size as usize;
+        let m = self.tower.merge_size();
         let grids = self.grids(images)?;
         rope_index(
             ids,
@@ -208,8 +302,20 @@ impl VisionModel for Qwen25Vision {
         super::pixel_values(&processor, images)
     }
 
-    fn encode(&self, inputs: &ImageInputs, _dtype: Dtype) -> nn::Result<Array> {
-        self.tower.forward(&inputs.pixel_values, &inputs.grid_thw)
+    fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array> {
+        Ok(self.encode_with_deepstack(inputs, dtype)?.0)
+    }
+
+    fn encode_with_deepstack(
+        &self,
+        inputs: &ImageInputs,
+        _dtype: Dtype,
+    ) -> nn::Result<(Array, Vec<Array>)> {
+        let (pixels, grids) = (&inputs.pixel_values, &inputs.grid_thw);
+        match &self.tower {
+            Tower::Windowed(t) => Ok((t.forward(pixels, grids)?, Vec::new())),
+            Tower::Whole(t) => t.forward(pixels, grids),
+        }
     }
 
     fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array> {
@@ -308,7 +414,7 @@ mod tests {
         for names in layouts {
             let tensors = names.iter().map(|n| (n.to_string(), Array::from_f32(1.0)));
             let mut weights = Weights::from_tensors(tensors.collect(), &json!({}));
-            let tower = split_parts(&mut weights).unwrap();
+            let tower = split_parts(&mut weights, "Qwen2.5-VL").unwrap();
             assert_eq!(tower.names().collect::<Vec<_>>(), ["blocks.0.norm1.weight"]);
             let mut language: Vec<_> = weights.names().cloned().collect();
             language.sort();
@@ -320,18 +426,34 @@ mod tests {
         }
         let tensors = [("mm_projector.weight".to_string(), Array::from_f32(1.0))];
         let mut weights = Weights::from_tensors(tensors.into_iter().collect(), &json!({}));
-        assert!(split_parts(&mut weights).is_err());
+        assert!(split_parts(&mut weights, "Qwen2.5-VL").is_err());
     }
 
     #[test]
     fn the_text_config_is_the_top_level_or_else_text_config() {
         let top = json!({"hidden_size": 64, "vision_config": {}, "text_config": {"x": 1}});
-        let text = text_config(&top);
+        let text = text_config(Family::Qwen25, &top);
         assert_eq!(text["hidden_size"], 64);
         assert_eq!(text["model_type"], "qwen2_5_vl_text");
         assert!(text.get("vision_config").is_none() && text.get("text_config").is_none());
         let nested = json!({"vision_config": {}, "text_config": {"hidden_size": 32}});
-        assert_eq!(text_config(&nested)["hidden_size"], 32);
+        assert_eq!(text_config(Family::Qwen25, &nested)["hidden_size"], 32);
+        // Qwen2-VL: the top level, with its `TextConfig`'s defaults where it is silent.
+        let qwen2 = text_config(
+            Family::Qwen2,
+            &json!({"hidden_size": 64, "rope_theta": 1.0}),
+        );
+        assert_eq!(qwen2["num_key_value_heads"], 8);
+        assert_eq!(qwen2["tie_word_embeddings"], false);
+        assert_eq!(qwen2["rope_theta"], 1.0);
+        let tied = json!({"hidden_size": 64, "tie_word_embeddings": true});
+        assert_eq!(
+            text_config(Family::Qwen2, &tied)["tie_word_embeddings"],
+            true
+        );
+        // Qwen3-VL: `text_config` only, as mlx-vlm reads it.
+        let qwen3 = text_config(Family::Qwen3, &top);
+        assert_eq!(qwen3, json!({"x": 1, "model_type": "qwen3_vl_text"}));
     }
 
     #[test]
