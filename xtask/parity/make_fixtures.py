@@ -60,6 +60,30 @@ FAMILY_BASE = {
         "num_experts": 4,
         "num_experts_per_tok": 2,
     },
+    # Hybrid attention: gated delta-net layers (0, 2) beside full-attention ones (1, 3), 2 key
+    # heads read by 4 value heads, 8 of 32 head features rotated; MoE with a shared expert.
+    "qwen3_next": {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "rope_theta": 1000000.0,
+        "head_dim": 32,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-6,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {
@@ -189,10 +213,15 @@ def build(spec, out):
     # With mlx's default init the blocks add little to the residual stream, and greedy decoding
     # repeats one token forever. Scaling the blocks' matrices (not their norms) makes the
     # attention and MLP matter, so the generated tokens vary and test them.
+    # Parameters named in "unscaled" keep their init (qwen3_next's decay rates `A_log` and
+    # `dt_bias`: scaled, every step would forget the recurrent state almost entirely).
     scale = spec.get("block_scale", 4.0)
+    unscaled = ["norm"] + spec.get("unscaled", [])
     model.update(
         tree_map_with_path(
-            lambda path, p: p * scale if path.startswith("model.layers.") and "norm" not in path else p,
+            lambda path, p: p * scale
+            if path.startswith("model.layers.") and not any(u in path for u in unscaled)
+            else p,
             model.parameters(),
         )
     )

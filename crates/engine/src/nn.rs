@@ -362,6 +362,9 @@ pub struct Attention {
     pub shape: AttentionShape,
     /// `None`: no positional encoding in this layer (SmolLM3's NoPE layers).
     pub rope: Option<Rope>,
+    /// Each head's query projection is followed by as many gate features, and the attention
+    /// output is multiplied by their sigmoid before `o_proj` (Qwen3-Next).
+    pub output_gate: bool,
 }
 
 impl Attention {
@@ -392,6 +395,15 @@ impl Attention {
                 (next(), next(), next())
             }
         };
+        let (q, gate) = match self.output_gate {
+            true => {
+                let (b, l) = (q.dim(0), q.dim(1));
+                let mut halves = q.reshape(&[b, l, s.n_heads, -1])?.split_equal(2, -1)?;
+                let gate = halves.pop().expect("two halves").reshape(&[b, l, -1])?;
+                (halves.pop().expect("two halves"), Some(gate))
+            }
+            false => (q, None),
+        };
         let (q, k) = match &self.qk_norm {
             Some(QkNorm::Whole(q_norm, k_norm)) => (q_norm.forward(&q)?, k_norm.forward(&k)?),
             _ => (q, k),
@@ -403,8 +415,11 @@ impl Attention {
         let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
         let v = s.split_heads(&v, s.n_kv_heads)?;
-        self.o_proj
-            .forward(&s.attend(q, k, v, self.rope.as_ref(), angles, mask, cache)?)
+        let out = s.attend(q, k, v, self.rope.as_ref(), angles, mask, cache)?;
+        match gate {
+            Some(gate) => self.o_proj.forward(&out.multiply(ops::sigmoid(&gate)?)?),
+            None => self.o_proj.forward(&out),
+        }
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).

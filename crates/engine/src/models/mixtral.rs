@@ -61,6 +61,7 @@ pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
         top_k: args.num_experts_per_tok,
         routing: Routing::TopKSoftmax,
         expert_names: ["w1", "w3", "w2"],
+        shared_expert: false,
     };
     let layer = LayerSpec {
         mlp: MlpSpec::Moe(moe),

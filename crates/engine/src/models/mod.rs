@@ -4,6 +4,7 @@
 //! Gemma 3's) in its file. Shared layers (Attention, GatedMlp, RmsNorm, Rope) live in
 //! `crate::nn`.
 
+mod gated_delta;
 mod gemma3_text;
 mod llama;
 mod mistral;
@@ -16,6 +17,7 @@ mod qwen2;
 mod qwen2_5_vl_text;
 mod qwen3;
 mod qwen3_moe;
+mod qwen3_next;
 mod smollm3;
 mod transformer;
 
@@ -107,6 +109,7 @@ pub fn build(
         "qwen2_5_vl_text" => Ok(Box::new(qwen2_5_vl_text::load(config, weights)?)),
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
+        "qwen3_next" => Ok(Box::new(qwen3_next::load(config, weights)?)),
         "smollm3" => Ok(Box::new(smollm3::load(config, weights)?)),
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,

@@ -12,7 +12,7 @@ use mlx_rs::{
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::{Activation, Linear, Quantized, Result},
+    nn::{Activation, GateUp, GatedMlp, Linear, Quantized, Result},
     weights::Weights,
 };
 
@@ -47,6 +47,9 @@ pub struct MoeSpec {
     /// The per-expert names of the gate, up and down projections in Hugging Face checkpoints
     /// (`experts.N.<name>`): `gate_proj`, `up_proj`, `down_proj`, or Mixtral's `w1`, `w3`, `w2`.
     pub expert_names: [&'static str; 3],
+    /// Also a dense SwiGLU expert every token goes through, weighed by its own sigmoid gate
+    /// (`shared_expert`, `shared_expert_gate`: Qwen3-Next).
+    pub shared_expert: bool,
 }
 
 /// One projection of every expert: a [`Linear`] whose weight is `(experts, out, in)` (packed
@@ -160,6 +163,36 @@ impl SwitchGlu {
     }
 }
 
+/// The expert every token goes through: `sigmoid(gate(x)) * mlp(x)`, added to the routed
+/// experts' sum.
+#[derive(Debug)]
+pub struct SharedExpert {
+    pub mlp: GatedMlp,
+    /// `hidden -> 1`.
+    pub gate: Linear,
+}
+
+impl SharedExpert {
+    fn load(weights: &mut Weights, prefix: &str) -> LoadResult<Self> {
+        let mut linear = |name: &str| weights.linear(&format!("{prefix}.{name}"));
+        Ok(Self {
+            mlp: GatedMlp {
+                gate_up: GateUp::Split {
+                    gate_proj: linear("shared_expert.gate_proj")?,
+                    up_proj: linear("shared_expert.up_proj")?,
+                },
+                down_proj: linear("shared_expert.down_proj")?,
+                activation: Activation::Silu,
+            },
+            gate: linear("shared_expert_gate")?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        ops::sigmoid(self.gate.forward(x)?)?.multiply(self.mlp.forward(x)?)
+    }
+}
+
 /// Router plus experts: the MLP of a sparse MoE layer.
 #[derive(Debug)]
 pub struct SparseMoe {
@@ -168,6 +201,7 @@ pub struct SparseMoe {
     pub switch_mlp: SwitchGlu,
     pub top_k: i32,
     pub routing: Routing,
+    pub shared_expert: Option<SharedExpert>,
 }
 
 impl SparseMoe {
@@ -208,11 +242,16 @@ impl SparseMoe {
                  names"
             )));
         }
+        let shared_expert = match spec.shared_expert {
+            true => Some(SharedExpert::load(weights, prefix)?),
+            false => None,
+        };
         Ok(Self {
             gate,
             switch_mlp,
             top_k: spec.top_k,
             routing: spec.routing,
+            shared_expert,
         })
     }
 
@@ -220,9 +259,14 @@ impl SparseMoe {
         let (indices, scores) = self.route(&self.gate.forward(x)?)?;
         let y = self.switch_mlp.forward(x, &indices)?;
         // Qwen3-MoE casts back to `y`'s dtype; elsewhere it is already that dtype.
-        y.multiply(scores.expand_dims(-1)?)?
+        let y = y
+            .multiply(scores.expand_dims(-1)?)?
             .sum_axis(-2, false)?
-            .as_dtype(y.dtype())
+            .as_dtype(y.dtype())?;
+        match &self.shared_expert {
+            Some(shared) => y.add(shared.forward(x)?),
+            None => Ok(y),
+        }
     }
 
     /// Expert indices `(..., k)` and their weights `(..., k)` for router logits `(..., E)`.
@@ -260,12 +304,24 @@ impl SparseMoe {
     /// the expert projections (weights `(experts, out, in)`).
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let s = &mut self.switch_mlp;
-        vec![
+        let mut out = vec![
             ("gate", &mut self.gate),
             ("switch_mlp.gate_proj", &mut s.gate_proj.0),
             ("switch_mlp.up_proj", &mut s.up_proj.0),
             ("switch_mlp.down_proj", &mut s.down_proj.0),
-        ]
+        ];
+        if let Some(shared) = &mut self.shared_expert {
+            out.push(("shared_expert_gate", &mut shared.gate));
+            for (name, linear) in shared.mlp.linears_mut() {
+                let name = match name {
+                    "gate_proj" => "shared_expert.gate_proj",
+                    "up_proj" => "shared_expert.up_proj",
+                    _ => "shared_expert.down_proj",
+                };
+                out.push((name, linear));
+            }
+        }
+        out
     }
 }
 

@@ -37,6 +37,7 @@ pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
             norm_topk_prob: args.norm_topk_prob,
         },
         expert_names: ["gate_proj", "up_proj", "down_proj"],
+        shared_expert: false,
     };
     let layer = LayerSpec {
         qk_norm: Some(QkNormOver::Projection),

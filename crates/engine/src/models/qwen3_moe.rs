@@ -51,6 +51,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             norm_topk_prob: args.norm_topk_prob,
         },
         expert_names: ["gate_proj", "up_proj", "down_proj"],
+        shared_expert: false,
     };
     let n = c.num_hidden_layers;
     let mut spec = DecoderSpec::uniform(layer, n, args.tie_word_embeddings, max_pos);

@@ -14,8 +14,9 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    kv_cache::{KvCache, Mask},
+    kv_cache::{KvCache, Mask, StateCache},
     models::{
+        gated_delta::{GatedDeltaNet, GatedDeltaSpec},
         moe::{MoeSpec, SparseMoe},
         LanguageModel,
     },
@@ -179,9 +180,21 @@ pub enum NormLayout {
     PostNorm,
 }
 
+/// What mixes positions in a layer.
+#[derive(Debug, Clone)]
+pub enum AttentionKind {
+    /// Softmax attention over a KV cache (`self_attn`); `output_gate`: its output gated by a
+    /// sigmoid of features the query projection also gives (Qwen3-Next).
+    Softmax { output_gate: bool },
+    /// Linear attention with a recurrent state (`linear_attn`, Qwen3-Next's other layers): the
+    /// layer's `shape`, `rope` and `qk_norm` do not apply.
+    GatedDelta(GatedDeltaSpec),
+}
+
 /// How one layer of a family is built from its checkpoint.
 #[derive(Debug, Clone)]
 pub struct LayerSpec {
+    pub attention: AttentionKind,
     /// One `qkv_proj` / `gate_up_proj` matrix instead of separate ones (Phi-3).
     pub fused: bool,
     /// `q_norm` / `k_norm` before RoPE: over each head's features (Qwen3, Gemma 3) or the
@@ -210,6 +223,7 @@ impl LayerSpec {
     /// The Llama layer: separate projections, pre-norm, SwiGLU; families adjust from here.
     pub fn llama(rms_norm_eps: f32, shape: AttentionShape, rope: Rope) -> Self {
         Self {
+            attention: AttentionKind::Softmax { output_gate: false },
             fused: false,
             qk_norm: None,
             norms: NormLayout::PreNorm,
@@ -310,8 +324,14 @@ impl Mlp {
     }
 }
 
+/// A block's attention: over a KV cache, or linear with a recurrent state.
+enum Mixer {
+    SelfAttn(Attention),
+    LinearAttn(GatedDeltaNet),
+}
+
 struct Block {
-    self_attn: Attention,
+    mixer: Mixer,
     mlp: Mlp,
     norms: Norms,
     /// Which of the forward pass's masks this layer takes (an index into
@@ -328,7 +348,13 @@ impl Block {
         cache: &mut KvCache,
         angles: Option<&RotaryAngles>,
     ) -> Result<Array> {
-        let attn = |x: &Array, cache: &mut KvCache| self.self_attn.forward(x, mask, cache, angles);
+        let attn = |x: &Array, cache: &mut KvCache| match (&self.mixer, cache) {
+            (Mixer::SelfAttn(a), cache) => a.forward(x, mask, cache, angles),
+            (Mixer::LinearAttn(l), KvCache::State(state)) => l.forward(x, state),
+            (Mixer::LinearAttn(_), _) => Err(mlx_rs::error::Exception::custom(
+                "a linear-attention layer needs a state cache",
+            )),
+        };
         match &self.norms {
             Norms::PreNorm {
                 input_layernorm,
@@ -390,8 +416,8 @@ fn norm(
 
 /// Groups layers by attention window: for each kind, the first layer of that kind; for each
 /// layer, its kind.
-fn mask_kinds(windows: impl IntoIterator<Item = Option<i32>>) -> (Vec<usize>, Vec<usize>) {
-    let mut kinds: Vec<(Option<i32>, usize)> = Vec::new();
+fn mask_kinds<K: PartialEq>(windows: impl IntoIterator<Item = K>) -> (Vec<usize>, Vec<usize>) {
+    let mut kinds: Vec<(K, usize)> = Vec::new();
     let layer_kinds = windows
         .into_iter()
         .enumerate()
@@ -433,26 +459,20 @@ fn load_block(
             post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
         },
     };
-    let qk_norm = match spec.qk_norm {
-        Some(over) => Some(QkNorm::new(
-            over,
-            load_norm("self_attn.q_norm")?,
-            load_norm("self_attn.k_norm")?,
-        )),
-        None => None,
+    let mixer = match &spec.attention {
+        AttentionKind::GatedDelta(linear) => {
+            let prefix = format!("{p}.linear_attn");
+            Mixer::LinearAttn(GatedDeltaNet::load(weights, &prefix, linear.clone())?)
+        }
+        AttentionKind::Softmax { output_gate } => Mixer::SelfAttn(load_attention(
+            weights,
+            p,
+            &spec,
+            *output_gate,
+            family,
+        )?),
     };
     let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
-    let qkv = match spec.fused {
-        true => Qkv::Fused {
-            qkv_proj: linear("self_attn.qkv_proj")?,
-        },
-        false => Qkv::Split {
-            q_proj: linear("self_attn.q_proj")?,
-            k_proj: linear("self_attn.k_proj")?,
-            v_proj: linear("self_attn.v_proj")?,
-        },
-    };
-    let o_proj = linear("self_attn.o_proj")?;
     let mlp = match &spec.mlp {
         MlpSpec::Dense => {
             let gate_up = match spec.fused {
@@ -476,16 +496,48 @@ fn load_block(
         }
     };
     Ok(Block {
-        self_attn: Attention {
-            qkv,
-            o_proj,
-            qk_norm,
-            shape: spec.shape,
-            rope: spec.rope,
-        },
+        mixer,
         mlp,
         norms,
         mask_kind,
+    })
+}
+
+/// The block's `self_attn` at `p`.
+fn load_attention(
+    weights: &mut Weights,
+    p: &str,
+    spec: &LayerSpec,
+    output_gate: bool,
+    family: &impl Family,
+) -> LoadResult<Attention> {
+    let eps = spec.rms_norm_eps;
+    let qk_norm = match spec.qk_norm {
+        Some(over) => Some(QkNorm::new(
+            over,
+            norm(weights, &format!("{p}.self_attn.q_norm"), eps, family)?,
+            norm(weights, &format!("{p}.self_attn.k_norm"), eps, family)?,
+        )),
+        None => None,
+    };
+    let mut linear = |name: &str| weights.linear(&format!("{p}.self_attn.{name}"));
+    let qkv = match spec.fused {
+        true => Qkv::Fused {
+            qkv_proj: linear("qkv_proj")?,
+        },
+        false => Qkv::Split {
+            q_proj: linear("q_proj")?,
+            k_proj: linear("k_proj")?,
+            v_proj: linear("v_proj")?,
+        },
+    };
+    Ok(Attention {
+        qkv,
+        o_proj: linear("o_proj")?,
+        qk_norm,
+        shape: spec.shape.clone(),
+        rope: spec.rope.clone(),
+        output_gate,
     })
 }
 
@@ -493,18 +545,23 @@ fn load_block(
 /// `load_weights` does): such a checkpoint would otherwise load and compute garbage, or fail in
 /// the middle of a forward pass. `hidden` is the embedding table's width.
 fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
-    let a = &block.self_attn;
+    // A linear-attention layer checks its convolution at load; its projections' sizes follow.
+    let Mixer::SelfAttn(a) = &block.mixer else {
+        return Ok(());
+    };
     let (q, kv) = (
         a.shape.n_heads * a.shape.head_dim,
         a.shape.n_kv_heads * a.shape.head_dim,
     );
+    // With an output gate, the query projection also gives the gate's features.
+    let q_rows = if a.output_gate { 2 * q } else { q };
     let mut expected: Vec<(&str, &Linear, (i32, i32))> = match &a.qkv {
         Qkv::Split {
             q_proj,
             k_proj,
             v_proj,
         } => vec![
-            ("self_attn.q_proj", q_proj, (q, hidden)),
+            ("self_attn.q_proj", q_proj, (q_rows, hidden)),
             ("self_attn.k_proj", k_proj, (kv, hidden)),
             ("self_attn.v_proj", v_proj, (kv, hidden)),
         ],
@@ -555,7 +612,12 @@ fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
 impl<F: Family> Decoder<F> {
     /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
     pub fn load(mut weights: Weights, spec: DecoderSpec, family: F) -> LoadResult<Self> {
-        let (mask_sources, layer_kinds) = mask_kinds(spec.layers.iter().map(|l| l.shape.window));
+        // Linear-attention layers are a kind of their own (their cache gives no mask).
+        let kind = |l: &LayerSpec| match l.attention {
+            AttentionKind::Softmax { .. } => Some(l.shape.window),
+            AttentionKind::GatedDelta(_) => None,
+        };
+        let (mask_sources, layer_kinds) = mask_kinds(spec.layers.iter().map(kind));
         let embed_tokens = weights.embedding("model.embed_tokens")?;
         let hidden = embed_tokens.table.dims().1;
         let mut layers = Vec::with_capacity(spec.layers.len());
@@ -680,18 +742,22 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn quantizable_kv_head_dims(&self) -> Vec<i32> {
-        let full = self.layers.iter().map(|l| &l.self_attn.shape);
-        full.filter(|s| s.window.is_none())
+        let attention = self.layers.iter().filter_map(|l| match &l.mixer {
+            Mixer::SelfAttn(a) => Some(&a.shape),
+            Mixer::LinearAttn(_) => None,
+        });
+        attention
+            .filter(|s| s.window.is_none())
             .map(|s| s.head_dim)
             .collect()
     }
 
     fn make_caches(&self) -> Vec<KvCache> {
-        let window = |l: &Block| l.self_attn.shape.window;
-        self.layers
-            .iter()
-            .map(|l| KvCache::for_window(window(l)))
-            .collect()
+        let cache = |l: &Block| match &l.mixer {
+            Mixer::SelfAttn(a) => KvCache::for_window(a.shape.window),
+            Mixer::LinearAttn(_) => KvCache::State(StateCache::default()),
+        };
+        self.layers.iter().map(cache).collect()
     }
 
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
@@ -700,9 +766,15 @@ impl<F: Family> LanguageModel for Decoder<F> {
             &mut self.embed_tokens.table,
         )];
         for (i, l) in self.layers.iter_mut().enumerate() {
-            let attn = l.self_attn.linears_mut().into_iter();
+            let (name, attn) = match &mut l.mixer {
+                Mixer::SelfAttn(a) => ("self_attn", a.linears_mut()),
+                Mixer::LinearAttn(a) => ("linear_attn", a.linears_mut()),
+            };
             let p = format!("model.layers.{i}");
-            out.extend(attn.map(|(n, linear)| (format!("{p}.self_attn.{n}"), linear)));
+            out.extend(
+                attn.into_iter()
+                    .map(|(n, linear)| (format!("{p}.{name}.{n}"), linear)),
+            );
             let mlp = l.mlp.linears_mut().into_iter();
             out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
         }

@@ -1,0 +1,127 @@
+//! Qwen3-Next: hybrid attention. Every `full_attention_interval`-th layer is softmax attention
+//! (q/k norms per head, RoPE over the first `partial_rotary_factor` of each head, output gated
+//! by a sigmoid of features the query projection also gives); the others are gated delta-nets
+//! (linear attention with a recurrent state, `gated_delta.rs`). MLPs are sparse MoE with a
+//! shared expert (dense in `mlp_only_layers`). A Hugging Face checkpoint (per-expert tensors)
+//! stores its RMS norms as offsets from 1, which mlx-lm's sanitize adds back; its
+//! multi-token-prediction tensors (`mtp.*`) are not used.
+
+use mlx_rs::Array;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    error::EngineError,
+    models::{
+        gated_delta::GatedDeltaSpec,
+        moe::{MoeSpec, Routing},
+        parse_args,
+        transformer::{
+            sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec,
+        },
+    },
+    nn::{scalar_like, QkNormOver, Result},
+    weights::Weights,
+};
+
+#[derive(Debug, Deserialize)]
+struct Args {
+    #[serde(flatten)]
+    common: CommonArgs,
+    head_dim: i32,
+    rope_theta: f32,
+    partial_rotary_factor: f64,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "default_full_attention_interval")]
+    full_attention_interval: usize,
+    linear_num_value_heads: i32,
+    linear_num_key_heads: i32,
+    linear_key_head_dim: i32,
+    linear_value_head_dim: i32,
+    linear_conv_kernel_dim: i32,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    decoder_sparse_step: usize,
+    mlp_only_layers: Vec<usize>,
+    #[serde(default)]
+    norm_topk_prob: bool,
+}
+
+fn default_full_attention_interval() -> usize {
+    4
+}
+
+/// Qwen3-Next's norms: `1 + w` when the checkpoint stores offsets (mlx-lm's sanitize shifts
+/// the block, q/k and final norms, not the delta-nets' gated norms).
+pub struct Qwen3Next {
+    shift_norms: bool,
+}
+
+impl Family for Qwen3Next {
+    fn norm_weight(&self, stored: Array) -> Result<Array> {
+        match self.shift_norms {
+            true => stored.add(scalar_like(1.0, &stored)?),
+            false => Ok(stored),
+        }
+    }
+}
+
+pub fn load(config: &Value, mut weights: Weights) -> std::result::Result<Decoder<Qwen3Next>, EngineError> {
+    let args: Args = parse_args(config)?;
+    let c = &args.common;
+    let max_pos = Some(args.max_position_embeddings);
+    // mlx-lm: `int(head_dim * partial_rotary_factor)` features rotated.
+    let rotary = (args.head_dim as f64 * args.partial_rotary_factor) as i32;
+    let rope = c.rope(rotary, args.rope_theta, false, max_pos)?;
+    let linear = GatedDeltaSpec {
+        num_k_heads: args.linear_num_key_heads,
+        num_v_heads: args.linear_num_value_heads,
+        head_k_dim: args.linear_key_head_dim,
+        head_v_dim: args.linear_value_head_dim,
+        conv_kernel: args.linear_conv_kernel_dim,
+        rms_norm_eps: c.rms_norm_eps,
+    };
+    let moe = MoeSpec {
+        name: "mlp",
+        num_experts: args.num_experts,
+        top_k: args.num_experts_per_tok,
+        routing: Routing::SoftmaxTopK {
+            norm_topk_prob: args.norm_topk_prob,
+        },
+        expert_names: ["gate_proj", "up_proj", "down_proj"],
+        shared_expert: true,
+    };
+    let full = LayerSpec {
+        attention: AttentionKind::Softmax { output_gate: true },
+        qk_norm: Some(QkNormOver::Head),
+        ..c.llama_layer(args.head_dim, rope)
+    };
+    let n = c.num_hidden_layers;
+    let mut spec = DecoderSpec::uniform(full, n, args.tie_word_embeddings, max_pos);
+    for (i, layer) in spec.layers.iter_mut().enumerate() {
+        if args.full_attention_interval == 0 || (i + 1) % args.full_attention_interval != 0 {
+            layer.attention = AttentionKind::GatedDelta(linear.clone());
+        }
+        let step = args.decoder_sparse_step;
+        let sparse = !args.mlp_only_layers.contains(&i)
+            && args.num_experts > 0
+            && step > 0
+            && (i + 1) % step == 0;
+        if sparse {
+            layer.mlp = MlpSpec::Moe(moe.clone());
+        }
+    }
+    // mlx-lm's sanitize does its work only on a Hugging Face checkpoint, which it knows by
+    // per-expert tensors: there it also drops `mtp.*` and shifts the norms.
+    let hf = weights
+        .names()
+        .any(|n| n.starts_with("model.layers.") && n.ends_with(".mlp.experts.0.up_proj.weight"));
+    let mtp: Vec<String> = weights.names().filter(|n| n.starts_with("mtp.")).cloned().collect();
+    for name in mtp {
+        weights.remove(&name);
+    }
+    sanitize(&mut weights, args.tie_word_embeddings);
+    Decoder::load(weights, spec, Qwen3Next { shift_norms: hf })
+}
