@@ -91,7 +91,7 @@ impl GatedDeltaNet {
                 ),
             ));
         }
-        Ok(Self {
+        let layer = Self {
             in_proj_qkvz: weights.linear(&p("in_proj_qkvz"))?,
             in_proj_ba: weights.linear(&p("in_proj_ba"))?,
             conv1d,
@@ -100,7 +100,36 @@ impl GatedDeltaNet {
             norm: weights.rms_norm(&p("norm"), s.rms_norm_eps)?,
             out_proj: weights.linear(&p("out_proj"))?,
             spec,
-        })
+        };
+        layer.check_shapes(prefix)?;
+        Ok(layer)
+    }
+
+    /// Refuses projections of other sizes than config.json implies (they would fail, or compute
+    /// garbage, in the middle of a forward pass).
+    fn check_shapes(&self, prefix: &str) -> LoadResult<()> {
+        let s = &self.spec;
+        let (value_dim, hidden) = (s.num_v_heads * s.head_v_dim, self.in_proj_ba.dims().1);
+        let expected = [
+            ("in_proj_qkvz", &self.in_proj_qkvz, (2 * s.key_dim() + 2 * value_dim, hidden)),
+            ("in_proj_ba", &self.in_proj_ba, (2 * s.num_v_heads, hidden)),
+            ("out_proj", &self.out_proj, (self.in_proj_qkvz.dims().1, value_dim)),
+        ];
+        for (name, linear, (out, inputs)) in expected {
+            let (o, i) = linear.dims();
+            if (o, i) != (out, inputs) {
+                return Err(EngineError::load(
+                    LoadErrorKind::InvalidWeights,
+                    format!(
+                        "`{prefix}.{name}` is {o}x{i} but config.json implies {out}x{inputs} \
+                         ({} key heads of {}, {} value heads of {}): config.json does not \
+                         describe these weights",
+                        s.num_k_heads, s.head_k_dim, s.num_v_heads, s.head_v_dim
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `(B, S, hidden)` -> `(B, S, hidden)`, carrying the convolution window and the state in

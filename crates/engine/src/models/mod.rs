@@ -83,6 +83,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "qwen2",
     "qwen3",
     "qwen3_moe",
+    "qwen3_next",
     "smollm3",
 ];
 
@@ -239,6 +240,22 @@ mod tests {
             detail.contains("1000000000") && detail.contains("hold 1 layers"),
             "{detail}"
         );
+    }
+
+    #[test]
+    fn qwen3_next_refuses_a_zero_full_attention_interval_by_name() {
+        let mut config = tiny("qwen3_next");
+        let fields = json!({
+            "head_dim": 16, "rope_theta": 1e6, "partial_rotary_factor": 0.25,
+            "max_position_embeddings": 64, "full_attention_interval": 0,
+            "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 0,
+            "num_experts_per_tok": 1, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        });
+        config.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(detail.contains("full_attention_interval"), "{detail}");
     }
 
     #[test]

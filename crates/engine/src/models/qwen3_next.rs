@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    error::EngineError,
+    error::{EngineError, LoadErrorKind},
     models::{
         gated_delta::GatedDeltaSpec,
         moe::{MoeSpec, Routing},
@@ -70,6 +70,13 @@ impl Family for Qwen3Next {
 
 pub fn load(config: &Value, mut weights: Weights) -> std::result::Result<Decoder<Qwen3Next>, EngineError> {
     let args: Args = parse_args(config)?;
+    if args.full_attention_interval == 0 {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            "config.json: `full_attention_interval` must be at least 1 (every that many layers \
+             one is full attention)",
+        ));
+    }
     let c = &args.common;
     let max_pos = Some(args.max_position_embeddings);
     // mlx-lm: `int(head_dim * partial_rotary_factor)` features rotated.
@@ -101,7 +108,7 @@ pub fn load(config: &Value, mut weights: Weights) -> std::result::Result<Decoder
     let n = c.num_hidden_layers;
     let mut spec = DecoderSpec::uniform(full, n, args.tie_word_embeddings, max_pos);
     for (i, layer) in spec.layers.iter_mut().enumerate() {
-        if args.full_attention_interval == 0 || (i + 1) % args.full_attention_interval != 0 {
+        if (i + 1) % args.full_attention_interval != 0 {
             layer.attention = AttentionKind::GatedDelta(linear.clone());
         }
         let step = args.decoder_sparse_step;
