@@ -84,6 +84,21 @@ FAMILY_BASE = {
         "norm_topk_prob": True,
         "tie_word_embeddings": False,
     },
+    # Qwen3.5 text: the same hybrid layers, separate delta-net projections, dense MLPs.
+    "qwen3_5": {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25},
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "tie_word_embeddings": False,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {
@@ -263,6 +278,10 @@ def build(spec, out):
         write_adapter(model, adapter, tmp / "adapter")
     if (names := spec.get("hf_experts")) is not None:
         weights = unstack_experts(weights, names)
+    # Convolutions as Hugging Face stores them, `(channels, 1, kernel)` (Qwen3.5: mlx-lm then
+    # also shifts the norms).
+    if spec.get("hf_conv1d"):
+        weights = {k: v.swapaxes(1, 2) if k.endswith("conv1d.weight") else v for k, v in weights.items()}
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
     for name in spec.get("drop_tensors", []):
         del weights[name]

@@ -1,4 +1,4 @@
-//! The gated delta-net, the linear-attention layer of hybrid models (Qwen3-Next): projections
+//! The gated delta-net, the linear-attention layer of hybrid models (Qwen3-Next, Qwen3.5): projections
 //! to queries, keys, values, an output gate `z` and the per-head decay and write strengths
 //! (`a`, `b`); a causal depthwise convolution over q/k/v whose last inputs are cached; q/k
 //! L2-normalised; then the gated delta rule, a recurrence over a `(Dv, Dk)` state per value
@@ -23,9 +23,33 @@ use crate::{
 
 type LoadResult<T> = std::result::Result<T, EngineError>;
 
+/// How a checkpoint stores the input projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaProjections {
+    /// `in_proj_qkvz` and `in_proj_ba`, rows grouped by key head (Qwen3-Next).
+    Grouped,
+    /// `in_proj_qkv` (all q, then k, then v), `in_proj_z`, `in_proj_b`, `in_proj_a` (Qwen3.5).
+    Separate,
+}
+
+/// The input projections of a layer.
+enum Projections {
+    Grouped {
+        in_proj_qkvz: Linear,
+        in_proj_ba: Linear,
+    },
+    Separate {
+        in_proj_qkv: Linear,
+        in_proj_z: Linear,
+        in_proj_b: Linear,
+        in_proj_a: Linear,
+    },
+}
+
 /// A gated delta-net layer's sizes (config.json's `linear_*` fields).
 #[derive(Debug, Clone)]
 pub struct GatedDeltaSpec {
+    pub projections: DeltaProjections,
     pub num_k_heads: i32,
     pub num_v_heads: i32,
     pub head_k_dim: i32,
@@ -46,8 +70,7 @@ impl GatedDeltaSpec {
 }
 
 pub struct GatedDeltaNet {
-    in_proj_qkvz: Linear,
-    in_proj_ba: Linear,
+    projections: Projections,
     /// `(conv_dim, kernel, 1)`, MLX's layout (one group per channel).
     conv1d: Array,
     a_log: Array,
@@ -91,9 +114,21 @@ impl GatedDeltaNet {
                 ),
             ));
         }
+        let mut linear = |name: &str| weights.linear(&p(name));
+        let projections = match s.projections {
+            DeltaProjections::Grouped => Projections::Grouped {
+                in_proj_qkvz: linear("in_proj_qkvz")?,
+                in_proj_ba: linear("in_proj_ba")?,
+            },
+            DeltaProjections::Separate => Projections::Separate {
+                in_proj_qkv: linear("in_proj_qkv")?,
+                in_proj_z: linear("in_proj_z")?,
+                in_proj_b: linear("in_proj_b")?,
+                in_proj_a: linear("in_proj_a")?,
+            },
+        };
         let layer = Self {
-            in_proj_qkvz: weights.linear(&p("in_proj_qkvz"))?,
-            in_proj_ba: weights.linear(&p("in_proj_ba"))?,
+            projections,
             conv1d,
             a_log: weights.take(&p("A_log"))?,
             dt_bias: weights.take(&p("dt_bias"))?,
@@ -109,12 +144,29 @@ impl GatedDeltaNet {
     /// garbage, in the middle of a forward pass).
     fn check_shapes(&self, prefix: &str) -> LoadResult<()> {
         let s = &self.spec;
-        let (value_dim, hidden) = (s.num_v_heads * s.head_v_dim, self.in_proj_ba.dims().1);
-        let expected = [
-            ("in_proj_qkvz", &self.in_proj_qkvz, (2 * s.key_dim() + 2 * value_dim, hidden)),
-            ("in_proj_ba", &self.in_proj_ba, (2 * s.num_v_heads, hidden)),
-            ("out_proj", &self.out_proj, (self.in_proj_qkvz.dims().1, value_dim)),
-        ];
+        let (value_dim, hidden) = (s.num_v_heads * s.head_v_dim, self.out_proj.dims().0);
+        let mut expected = vec![("out_proj", &self.out_proj, (hidden, value_dim))];
+        match &self.projections {
+            Projections::Grouped {
+                in_proj_qkvz,
+                in_proj_ba,
+            } => {
+                let qkvz = 2 * s.key_dim() + 2 * value_dim;
+                expected.push(("in_proj_qkvz", in_proj_qkvz, (qkvz, hidden)));
+                expected.push(("in_proj_ba", in_proj_ba, (2 * s.num_v_heads, hidden)));
+            }
+            Projections::Separate {
+                in_proj_qkv,
+                in_proj_z,
+                in_proj_b,
+                in_proj_a,
+            } => {
+                expected.push(("in_proj_qkv", in_proj_qkv, (s.conv_dim(), hidden)));
+                expected.push(("in_proj_z", in_proj_z, (value_dim, hidden)));
+                expected.push(("in_proj_b", in_proj_b, (s.num_v_heads, hidden)));
+                expected.push(("in_proj_a", in_proj_a, (s.num_v_heads, hidden)));
+            }
+        }
         for (name, linear, (out, inputs)) in expected {
             let (o, i) = linear.dims();
             if (o, i) != (out, inputs) {
@@ -138,23 +190,43 @@ impl GatedDeltaNet {
         let s = &self.spec;
         let (b, len) = (x.dim(0), x.dim(1));
         let (nk, dk, nv, dv) = (s.num_k_heads, s.head_k_dim, s.num_v_heads, s.head_v_dim);
-        let per_k = nv / nk;
-        // Rows are grouped by key head: [q, k, v, z] of each, then [b, a] of each.
-        let qkvz = self.in_proj_qkvz.forward(x)?.reshape(&[b, len, nk, -1])?;
-        let [q, k, v, z] = four(qkvz.split_at_indices(&[dk, 2 * dk, 2 * dk + per_k * dv], -1)?);
+        let (mixed, z, beta_in, a) = match &self.projections {
+            Projections::Grouped {
+                in_proj_qkvz,
+                in_proj_ba,
+            } => {
+                // Rows are grouped by key head: [q, k, v, z] of each, then [b, a] of each.
+                let per_k = nv / nk;
+                let qkvz = in_proj_qkvz.forward(x)?.reshape(&[b, len, nk, -1])?;
+                let split = [dk, 2 * dk, 2 * dk + per_k * dv];
+                let [q, k, v, z] = four(qkvz.split_at_indices(&split, -1)?);
+                let ba = in_proj_ba.forward(x)?.reshape(&[b, len, nk, -1])?;
+                let mut ba = ba.split_at_indices(&[per_k], -1)?.into_iter();
+                let (beta_in, a) = (ba.next().unwrap(), ba.next().unwrap());
+                let flat = |t: &Array| t.reshape(&[b, len, -1]);
+                let mixed = ops::concatenate(&[flat(&q)?, flat(&k)?, flat(&v)?], -1)?;
+                let per_head = |t: Array| t.reshape(&[b, len, nv]);
+                (mixed, z, per_head(beta_in)?, per_head(a)?)
+            }
+            Projections::Separate {
+                in_proj_qkv,
+                in_proj_z,
+                in_proj_b,
+                in_proj_a,
+            } => (
+                in_proj_qkv.forward(x)?,
+                in_proj_z.forward(x)?,
+                in_proj_b.forward(x)?,
+                in_proj_a.forward(x)?,
+            ),
+        };
         let z = z.reshape(&[b, len, nv, dv])?;
-        let ba = self.in_proj_ba.forward(x)?.reshape(&[b, len, nk, -1])?;
-        let mut ba = ba.split_at_indices(&[per_k], -1)?.into_iter();
-        let (beta_in, a) = (ba.next().unwrap(), ba.next().unwrap());
-        let (beta_in, a) = (beta_in.reshape(&[b, len, nv])?, a.reshape(&[b, len, nv])?);
 
         let window = s.conv_kernel - 1;
         let conv_state = match cache.conv.take() {
             Some(c) => c,
             None => ops::zeros_dtype(&[b, window, s.conv_dim()], x.dtype())?,
         };
-        let flat = |t: &Array| t.reshape(&[b, len, -1]);
-        let mixed = ops::concatenate(&[flat(&q)?, flat(&k)?, flat(&v)?], -1)?;
         let conv_input = ops::concatenate(&[conv_state, mixed], 1)?;
         let total = conv_input.dim(1);
         cache.conv = Some(conv_input.index((.., total - window.., ..)));
@@ -193,11 +265,25 @@ impl GatedDeltaNet {
 
     /// The linear layers under their checkpoint names (relative to `linear_attn.`).
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
-        vec![
-            ("in_proj_qkvz", &mut self.in_proj_qkvz),
-            ("in_proj_ba", &mut self.in_proj_ba),
-            ("out_proj", &mut self.out_proj),
-        ]
+        let mut out = match &mut self.projections {
+            Projections::Grouped {
+                in_proj_qkvz,
+                in_proj_ba,
+            } => vec![("in_proj_qkvz", in_proj_qkvz), ("in_proj_ba", in_proj_ba)],
+            Projections::Separate {
+                in_proj_qkv,
+                in_proj_z,
+                in_proj_b,
+                in_proj_a,
+            } => vec![
+                ("in_proj_qkv", in_proj_qkv),
+                ("in_proj_z", in_proj_z),
+                ("in_proj_b", in_proj_b),
+                ("in_proj_a", in_proj_a),
+            ],
+        };
+        out.push(("out_proj", &mut self.out_proj));
+        out
     }
 }
 

@@ -16,6 +16,7 @@ mod phi3;
 mod qwen2;
 mod qwen2_5_vl_text;
 mod qwen3;
+mod qwen3_5;
 mod qwen3_moe;
 mod qwen3_next;
 mod smollm3;
@@ -82,6 +83,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "phi3",
     "qwen2",
     "qwen3",
+    "qwen3_5",
     "qwen3_moe",
     "qwen3_next",
     "smollm3",
@@ -96,6 +98,11 @@ pub fn build(
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or("");
+    // A checkpoint whose language model sits under another prefix: moved to `model.` first.
+    let weights = match model_type {
+        "qwen3_5" => qwen3_5::language_model(weights),
+        _ => weights,
+    };
     check_sizes(config, &weights)?;
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
@@ -109,6 +116,7 @@ pub fn build(
         // Only under a Qwen2.5-VL (`vision::split`), which gives the positions.
         "qwen2_5_vl_text" => Ok(Box::new(qwen2_5_vl_text::load(config, weights)?)),
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
+        "qwen3_5" => Ok(Box::new(qwen3_5::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
         "qwen3_next" => Ok(Box::new(qwen3_next::load(config, weights)?)),
         "smollm3" => Ok(Box::new(smollm3::load(config, weights)?)),

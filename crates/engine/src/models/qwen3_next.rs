@@ -13,14 +13,14 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     models::{
-        gated_delta::GatedDeltaSpec,
+        gated_delta::{DeltaProjections, GatedDeltaSpec},
         moe::{MoeSpec, Routing},
         parse_args,
         transformer::{
             sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec,
         },
     },
-    nn::{scalar_like, QkNormOver, Result},
+    nn::{scalar_like, QkNormOver, Result, Rope},
     weights::Weights,
 };
 
@@ -53,10 +53,10 @@ fn default_full_attention_interval() -> usize {
     4
 }
 
-/// Qwen3-Next's norms: `1 + w` when the checkpoint stores offsets (mlx-lm's sanitize shifts
-/// the block, q/k and final norms, not the delta-nets' gated norms).
+/// Qwen3-Next's (and Qwen3.5's) norms: `1 + w` when the checkpoint stores offsets (mlx-lm's
+/// sanitize shifts the block, q/k and final norms, not the delta-nets' gated norms).
 pub struct Qwen3Next {
-    shift_norms: bool,
+    pub shift_norms: bool,
 }
 
 impl Family for Qwen3Next {
@@ -70,19 +70,13 @@ impl Family for Qwen3Next {
 
 pub fn load(config: &Value, mut weights: Weights) -> std::result::Result<Decoder<Qwen3Next>, EngineError> {
     let args: Args = parse_args(config)?;
-    if args.full_attention_interval == 0 {
-        return Err(EngineError::load(
-            LoadErrorKind::InvalidWeights,
-            "config.json: `full_attention_interval` must be at least 1 (every that many layers \
-             one is full attention)",
-        ));
-    }
     let c = &args.common;
     let max_pos = Some(args.max_position_embeddings);
     // mlx-lm: `int(head_dim * partial_rotary_factor)` features rotated.
     let rotary = (args.head_dim as f64 * args.partial_rotary_factor) as i32;
     let rope = c.rope(rotary, args.rope_theta, false, max_pos)?;
     let linear = GatedDeltaSpec {
+        projections: DeltaProjections::Grouped,
         num_k_heads: args.linear_num_key_heads,
         num_v_heads: args.linear_num_value_heads,
         head_k_dim: args.linear_key_head_dim,
@@ -100,17 +94,10 @@ pub fn load(config: &Value, mut weights: Weights) -> std::result::Result<Decoder
         expert_names: ["gate_proj", "up_proj", "down_proj"],
         shared_expert: true,
     };
-    let full = LayerSpec {
-        attention: AttentionKind::Softmax { output_gate: true },
-        qk_norm: Some(QkNormOver::Head),
-        ..c.llama_layer(args.head_dim, rope)
-    };
-    let n = c.num_hidden_layers;
-    let mut spec = DecoderSpec::uniform(full, n, args.tie_word_embeddings, max_pos);
+    let mut spec = hybrid_layers(c, args.head_dim, rope, linear, args.full_attention_interval)?;
+    spec.tie_word_embeddings = args.tie_word_embeddings;
+    spec.max_position_embeddings = max_pos;
     for (i, layer) in spec.layers.iter_mut().enumerate() {
-        if (i + 1) % args.full_attention_interval != 0 {
-            layer.attention = AttentionKind::GatedDelta(linear.clone());
-        }
         let step = args.decoder_sparse_step;
         let sparse = !args.mlp_only_layers.contains(&i)
             && args.num_experts > 0
@@ -125,10 +112,45 @@ pub fn load(config: &Value, mut weights: Weights) -> std::result::Result<Decoder
     let hf = weights
         .names()
         .any(|n| n.starts_with("model.layers.") && n.ends_with(".mlp.experts.0.up_proj.weight"));
-    let mtp: Vec<String> = weights.names().filter(|n| n.starts_with("mtp.")).cloned().collect();
+    drop_mtp(&mut weights);
+    sanitize(&mut weights, args.tie_word_embeddings);
+    Decoder::load(weights, spec, Qwen3Next { shift_norms: hf })
+}
+
+/// `n` layers, every `interval`-th softmax attention (output-gated, per-head q/k norms, `rope`),
+/// the others gated delta-nets; dense MLPs, untied, no position limit: the caller adjusts.
+pub(super) fn hybrid_layers(
+    c: &CommonArgs,
+    head_dim: i32,
+    rope: Rope,
+    linear: GatedDeltaSpec,
+    interval: usize,
+) -> std::result::Result<DecoderSpec, EngineError> {
+    if interval == 0 {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            "config.json: `full_attention_interval` must be at least 1 (every that many layers \
+             one is full attention)",
+        ));
+    }
+    let full = LayerSpec {
+        attention: AttentionKind::Softmax { output_gate: true },
+        qk_norm: Some(QkNormOver::Head),
+        ..c.llama_layer(head_dim, rope)
+    };
+    let mut spec = DecoderSpec::uniform(full, c.num_hidden_layers, false, None);
+    for (i, layer) in spec.layers.iter_mut().enumerate() {
+        if (i + 1) % interval != 0 {
+            layer.attention = AttentionKind::GatedDelta(linear.clone());
+        }
+    }
+    Ok(spec)
+}
+
+/// Drops the multi-token-prediction tensors (mlx-lm: every name containing `mtp.`).
+pub(super) fn drop_mtp(weights: &mut Weights) {
+    let mtp: Vec<String> = weights.names().filter(|n| n.contains("mtp.")).cloned().collect();
     for name in mtp {
         weights.remove(&name);
     }
-    sanitize(&mut weights, args.tie_word_embeddings);
-    Decoder::load(weights, spec, Qwen3Next { shift_norms: hf })
 }
