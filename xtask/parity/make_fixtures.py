@@ -124,18 +124,27 @@ QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-TOKENIZER_PIPELINES = {
-    "qwen2": {
+# Qwen3.5's: letters may carry combining marks (`\p{M}`).
+QWEN3_5_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def split_then_bytes(pattern):
+    return {
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
             ],
         },
-    },
-}
+    }
+
+
+TOKENIZER_PIPELINES = {"qwen2": split_then_bytes(QWEN2_SPLIT), "qwen3_5": split_then_bytes(QWEN3_5_SPLIT)}
 
 
 def write_tokenizer(spec, out):

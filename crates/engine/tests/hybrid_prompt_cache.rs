@@ -14,7 +14,9 @@ fn loaded(dir: &std::path::Path) -> Engine {
         model: dir.display().to_string(),
         ..Default::default()
     };
-    engine.load(&load, &mut |_| {}, &CancelToken::new()).unwrap();
+    engine
+        .load(&load, &mut |_| {}, &CancelToken::new())
+        .unwrap();
     engine
 }
 
@@ -51,7 +53,10 @@ fn a_recurrent_state_is_reused_by_a_prompt_that_extends_it_and_answers_the_same(
     // The prompt, the answer, more tokens: all that the cache holds is reused.
     let extended: Vec<u32> = [&prompt[..], &first.token_ids, &[500, 501, 502]].concat();
     let next = greedy(&mut engine, &extended, 8);
-    assert_eq!(next.usage.cached_tokens, prompt.len() + first.token_ids.len());
+    assert_eq!(
+        next.usage.cached_tokens,
+        prompt.len() + first.token_ids.len()
+    );
     assert_eq!(next.timings.prompt_n, 3);
     let mut fresh = loaded(&dir);
     let uncached = greedy(&mut fresh, &extended, 8);

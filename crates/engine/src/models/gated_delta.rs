@@ -288,11 +288,15 @@ impl GatedDeltaNet {
 }
 
 fn four(parts: Vec<Array>) -> [Array; 4] {
-    parts.try_into().expect("split at three indices gives four parts")
+    parts
+        .try_into()
+        .expect("split at three indices gives four parts")
 }
 
 fn three(parts: Vec<Array>) -> [Array; 3] {
-    parts.try_into().expect("split at two indices gives three parts")
+    parts
+        .try_into()
+        .expect("split at two indices gives three parts")
 }
 
 /// mlx-lm's `normalize_qk`: q and k L2-normalised (as RMS norms with the eps scaled to match),

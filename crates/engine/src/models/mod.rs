@@ -260,7 +260,10 @@ mod tests {
             "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 0,
             "num_experts_per_tok": 1, "decoder_sparse_step": 1, "mlp_only_layers": [],
         });
-        config.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
         let (kind, detail) = refusal(config);
         assert_eq!(kind, LoadErrorKind::InvalidWeights);
         assert!(detail.contains("full_attention_interval"), "{detail}");

@@ -106,7 +106,12 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, 
     let c = &args.common;
     let head_dim = args.head_dim.unwrap_or(c.default_head_dim());
     let rope_config = &args.rope_parameters;
-    let get = |key: &str, default: f64| rope_config.get(key).and_then(Value::as_f64).unwrap_or(default);
+    let get = |key: &str, default: f64| {
+        rope_config
+            .get(key)
+            .and_then(Value::as_f64)
+            .unwrap_or(default)
+    };
     let rotary = (head_dim as f64 * get("partial_rotary_factor", 0.25)) as i32;
     let max_pos = Some(args.max_position_embeddings);
     // mlx-lm passes `rope_parameters` as the scaling config (its `mrope_section` is unused).

@@ -68,7 +68,10 @@ impl Family for Qwen3Next {
     }
 }
 
-pub fn load(config: &Value, mut weights: Weights) -> std::result::Result<Decoder<Qwen3Next>, EngineError> {
+pub fn load(
+    config: &Value,
+    mut weights: Weights,
+) -> std::result::Result<Decoder<Qwen3Next>, EngineError> {
     let args: Args = parse_args(config)?;
     let c = &args.common;
     let max_pos = Some(args.max_position_embeddings);
@@ -149,7 +152,11 @@ pub(super) fn hybrid_layers(
 
 /// Drops the multi-token-prediction tensors (mlx-lm: every name containing `mtp.`).
 pub(super) fn drop_mtp(weights: &mut Weights) {
-    let mtp: Vec<String> = weights.names().filter(|n| n.contains("mtp.")).cloned().collect();
+    let mtp: Vec<String> = weights
+        .names()
+        .filter(|n| n.contains("mtp."))
+        .cloned()
+        .collect();
     for name in mtp {
         weights.remove(&name);
     }

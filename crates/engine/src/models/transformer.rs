@@ -1,7 +1,7 @@
 //! The decoder-only transformer every architecture file here builds: embedding, blocks of
 //! attention + gated MLP with RMS norms, final norm, head. A model file reads its config.json
 //! into a [`LayerSpec`] per layer (what differs between families: fused projections, q/k norms,
-//! norm placement, activation, attention window, RoPE or none) and calls [`Decoder::load`] with its
+//! norm placement, activation, attention window, RoPE or none, gated or linear attention) and calls [`Decoder::load`] with its
 //! tensor names and its [`Family`]: the few computations a family does its own way (Gemma's
 //! `1 + w` norms, scaled embeddings, clipped residuals), kept in the family's file.
 //!
@@ -414,8 +414,8 @@ fn norm(
     Ok(n)
 }
 
-/// Groups layers by attention window: for each kind, the first layer of that kind; for each
-/// layer, its kind.
+/// Groups layers by kind (attention window; linear attention is a kind of its own): for each
+/// kind, the first layer of that kind; for each layer, its kind.
 fn mask_kinds<K: PartialEq>(windows: impl IntoIterator<Item = K>) -> (Vec<usize>, Vec<usize>) {
     let mut kinds: Vec<(K, usize)> = Vec::new();
     let layer_kinds = windows
@@ -464,13 +464,9 @@ fn load_block(
             let prefix = format!("{p}.linear_attn");
             Mixer::LinearAttn(GatedDeltaNet::load(weights, &prefix, linear.clone())?)
         }
-        AttentionKind::Softmax { output_gate } => Mixer::SelfAttn(load_attention(
-            weights,
-            p,
-            &spec,
-            *output_gate,
-            family,
-        )?),
+        AttentionKind::Softmax { output_gate } => {
+            Mixer::SelfAttn(load_attention(weights, p, &spec, *output_gate, family)?)
+        }
     };
     let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
     let mlp = match &spec.mlp {
