@@ -201,7 +201,7 @@ pub struct SparseMoe {
     pub switch_mlp: SwitchGlu,
     pub top_k: i32,
     pub routing: Routing,
-    pub shared_expert: Option<SharedExpert>,
+    pub shared_expert: Option<Box<SharedExpert>>,
 }
 
 impl SparseMoe {
@@ -243,7 +243,7 @@ impl SparseMoe {
             )));
         }
         let shared_expert = match spec.shared_expert {
-            true => Some(SharedExpert::load(weights, prefix)?),
+            true => Some(Box::new(SharedExpert::load(weights, prefix)?)),
             false => None,
         };
         Ok(Self {
