@@ -12,6 +12,7 @@ use mlx_rs::{
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    models::transformer::{LayerSpec, MlpSpec},
     nn::{Activation, GateUp, GatedMlp, Linear, Quantized, Result},
     weights::Weights,
 };
@@ -50,6 +51,35 @@ pub struct MoeSpec {
     /// Also a dense SwiGLU expert every token goes through, weighed by its own sigmoid gate
     /// (`shared_expert`, `shared_expert_gate`: Qwen3-Next).
     pub shared_expert: bool,
+}
+
+impl MoeSpec {
+    /// The Qwen3 line's layer (`mlp`, softmax over every expert, the top k): Qwen3-MoE's, and
+    /// with a shared expert Qwen3-Next's and Qwen3.5's.
+    pub fn qwen3(num_experts: i32, top_k: i32, norm_topk_prob: bool, shared_expert: bool) -> Self {
+        Self {
+            name: "mlp",
+            num_experts,
+            top_k,
+            routing: Routing::SoftmaxTopK { norm_topk_prob },
+            expert_names: ["gate_proj", "up_proj", "down_proj"],
+            shared_expert,
+        }
+    }
+
+    /// Makes sparse every layer Qwen3-MoE's rule (kept by Qwen3-Next) makes sparse: not in
+    /// `mlp_only_layers`, experts configured, and `(i + 1) % step == 0`.
+    pub fn make_sparse(&self, layers: &mut [LayerSpec], step: usize, mlp_only_layers: &[usize]) {
+        for (i, layer) in layers.iter_mut().enumerate() {
+            let sparse = !mlp_only_layers.contains(&i)
+                && self.num_experts > 0
+                && step > 0
+                && (i + 1) % step == 0;
+            if sparse {
+                layer.mlp = MlpSpec::Moe(self.clone());
+            }
+        }
+    }
 }
 
 /// One projection of every expert: a [`Linear`] whose weight is `(experts, out, in)` (packed

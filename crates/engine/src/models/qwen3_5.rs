@@ -13,10 +13,10 @@ use crate::{
     error::EngineError,
     models::{
         gated_delta::{DeltaProjections, GatedDeltaSpec},
-        moe::{MoeSpec, Routing},
+        moe::MoeSpec,
         parse_args,
         qwen3_next::{drop_mtp, hybrid_layers, Qwen3Next},
-        transformer::{sanitize, CommonArgs, Decoder, MlpSpec},
+        transformer::{sanitize, CommonArgs, Decoder},
     },
     weights::Weights,
 };
@@ -135,19 +135,9 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, 
     spec.tie_word_embeddings = args.tie_word_embeddings;
     spec.max_position_embeddings = max_pos;
     if args.num_experts > 0 {
-        let moe = MoeSpec {
-            name: "mlp",
-            num_experts: args.num_experts,
-            top_k: args.num_experts_per_tok,
-            routing: Routing::SoftmaxTopK {
-                norm_topk_prob: args.norm_topk_prob,
-            },
-            expert_names: ["gate_proj", "up_proj", "down_proj"],
-            shared_expert: true,
-        };
-        for layer in &mut spec.layers {
-            layer.mlp = MlpSpec::Moe(moe.clone());
-        }
+        let (experts, k) = (args.num_experts, args.num_experts_per_tok);
+        let moe = MoeSpec::qwen3(experts, k, args.norm_topk_prob, true);
+        moe.make_sparse(&mut spec.layers, 1, &[]);
     }
     let hf = weights
         .names()

@@ -14,10 +14,10 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     models::{
         gated_delta::{DeltaProjections, GatedDeltaSpec},
-        moe::{MoeSpec, Routing},
+        moe::MoeSpec,
         parse_args,
         transformer::{
-            sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec,
+            sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec,
         },
     },
     nn::{scalar_like, QkNormOver, Result, Rope},
@@ -87,29 +87,20 @@ pub fn load(
         conv_kernel: args.linear_conv_kernel_dim,
         rms_norm_eps: c.rms_norm_eps,
     };
-    let moe = MoeSpec {
-        name: "mlp",
-        num_experts: args.num_experts,
-        top_k: args.num_experts_per_tok,
-        routing: Routing::SoftmaxTopK {
-            norm_topk_prob: args.norm_topk_prob,
-        },
-        expert_names: ["gate_proj", "up_proj", "down_proj"],
-        shared_expert: true,
-    };
     let mut spec = hybrid_layers(c, args.head_dim, rope, linear, args.full_attention_interval)?;
     spec.tie_word_embeddings = args.tie_word_embeddings;
     spec.max_position_embeddings = max_pos;
-    for (i, layer) in spec.layers.iter_mut().enumerate() {
-        let step = args.decoder_sparse_step;
-        let sparse = !args.mlp_only_layers.contains(&i)
-            && args.num_experts > 0
-            && step > 0
-            && (i + 1) % step == 0;
-        if sparse {
-            layer.mlp = MlpSpec::Moe(moe.clone());
-        }
-    }
+    let moe = MoeSpec::qwen3(
+        args.num_experts,
+        args.num_experts_per_tok,
+        args.norm_topk_prob,
+        true,
+    );
+    moe.make_sparse(
+        &mut spec.layers,
+        args.decoder_sparse_step,
+        &args.mlp_only_layers,
+    );
     // mlx-lm's sanitize does its work only on a Hugging Face checkpoint, which it knows by
     // per-expert tensors: there it also drops `mtp.*` and shifts the norms.
     let hf = weights
