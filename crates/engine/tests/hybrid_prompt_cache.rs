@@ -1,5 +1,6 @@
-//! The prompt cache on a hybrid-attention model (the tiny Qwen3-Next parity fixture, built by
-//! `cargo xtask parity --model tiny-qwen3-next`), in-process and greedy: its linear-attention
+//! The prompt cache on a hybrid-attention model (the tiny Qwen3-Next parity fixture, which
+//! `cargo xtask test` builds before the tests, or `cargo xtask parity --model tiny-qwen3-next`),
+//! in-process and greedy: its linear-attention
 //! layers' recurrent states cannot forget positions, so a kept cache is reused only by a prompt
 //! that extends the tokens it holds, and then answers what a fresh engine answers.
 
