@@ -99,6 +99,45 @@ FAMILY_BASE = {
         "max_position_embeddings": 131072,
         "swiglu_limit": 7.0,
     },
+    # Hybrid attention: gated delta-net layers (0, 2) beside full-attention ones (1, 3), 2 key
+    # heads read by 4 value heads, 8 of 32 head features rotated; MoE with a shared expert.
+    "qwen3_next": {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "rope_theta": 1000000.0,
+        "head_dim": 32,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-6,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
+    },
+    # Qwen3.5 text: the same hybrid layers, separate delta-net projections, dense MLPs.
+    "qwen3_5": {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25},
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "tie_word_embeddings": False,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {
@@ -144,18 +183,27 @@ QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-TOKENIZER_PIPELINES = {
-    "qwen2": {
+# Qwen3.5's: letters may carry combining marks (`\p{M}`).
+QWEN3_5_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def split_then_bytes(pattern):
+    return {
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
             ],
         },
-    },
-}
+    }
+
+
+TOKENIZER_PIPELINES = {"qwen2": split_then_bytes(QWEN2_SPLIT), "qwen3_5": split_then_bytes(QWEN3_5_SPLIT)}
 
 
 def write_tokenizer(spec, out):
@@ -287,10 +335,15 @@ def build(spec, out):
     # With mlx's default init the blocks add little to the residual stream, and greedy decoding
     # repeats one token forever. Scaling the blocks' matrices (not their norms) makes the
     # attention and MLP matter, so the generated tokens vary and test them.
+    # Parameters named in "unscaled" keep their init (qwen3_next's decay rates `A_log` and
+    # `dt_bias`: scaled, every step would forget the recurrent state almost entirely).
     scale = spec.get("block_scale", 4.0)
+    unscaled = ["norm"] + spec.get("unscaled", [])
     model.update(
         tree_map_with_path(
-            lambda path, p: p * scale if path.startswith("model.layers.") and "norm" not in path else p,
+            lambda path, p: p * scale
+            if path.startswith("model.layers.") and not any(u in path for u in unscaled)
+            else p,
             model.parameters(),
         )
     )
@@ -343,6 +396,10 @@ def build(spec, out):
         weights = openai_experts(model, config)
     if (names := spec.get("hf_experts")) is not None:
         weights = unstack_experts(weights, names)
+    # Convolutions as Hugging Face stores them, `(channels, 1, kernel)` (Qwen3.5: mlx-lm then
+    # also shifts the norms).
+    if spec.get("hf_conv1d"):
+        weights = {k: v.swapaxes(1, 2) if k.endswith("conv1d.weight") else v for k, v in weights.items()}
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
     for name in spec.get("drop_tensors", []):
         del weights[name]

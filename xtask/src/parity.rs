@@ -148,16 +148,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let python = venv::reference_python()?;
     let fixtures = target_dir().join("parity-fixtures");
     if selected.iter().any(|s| s.fixture.is_some()) {
-        let status = Command::new(&python)
-            .arg(workspace_root().join("xtask/parity/make_fixtures.py"))
-            .arg(&opts.cases)
-            .arg(&smollm2)
-            .arg(&fixtures)
-            .status()
-            .with_context(|| format!("starting {}", python.display()))?;
-        if !status.success() {
-            bail!("make_fixtures.py failed ({status}); see its output above");
-        }
+        make_fixtures(&opts.cases)?;
     }
     if selected.iter().any(|s| s.vision.is_some()) {
         make_vision_fixtures(&opts.cases)?;
@@ -224,6 +215,26 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         rows.len()
     );
     Ok(())
+}
+
+/// Builds the text fixtures of `cases` with mlx-lm's classes into `<target>/parity-fixtures/`
+/// (some tests read them too, e.g. the engine's `hybrid_prompt_cache`); returns that directory.
+/// Current ones are left alone.
+pub fn make_fixtures(cases: &Path) -> anyhow::Result<PathBuf> {
+    let python = venv::reference_python()?;
+    let smollm2 = setup::default_model_dir().context(
+        "the SmolLM2 model (and its tokenizer, which the fixtures use) is missing: run `cargo xtask setup`",
+    )?;
+    let fixtures = target_dir().join("parity-fixtures");
+    run_checked(
+        Command::new(&python)
+            .arg(workspace_root().join("xtask/parity/make_fixtures.py"))
+            .arg(cases)
+            .arg(&smollm2)
+            .arg(&fixtures),
+        "make_fixtures.py",
+    )?;
+    Ok(fixtures)
 }
 
 /// Builds the vision-language fixtures of `cases` (and their images) with mlx-vlm's classes

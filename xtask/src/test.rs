@@ -12,7 +12,10 @@ pub fn run() -> anyhow::Result<()> {
     let gemma3_gguf = setup::gemma3_gguf()?;
     let gemma3 = setup::gemma3_270m_dir()?;
     venv::reference_python()?;
-    let vision = parity::make_vision_fixtures(&parity::Options::default().cases)?;
+    let cases = parity::Options::default().cases;
+    // Tests read both kinds of fixtures from one directory (`fixtures::vision_fixture`).
+    parity::make_fixtures(&cases)?;
+    let vision = parity::make_vision_fixtures(&cases)?;
     eprintln!("test: cargo test --workspace (real models required)");
     run_checked(
         cargo()

@@ -384,6 +384,9 @@ pub struct Attention {
     /// Values RMS-normalised over each head's features without a scale, with this epsilon
     /// (Gemma 4).
     pub v_norm_eps: Option<f32>,
+    /// Each head's query projection is followed by as many gate features, and the attention
+    /// output is multiplied by their sigmoid before `o_proj` (Qwen3-Next).
+    pub output_gate: bool,
 }
 
 impl Attention {
@@ -400,13 +403,13 @@ impl Attention {
         keep: bool,
     ) -> Result<(Array, Option<SharedKv>)> {
         let s = &self.shape;
-        let (q, k, v) = self.project(x)?;
+        let (q, k, v, gate) = self.project(x)?;
         let offset = cache.offset();
         let (q, k) = s.rotate(q, k, self.rope.as_ref(), angles, offset)?;
         let q = s.temper(q, offset)?;
         if !keep {
             let out = cache.update_and_attend(q, k, v, s.scale, mask, self.sinks.as_ref())?;
-            return Ok((self.o_proj.forward(&s.merge_heads(out)?)?, None));
+            return Ok((self.output(out, gate.as_ref())?, None));
         }
         let (keys, values) = cache.update_and_fetch(k, v)?;
         let kv = SharedKv {
@@ -414,7 +417,7 @@ impl Attention {
             values,
             offset,
         };
-        Ok((self.attend_to(q, &kv, mask)?, Some(kv)))
+        Ok((self.attend_to(q, &kv, mask, gate.as_ref())?, Some(kv)))
     }
 
     /// A KV-shared layer: its queries (RoPE at the sharing layer's offset) attend to `kv`.
@@ -433,20 +436,37 @@ impl Attention {
             Some(rope) => rope.forward(&q, kv.offset)?,
             None => q,
         };
-        self.attend_to(s.temper(q, kv.offset)?, kv, mask)
+        self.attend_to(s.temper(q, kv.offset)?, kv, mask, None)
     }
 
     /// Queries `(B, H, L, D)` attending to `kv` with `mask`, through the output projection.
-    fn attend_to(&self, q: Array, kv: &SharedKv, mask: &Mask) -> Result<Array> {
+    fn attend_to(
+        &self,
+        q: Array,
+        kv: &SharedKv,
+        mask: &Mask,
+        gate: Option<&Array>,
+    ) -> Result<Array> {
         let s = &self.shape;
         let (k, v) = (&kv.keys, &kv.values);
         let sinks = self.sinks.as_ref();
         let out = fast::scaled_dot_product_attention(q, k, v, s.scale, mask.as_sdpa(), sinks)?;
-        self.o_proj.forward(&s.merge_heads(out)?)
+        self.output(out, gate)
     }
 
-    /// Queries, keys and values `(B, H, L, D)`, each normalised as the layer asks.
-    fn project(&self, x: &Array) -> Result<(Array, Array, Array)> {
+    /// Attention output `(B, H, L, D)`: heads merged, times the sigmoid of the output gate of a
+    /// gated layer, through `o_proj`.
+    fn output(&self, out: Array, gate: Option<&Array>) -> Result<Array> {
+        let out = self.shape.merge_heads(out)?;
+        match gate {
+            Some(gate) => self.o_proj.forward(&out.multiply(ops::sigmoid(gate)?)?),
+            None => self.o_proj.forward(&out),
+        }
+    }
+
+    /// Queries, keys and values `(B, H, L, D)`, each normalised as the layer asks, and the
+    /// output gate `(B, L, H*D)` of a gated layer.
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
         let s = &self.shape;
         let (q, k, v) = match &self.qkv {
             Qkv::Split {
@@ -473,6 +493,15 @@ impl Attention {
                 ))
             }
         };
+        let (q, gate) = match self.output_gate {
+            true => {
+                let (b, l) = (q.dim(0), q.dim(1));
+                let mut halves = q.reshape(&[b, l, s.n_heads, -1])?.split_equal(2, -1)?;
+                let gate = halves.pop().expect("two halves").reshape(&[b, l, -1])?;
+                (halves.pop().expect("two halves"), Some(gate))
+            }
+            false => (q, None),
+        };
         let (q, k) = match &self.qk_norm {
             Some(QkNorm::Whole(q_norm, k_norm)) => (q_norm.forward(&q)?, k_norm.forward(&k)?),
             _ => (q, k),
@@ -491,7 +520,7 @@ impl Attention {
             }
             None => s.split_heads(&v, s.n_kv_heads)?,
         };
-        Ok((q, k, v))
+        Ok((q, k, v, gate))
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).

@@ -4,7 +4,9 @@
 //!
 //! Reused caches are cut back to the shared prefix (at most the prompt minus its last token,
 //! which must run to give the first logits). A cache that cannot be cut back (a sliding-window
-//! ring that has wrapped) or that was made with the adapter in the other position is dropped.
+//! ring that has wrapped, a linear-attention layer's recurrent state: those are reused only
+//! when the new prompt extends the kept tokens) or that was made with the adapter in the other
+//! position is dropped.
 
 use crate::kv_cache::KvCache;
 
@@ -85,6 +87,7 @@ mod tests {
     use mlx_rs::Array;
 
     use super::*;
+    use crate::kv_cache::StateCache;
     use fixtures::mlx_test_lock;
 
     /// Two plain caches (or sliding-window ones) holding `n` positions.
@@ -159,6 +162,36 @@ mod tests {
         assert_eq!(reused, 0);
         cache.keep(caches(4, None), &[1, 2, 3, 4], &[], true);
         let (_, reused) = cache.take(&[7, 2, 3, 4, 5], true, || caches(0, None));
+        assert_eq!(reused, 0);
+    }
+
+    /// A hybrid model's caches: a linear-attention layer's state and a KV cache, `n` positions.
+    fn hybrid(n: i32) -> Vec<KvCache> {
+        let mut state = StateCache::default();
+        state.advance(n);
+        let mut c = caches(n, None);
+        c[0] = KvCache::State(state);
+        c
+    }
+
+    #[test]
+    fn a_recurrent_state_is_reused_only_by_a_prompt_that_extends_it() {
+        let _lock = mlx_test_lock();
+        let mut cache = PromptCache::default();
+        cache.keep(hybrid(6), &[1, 2, 3, 4], &[5, 6], true);
+        let (c, reused) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || hybrid(0));
+        assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
+        // The same tokens again: the last one would have to be forgotten, so nothing is reused.
+        cache.keep(hybrid(6), &[1, 2, 3, 4], &[5, 6], true);
+        let (c, reused) = cache.take(&[1, 2, 3, 4, 5, 6], true, || hybrid(0));
+        assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
+        // A diverging prompt: no shared prefix can be cut back to.
+        cache.keep(hybrid(6), &[1, 2, 3, 4], &[5, 6], true);
+        let (_, reused) = cache.take(&[1, 2, 3, 9, 9, 9, 9], true, || hybrid(0));
+        assert_eq!(reused, 0);
+        // A step fed a token never read: the state holds it, so it is not kept at all.
+        cache.keep(hybrid(7), &[1, 2, 3, 4], &[5, 6], true);
+        let (_, reused) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || hybrid(0));
         assert_eq!(reused, 0);
     }
 

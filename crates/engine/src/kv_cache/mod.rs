@@ -3,13 +3,15 @@
 //! Full-attention layers keep every position ([`StandardCache`], mlx-lm's `KVCache`), or, with
 //! `kv_bits`, keep them quantized ([`QuantizedCache`], `QuantizedKVCache`); sliding-window
 //! layers keep the last `window` positions in a ring ([`RotatingCache`], `RotatingKVCache`,
-//! never quantized: mlx-lm cannot quantize it either). Both mirror mlx-lm's update rules exactly, because the order of
+//! never quantized: mlx-lm cannot quantize it either); linear-attention layers keep a
+//! convolution window and a recurrent state instead ([`StateCache`], `ArraysCache`). All mirror mlx-lm's update rules exactly, because the order of
 //! keys in the cache and the mask shapes decide the floating-point sums, and parity is token
 //! for token.
 
 mod quantized;
 mod rotating;
 mod standard;
+mod state;
 
 use mlx_rs::{
     fast::{self, ScaledDotProductAttentionMask},
@@ -19,17 +21,19 @@ use mlx_rs::{
 pub use quantized::QuantizedCache;
 pub use rotating::RotatingCache;
 pub use standard::StandardCache;
+pub use state::StateCache;
 
 use crate::nn::Result;
 
 /// Positions added to a cache's storage at a time.
 const STEP: i32 = 256;
 
-/// The cache of one attention layer.
+/// The cache of one attention layer (or linear-attention layer: [`KvCache::State`]).
 pub enum KvCache {
     Standard(StandardCache),
     Rotating(RotatingCache),
     Quantized(QuantizedCache),
+    State(StateCache),
 }
 
 /// Group size of quantized KV caches (mlx-lm's `kv_group_size` default).
@@ -56,6 +60,7 @@ impl KvCache {
             Self::Standard(c) => c.offset(),
             Self::Rotating(c) => c.offset(),
             Self::Quantized(c) => c.offset(),
+            Self::State(c) => c.offset(),
         }
     }
 
@@ -68,6 +73,8 @@ impl KvCache {
             Self::Standard(_) | Self::Quantized(_) if n > 1 => Ok(Mask::Causal),
             Self::Standard(_) | Self::Quantized(_) => Ok(Mask::None),
             Self::Rotating(c) => c.mask(n),
+            // mlx-lm's `create_ssm_mask`: none without padding.
+            Self::State(_) => Ok(Mask::None),
         }
     }
 
@@ -79,6 +86,9 @@ impl KvCache {
             Self::Rotating(c) => c.update_and_fetch(k, v),
             Self::Quantized(_) => Err(mlx_rs::error::Exception::custom(
                 "a quantized KV cache has no plain keys and values to fetch",
+            )),
+            Self::State(_) => Err(mlx_rs::error::Exception::custom(
+                "a linear-attention layer's cache holds no keys and values",
             )),
         }
     }
@@ -108,17 +118,19 @@ impl KvCache {
     }
 
     /// Forgets the last `n` positions (mlx-lm's `trim`); false when this cache cannot (a
-    /// rotating cache that has wrapped around its window).
+    /// rotating cache that has wrapped around its window, a recurrent state for any `n > 0`).
     pub fn trim(&mut self, n: i32) -> bool {
         match self {
             Self::Standard(c) => c.trim(n),
             Self::Rotating(c) => c.trim(n),
             Self::Quantized(c) => c.trim(n),
+            Self::State(c) => c.trim(n),
         }
     }
 
     /// With `kv_bits`: a plain cache becomes a quantized one (after each forward pass, as
-    /// mlx-lm's `maybe_quantize_kv_cache` with `quantized_kv_start = 0`). Rotating caches stay.
+    /// mlx-lm's `maybe_quantize_kv_cache` with `quantized_kv_start = 0`). Rotating caches and
+    /// recurrent states stay.
     pub fn quantize(&mut self, bits: i32) -> Result<()> {
         if let Self::Standard(c) = self {
             *self = Self::Quantized(QuantizedCache::from_standard(c, KV_GROUP_SIZE, bits)?);
@@ -132,6 +144,7 @@ impl KvCache {
             Self::Standard(c) => Box::new(c.arrays()),
             Self::Rotating(c) => Box::new(c.arrays()),
             Self::Quantized(c) => Box::new(c.arrays()),
+            Self::State(c) => Box::new(c.arrays()),
         }
     }
 }

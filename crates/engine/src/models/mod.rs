@@ -4,6 +4,7 @@
 //! Gemma 3's) in its file. Shared layers (Attention, GatedMlp, RmsNorm, Rope) live in
 //! `crate::nn`.
 
+mod gated_delta;
 mod gemma3_text;
 mod gemma4_text;
 mod gpt_oss;
@@ -18,7 +19,9 @@ mod phi3;
 mod qwen2;
 mod qwen2_5_vl_text;
 mod qwen3;
+mod qwen3_5;
 mod qwen3_moe;
+mod qwen3_next;
 mod qwen3_vl_text;
 mod smollm3;
 mod transformer;
@@ -94,7 +97,9 @@ pub const ARCHITECTURES: &[&str] = &[
     "phi3",
     "qwen2",
     "qwen3",
+    "qwen3_5",
     "qwen3_moe",
+    "qwen3_next",
     "smollm3",
 ];
 
@@ -107,6 +112,11 @@ pub fn build(
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or("");
+    // A checkpoint whose language model sits under another prefix: moved to `model.` first.
+    let weights = match model_type {
+        "qwen3_5" => qwen3_5::language_model(weights),
+        _ => weights,
+    };
     check_sizes(config, &weights)?;
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
@@ -125,7 +135,9 @@ pub fn build(
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
         // Only under a Qwen3-VL, likewise.
         "qwen3_vl_text" => Ok(Box::new(qwen3_vl_text::load(config, weights)?)),
+        "qwen3_5" => Ok(Box::new(qwen3_5::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
+        "qwen3_next" => Ok(Box::new(qwen3_next::load(config, weights)?)),
         "smollm3" => Ok(Box::new(smollm3::load(config, weights)?)),
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
@@ -261,6 +273,25 @@ mod tests {
             detail.contains("1000000000") && detail.contains("hold 1 layers"),
             "{detail}"
         );
+    }
+
+    #[test]
+    fn qwen3_next_refuses_a_zero_full_attention_interval_by_name() {
+        let mut config = tiny("qwen3_next");
+        let fields = json!({
+            "head_dim": 16, "rope_theta": 1e6, "partial_rotary_factor": 0.25,
+            "max_position_embeddings": 64, "full_attention_interval": 0,
+            "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 0,
+            "num_experts_per_tok": 1, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        });
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(detail.contains("full_attention_interval"), "{detail}");
     }
 
     #[test]

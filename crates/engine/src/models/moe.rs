@@ -9,7 +9,8 @@ use mlx_rs::{ops, Array};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::{Activation, Linear, Quantized, Result},
+    models::transformer::{LayerSpec, MlpSpec},
+    nn::{Activation, GateUp, GatedMlp, Linear, Quantized, Result},
     weights::Weights,
 };
 
@@ -56,6 +57,40 @@ pub struct MoeSpec {
     /// The per-expert names of the gate, up and down projections in Hugging Face checkpoints
     /// (`experts.N.<name>`): `gate_proj`, `up_proj`, `down_proj`, or Mixtral's `w1`, `w3`, `w2`.
     pub expert_names: [&'static str; 3],
+    /// Also a dense SwiGLU expert every token goes through, weighed by its own sigmoid gate
+    /// (`shared_expert`, `shared_expert_gate`: Qwen3-Next).
+    pub shared_expert: bool,
+}
+
+impl MoeSpec {
+    /// The Qwen3 line's layer (`mlp`, softmax over every expert, the top k): Qwen3-MoE's, and
+    /// with a shared expert Qwen3-Next's and Qwen3.5's.
+    pub fn qwen3(num_experts: i32, top_k: i32, norm_topk_prob: bool, shared_expert: bool) -> Self {
+        Self {
+            shared_expert,
+            ..Self::switch_glu(
+                "mlp",
+                num_experts,
+                top_k,
+                Routing::SoftmaxTopK { norm_topk_prob },
+                ["gate_proj", "up_proj", "down_proj"],
+            )
+        }
+    }
+
+    /// Makes sparse every layer Qwen3-MoE's rule (kept by Qwen3-Next) makes sparse: not in
+    /// `mlp_only_layers`, experts configured, and `(i + 1) % step == 0`.
+    pub fn make_sparse(&self, layers: &mut [LayerSpec], step: usize, mlp_only_layers: &[usize]) {
+        for (i, layer) in layers.iter_mut().enumerate() {
+            let sparse = !mlp_only_layers.contains(&i)
+                && self.num_experts > 0
+                && step > 0
+                && (i + 1) % step == 0;
+            if sparse {
+                layer.mlp = MlpSpec::Moe(self.clone());
+            }
+        }
+    }
 }
 
 impl MoeSpec {
@@ -76,6 +111,7 @@ impl MoeSpec {
             top_k,
             routing,
             expert_names,
+            shared_expert: false,
         }
     }
 }
@@ -181,6 +217,36 @@ impl SwitchGlu {
     }
 }
 
+/// The expert every token goes through: `sigmoid(gate(x)) * mlp(x)`, added to the routed
+/// experts' sum.
+#[derive(Debug)]
+pub struct SharedExpert {
+    pub mlp: GatedMlp,
+    /// `hidden -> 1`.
+    pub gate: Linear,
+}
+
+impl SharedExpert {
+    fn load(weights: &mut Weights, prefix: &str) -> LoadResult<Self> {
+        let mut linear = |name: &str| weights.linear(&format!("{prefix}.{name}"));
+        Ok(Self {
+            mlp: GatedMlp {
+                gate_up: GateUp::Split {
+                    gate_proj: linear("shared_expert.gate_proj")?,
+                    up_proj: linear("shared_expert.up_proj")?,
+                },
+                down_proj: linear("shared_expert.down_proj")?,
+                activation: Activation::Silu,
+            },
+            gate: linear("shared_expert_gate")?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        ops::sigmoid(self.gate.forward(x)?)?.multiply(self.mlp.forward(x)?)
+    }
+}
+
 /// Router plus experts: the MLP of a sparse MoE layer.
 #[derive(Debug)]
 pub struct SparseMoe {
@@ -191,6 +257,7 @@ pub struct SparseMoe {
     pub switch_mlp: SwitchGlu,
     pub top_k: i32,
     pub routing: Routing,
+    pub shared_expert: Option<Box<SharedExpert>>,
 }
 
 impl SparseMoe {
@@ -233,12 +300,17 @@ impl SparseMoe {
                  names"
             )));
         }
+        let shared_expert = match spec.shared_expert {
+            true => Some(Box::new(SharedExpert::load(weights, prefix)?)),
+            false => None,
+        };
         Ok(Self {
             gate,
             names: (spec.router, spec.stacked),
             switch_mlp,
             top_k: spec.top_k,
             routing: spec.routing,
+            shared_expert,
         })
     }
 
@@ -246,9 +318,14 @@ impl SparseMoe {
         let (indices, scores) = self.route(&self.gate.forward(x)?)?;
         let y = self.switch_mlp.forward(x, &indices)?;
         // Qwen3-MoE casts back to `y`'s dtype; elsewhere it is already that dtype.
-        y.multiply(scores.expand_dims(-1)?)?
+        let y = y
+            .multiply(scores.expand_dims(-1)?)?
             .sum_axis(-2, false)?
-            .as_dtype(y.dtype())
+            .as_dtype(y.dtype())?;
+        match &self.shared_expert {
+            Some(shared) => y.add(shared.forward(x)?),
+            None => Ok(y),
+        }
     }
 
     /// Expert indices `(..., k)` and their weights `(..., k)` for router logits `(..., E)`.
@@ -288,12 +365,19 @@ impl SparseMoe {
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let (router, stacked) = self.names;
         let s = &mut self.switch_mlp;
-        vec![
+        let mut out = vec![
             (router.to_owned(), &mut self.gate),
             (format!("{stacked}.gate_proj"), &mut s.gate_proj.0),
             (format!("{stacked}.up_proj"), &mut s.up_proj.0),
             (format!("{stacked}.down_proj"), &mut s.down_proj.0),
-        ]
+        ];
+        if let Some(shared) = &mut self.shared_expert {
+            out.push(("shared_expert_gate".to_owned(), &mut shared.gate));
+            for (name, linear) in shared.mlp.linears_mut() {
+                out.push((format!("shared_expert.{name}"), linear));
+            }
+        }
+        out
     }
 }
 

@@ -9,9 +9,9 @@ use serde_json::Value;
 use crate::{
     error::EngineError,
     models::{
-        moe::{MoeSpec, Routing, PROJECTIONS},
+        moe::MoeSpec,
         parse_args,
-        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
+        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama},
     },
     nn::QkNormOver,
     weights::Weights,
@@ -43,23 +43,19 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         qk_norm: Some(QkNormOver::Head),
         ..c.llama_layer(args.head_dim, rope)
     };
-    let routing = Routing::SoftmaxTopK {
-        norm_topk_prob: args.norm_topk_prob,
-    };
-    let (experts, k) = (args.num_experts, args.num_experts_per_tok);
-    let moe = MoeSpec::switch_glu("mlp", experts, k, routing, PROJECTIONS);
+    let moe = MoeSpec::qwen3(
+        args.num_experts,
+        args.num_experts_per_tok,
+        args.norm_topk_prob,
+        false,
+    );
     let n = c.num_hidden_layers;
     let mut spec = DecoderSpec::uniform(layer, n, args.tie_word_embeddings, max_pos);
-    for (i, layer) in spec.layers.iter_mut().enumerate() {
-        let step = args.decoder_sparse_step;
-        let sparse = !args.mlp_only_layers.contains(&i)
-            && args.num_experts > 0
-            && step > 0
-            && (i + 1) % step == 0;
-        if sparse {
-            layer.mlp = MlpSpec::Moe(moe.clone());
-        }
-    }
+    moe.make_sparse(
+        &mut spec.layers,
+        args.decoder_sparse_step,
+        &args.mlp_only_layers,
+    );
     sanitize(&mut weights, args.tie_word_embeddings);
     Decoder::load(weights, spec, Llama)
 }

@@ -1,7 +1,7 @@
 //! The decoder-only transformer every architecture file here builds: embedding, blocks of
 //! attention + gated MLP with RMS norms, final norm, head. A model file reads its config.json
 //! into a [`LayerSpec`] per layer (what differs between families: fused projections, q/k norms,
-//! norm placement, activation, attention window, RoPE or none) and calls [`Decoder::load`] with its
+//! norm placement, activation, attention window, RoPE or none, gated or linear attention) and calls [`Decoder::load`] with its
 //! tensor names and its [`Family`]: the few computations a family does its own way (Gemma's
 //! `1 + w` norms, scaled embeddings, clipped residuals), kept in the family's file.
 //!
@@ -14,8 +14,9 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    kv_cache::{KvCache, Mask},
+    kv_cache::{KvCache, Mask, StateCache},
     models::{
+        gated_delta::{GatedDeltaNet, GatedDeltaSpec},
         moe::{MoeSpec, SparseMoe},
         LanguageModel,
     },
@@ -195,9 +196,21 @@ pub enum NormLayout {
     PostNorm,
 }
 
+/// What mixes positions in a layer.
+#[derive(Debug, Clone)]
+pub enum AttentionKind {
+    /// Softmax attention over a KV cache (`self_attn`); `output_gate`: its output gated by a
+    /// sigmoid of features the query projection also gives (Qwen3-Next).
+    Softmax { output_gate: bool },
+    /// Linear attention with a recurrent state (`linear_attn`, Qwen3-Next's other layers): the
+    /// layer's `shape`, `rope` and `qk_norm` do not apply.
+    GatedDelta(GatedDeltaSpec),
+}
+
 /// How one layer of a family is built from its checkpoint.
 #[derive(Debug, Clone)]
 pub struct LayerSpec {
+    pub attention: AttentionKind,
     /// One `qkv_proj` / `gate_up_proj` matrix instead of separate ones (Phi-3).
     pub fused: bool,
     /// `q_norm` / `k_norm` before RoPE: over each head's features (Qwen3, Gemma 3) or the
@@ -241,6 +254,7 @@ impl LayerSpec {
     /// The Llama layer: separate projections, pre-norm, SwiGLU; families adjust from here.
     pub fn llama(rms_norm_eps: f32, shape: AttentionShape, rope: Rope) -> Self {
         Self {
+            attention: AttentionKind::Softmax { output_gate: false },
             fused: false,
             qk_norm: None,
             norms: NormLayout::PreNorm,
@@ -350,8 +364,14 @@ impl Mlp {
     }
 }
 
+/// A block's attention: over a KV cache, or linear with a recurrent state.
+enum Mixer {
+    SelfAttn(Attention),
+    LinearAttn(GatedDeltaNet),
+}
+
 struct Block {
-    self_attn: Attention,
+    mixer: Mixer,
     mlp: Mlp,
     norms: Norms,
     /// Which of the forward pass's masks this layer takes (an index into
@@ -390,6 +410,14 @@ enum LayerKv<'a> {
 }
 
 impl Block {
+    /// Its softmax attention (`None` for a linear-attention layer).
+    fn attention(&self) -> Option<&Attention> {
+        match &self.mixer {
+            Mixer::SelfAttn(a) => Some(a),
+            Mixer::LinearAttn(_) => None,
+        }
+    }
+
     /// The block's output, and its keys and values when later layers share them.
     fn forward(
         &self,
@@ -401,15 +429,17 @@ impl Block {
         per_layer_input: Option<&Array>,
     ) -> Result<(Array, Option<SharedKv>)> {
         let mut kept = None;
-        let attn = |x: &Array| match kv {
-            LayerKv::Cache(cache) => {
-                let (out, shared) =
-                    self.self_attn
-                        .forward(x, mask, cache, angles, self.shares_kv)?;
+        let attn = |x: &Array| match (&self.mixer, kv) {
+            (Mixer::SelfAttn(a), LayerKv::Cache(cache)) => {
+                let (out, shared) = a.forward(x, mask, cache, angles, self.shares_kv)?;
                 kept = shared;
                 Ok(out)
             }
-            LayerKv::Shared(shared) => self.self_attn.forward_shared(x, mask, shared),
+            (Mixer::SelfAttn(a), LayerKv::Shared(shared)) => a.forward_shared(x, mask, shared),
+            (Mixer::LinearAttn(l), LayerKv::Cache(KvCache::State(state))) => l.forward(x, state),
+            (Mixer::LinearAttn(_), _) => Err(mlx_rs::error::Exception::custom(
+                "a linear-attention layer needs a state cache",
+            )),
         };
         let out = self.sublayers(family, x, attn)?;
         let out = match (&self.per_layer_gate, per_layer_input) {
@@ -491,8 +521,8 @@ fn norm(
 
 /// Groups layers by attention window: for each kind, the first layer of that kind; for each
 /// layer, its kind.
-fn mask_kinds(windows: impl IntoIterator<Item = Option<i32>>) -> (Vec<usize>, Vec<usize>) {
-    let mut kinds: Vec<(Option<i32>, usize)> = Vec::new();
+fn mask_kinds<K: PartialEq>(windows: impl IntoIterator<Item = K>) -> (Vec<usize>, Vec<usize>) {
+    let mut kinds: Vec<(K, usize)> = Vec::new();
     let layer_kinds = windows
         .into_iter()
         .enumerate()
@@ -534,21 +564,14 @@ fn load_block(
             post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
         },
     };
-    let shared = spec.kv_from.is_some();
-    let qk_norm = match spec.qk_norm {
-        Some(QkNormOver::Head) if shared => {
-            Some(QkNorm::PerHead(load_norm("self_attn.q_norm")?, None))
+    let mixer = match &spec.attention {
+        AttentionKind::GatedDelta(linear) => {
+            let prefix = format!("{p}.linear_attn");
+            Mixer::LinearAttn(GatedDeltaNet::load(weights, &prefix, linear.clone())?)
         }
-        Some(over) => Some(QkNorm::new(
-            over,
-            load_norm("self_attn.q_norm")?,
-            load_norm("self_attn.k_norm")?,
-        )),
-        None => None,
-    };
-    let sinks = match spec.sinks {
-        true => Some(weights.take(&format!("{p}.self_attn.sinks"))?),
-        false => None,
+        AttentionKind::Softmax { output_gate } => {
+            Mixer::SelfAttn(load_attention(weights, p, &spec, *output_gate, family)?)
+        }
     };
     let per_layer_gate = match spec.per_layer_input {
         true => Some(PerLayerGate {
@@ -564,24 +587,6 @@ fn load_block(
         false => None,
     };
     let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
-    let qkv = match (spec.fused, spec.values_from_keys) {
-        _ if shared => Qkv::QueryOnly {
-            q_proj: linear("self_attn.q_proj")?,
-        },
-        (true, _) => Qkv::Fused {
-            qkv_proj: linear("self_attn.qkv_proj")?,
-        },
-        (false, true) => Qkv::KeyIsValue {
-            q_proj: linear("self_attn.q_proj")?,
-            k_proj: linear("self_attn.k_proj")?,
-        },
-        (false, false) => Qkv::Split {
-            q_proj: linear("self_attn.q_proj")?,
-            k_proj: linear("self_attn.k_proj")?,
-            v_proj: linear("self_attn.v_proj")?,
-        },
-    };
-    let o_proj = linear("self_attn.o_proj")?;
     let mlp = match &spec.mlp {
         MlpSpec::Dense => {
             let gate_up = match spec.fused {
@@ -605,15 +610,7 @@ fn load_block(
         }
     };
     Ok(Block {
-        self_attn: Attention {
-            qkv,
-            o_proj,
-            qk_norm,
-            shape: spec.shape,
-            rope: spec.rope,
-            sinks,
-            v_norm_eps: spec.v_norm.then_some(eps),
-        },
+        mixer,
         mlp,
         norms,
         mask_kind,
@@ -627,31 +624,93 @@ fn load_block(
     })
 }
 
+/// The block's `self_attn` at `p`.
+fn load_attention(
+    weights: &mut Weights,
+    p: &str,
+    spec: &LayerSpec,
+    output_gate: bool,
+    family: &impl Family,
+) -> LoadResult<Attention> {
+    let eps = spec.rms_norm_eps;
+    let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, family);
+    let shared = spec.kv_from.is_some();
+    let qk_norm = match spec.qk_norm {
+        Some(QkNormOver::Head) if shared => {
+            Some(QkNorm::PerHead(load_norm("self_attn.q_norm")?, None))
+        }
+        Some(over) => Some(QkNorm::new(
+            over,
+            load_norm("self_attn.q_norm")?,
+            load_norm("self_attn.k_norm")?,
+        )),
+        None => None,
+    };
+    let sinks = match spec.sinks {
+        true => Some(weights.take(&format!("{p}.self_attn.sinks"))?),
+        false => None,
+    };
+    let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
+    let qkv = match (spec.fused, spec.values_from_keys) {
+        _ if shared => Qkv::QueryOnly {
+            q_proj: linear("self_attn.q_proj")?,
+        },
+        (true, _) => Qkv::Fused {
+            qkv_proj: linear("self_attn.qkv_proj")?,
+        },
+        (false, true) => Qkv::KeyIsValue {
+            q_proj: linear("self_attn.q_proj")?,
+            k_proj: linear("self_attn.k_proj")?,
+        },
+        (false, false) => Qkv::Split {
+            q_proj: linear("self_attn.q_proj")?,
+            k_proj: linear("self_attn.k_proj")?,
+            v_proj: linear("self_attn.v_proj")?,
+        },
+    };
+    let o_proj = linear("self_attn.o_proj")?;
+    Ok(Attention {
+        qkv,
+        o_proj,
+        qk_norm,
+        shape: spec.shape.clone(),
+        rope: spec.rope.clone(),
+        sinks,
+        v_norm_eps: spec.v_norm.then_some(eps),
+        output_gate,
+    })
+}
+
 /// Refuses a block whose tensors do not have the shapes config.json implies (mlx-lm's strict
 /// `load_weights` does): such a checkpoint would otherwise load and compute garbage, or fail in
 /// the middle of a forward pass. `hidden` is the embedding table's width.
 fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
-    let a = &block.self_attn;
+    // A linear-attention layer checks its convolution at load; its projections' sizes follow.
+    let Mixer::SelfAttn(a) = &block.mixer else {
+        return Ok(());
+    };
     let (q, kv) = (
         a.shape.n_heads * a.shape.head_dim,
         a.shape.n_kv_heads * a.shape.head_dim,
     );
+    // With an output gate, the query projection also gives the gate's features.
+    let q_rows = if a.output_gate { 2 * q } else { q };
     let mut expected: Vec<(&str, &Linear, (i32, i32))> = match &a.qkv {
         Qkv::Split {
             q_proj,
             k_proj,
             v_proj,
         } => vec![
-            ("self_attn.q_proj", q_proj, (q, hidden)),
+            ("self_attn.q_proj", q_proj, (q_rows, hidden)),
             ("self_attn.k_proj", k_proj, (kv, hidden)),
             ("self_attn.v_proj", v_proj, (kv, hidden)),
         ],
         Qkv::Fused { qkv_proj } => vec![("self_attn.qkv_proj", qkv_proj, (q + 2 * kv, hidden))],
         Qkv::KeyIsValue { q_proj, k_proj } => vec![
-            ("self_attn.q_proj", q_proj, (q, hidden)),
+            ("self_attn.q_proj", q_proj, (q_rows, hidden)),
             ("self_attn.k_proj", k_proj, (kv, hidden)),
         ],
-        Qkv::QueryOnly { q_proj } => vec![("self_attn.q_proj", q_proj, (q, hidden))],
+        Qkv::QueryOnly { q_proj } => vec![("self_attn.q_proj", q_proj, (q_rows, hidden))],
     };
     expected.push(("self_attn.o_proj", &a.o_proj, (hidden, q)));
     if let Some(sinks) = a.sinks.as_ref().filter(|s| s.shape() != [a.shape.n_heads]) {
@@ -709,14 +768,13 @@ fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
 /// earlier one of its own window kind (which also gives its mask), and marks those layers to
 /// keep their keys and values.
 fn check_kv_sharing(layers: &mut [Block]) -> LoadResult<()> {
+    let window = |l: &Block| l.attention().map(|a| a.shape.window);
     let owners = layers.iter().filter(|l| l.kv_from.is_none()).count();
     for j in 0..layers.len() {
         let Some(src) = layers[j].kv_from else {
             continue;
         };
-        let ok = j >= owners
-            && src < owners
-            && layers[src].self_attn.shape.window == layers[j].self_attn.shape.window;
+        let ok = j >= owners && src < owners && window(&layers[src]) == window(&layers[j]);
         if !ok {
             return Err(EngineError::load(
                 LoadErrorKind::InvalidWeights,
@@ -734,7 +792,12 @@ fn check_kv_sharing(layers: &mut [Block]) -> LoadResult<()> {
 impl<F: Family> Decoder<F> {
     /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
     pub fn load(mut weights: Weights, spec: DecoderSpec, family: F) -> LoadResult<Self> {
-        let (mask_sources, layer_kinds) = mask_kinds(spec.layers.iter().map(|l| l.shape.window));
+        // Linear-attention layers are a kind of their own (their cache gives no mask).
+        let kind = |l: &LayerSpec| match l.attention {
+            AttentionKind::Softmax { .. } => Some(l.shape.window),
+            AttentionKind::GatedDelta(_) => None,
+        };
+        let (mask_sources, layer_kinds) = mask_kinds(spec.layers.iter().map(kind));
         let embed_tokens = weights.embedding("model.embed_tokens")?;
         let hidden = embed_tokens.table.dims().1;
         let mut layers = Vec::with_capacity(spec.layers.len());
@@ -898,14 +961,16 @@ impl<F: Family> LanguageModel for Decoder<F> {
 
     fn quantizable_kv_head_dims(&self) -> Vec<i32> {
         let own = self.layers.iter().filter(|l| l.kv_from.is_none());
-        let full = own.map(|l| &l.self_attn.shape);
-        full.filter(|s| s.window.is_none())
+        let attention = own.filter_map(|l| l.attention()).map(|a| &a.shape);
+        attention
+            .filter(|s| s.window.is_none())
             .map(|s| s.head_dim)
             .collect()
     }
 
     fn kv_bits_refusal(&self) -> Option<String> {
-        if self.layers.iter().any(|l| l.self_attn.sinks.is_some()) {
+        let sinks = |l: &Block| l.attention().is_some_and(|a| a.sinks.is_some());
+        if self.layers.iter().any(sinks) {
             return Some(
                 "this model's attention has sinks, which attention over a quantized KV cache \
                  does not take (mlx-lm refuses it too), so its KV cache cannot be quantized"
@@ -922,11 +987,14 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn make_caches(&self) -> Vec<KvCache> {
-        let window = |l: &Block| l.self_attn.shape.window;
+        let cache = |l: &Block| match &l.mixer {
+            Mixer::SelfAttn(a) => KvCache::for_window(a.shape.window),
+            Mixer::LinearAttn(_) => KvCache::State(StateCache::default()),
+        };
         self.layers
             .iter()
             .filter(|l| l.kv_from.is_none())
-            .map(|l| KvCache::for_window(window(l)))
+            .map(cache)
             .collect()
     }
 
@@ -936,9 +1004,15 @@ impl<F: Family> LanguageModel for Decoder<F> {
             &mut self.embed_tokens.table,
         )];
         for (i, l) in self.layers.iter_mut().enumerate() {
-            let attn = l.self_attn.linears_mut().into_iter();
+            let (name, attn) = match &mut l.mixer {
+                Mixer::SelfAttn(a) => ("self_attn", a.linears_mut()),
+                Mixer::LinearAttn(a) => ("linear_attn", a.linears_mut()),
+            };
             let p = format!("model.layers.{i}");
-            out.extend(attn.map(|(n, linear)| (format!("{p}.self_attn.{n}"), linear)));
+            out.extend(
+                attn.into_iter()
+                    .map(|(n, linear)| (format!("{p}.{name}.{n}"), linear)),
+            );
             let mlp = l.mlp.linears_mut().into_iter();
             out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
             if let Some(g) = &mut l.per_layer_gate {

@@ -1,0 +1,77 @@
+//! The prompt cache on a hybrid-attention model (the tiny Qwen3-Next parity fixture, which
+//! `cargo xtask test` builds before the tests, or `cargo xtask parity --model tiny-qwen3-next`),
+//! in-process and greedy: its linear-attention
+//! layers' recurrent states cannot forget positions, so a kept cache is reused only by a prompt
+//! that extends the tokens it holds, and then answers what a fresh engine answers.
+
+use mlx_engine::{
+    CancelToken, Completion, Engine, FinishReason, GenerateRequest, LoadRequest, Prompt,
+    SamplerParams,
+};
+
+fn loaded(dir: &std::path::Path) -> Engine {
+    let mut engine = Engine::new();
+    let load = LoadRequest {
+        model: dir.display().to_string(),
+        ..Default::default()
+    };
+    engine
+        .load(&load, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    engine
+}
+
+fn greedy(engine: &mut Engine, tokens: &[u32], max_new_tokens: usize) -> Completion {
+    let request = GenerateRequest {
+        model: None,
+        prompt: Prompt::Tokens(tokens.to_vec()),
+        max_new_tokens,
+        sampler: SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        stop: vec![],
+        logprobs: 0,
+        use_adapter: None,
+    };
+    engine
+        .generate(&request, &mut |_| {}, &CancelToken::new())
+        .unwrap()
+}
+
+#[test]
+fn a_recurrent_state_is_reused_by_a_prompt_that_extends_it_and_answers_the_same() {
+    let _mlx = fixtures::mlx_test_lock();
+    let Some(dir) = fixtures::vision_fixture("tiny-qwen3-next") else {
+        return;
+    };
+    let mut engine = loaded(&dir);
+    let prompt: Vec<u32> = (100..140).collect();
+    let first = greedy(&mut engine, &prompt, 6);
+    assert_eq!(first.finish_reason, FinishReason::Length);
+    assert_eq!(first.usage.cached_tokens, 0);
+
+    // The prompt, the answer, more tokens: all that the cache holds is reused.
+    let extended: Vec<u32> = [&prompt[..], &first.token_ids, &[500, 501, 502]].concat();
+    let next = greedy(&mut engine, &extended, 8);
+    assert_eq!(
+        next.usage.cached_tokens,
+        prompt.len() + first.token_ids.len()
+    );
+    assert_eq!(next.timings.prompt_n, 3);
+    let mut fresh = loaded(&dir);
+    let uncached = greedy(&mut fresh, &extended, 8);
+    assert_eq!(uncached.usage.cached_tokens, 0);
+    assert_eq!(next.token_ids, uncached.token_ids);
+
+    // The same prompt again: its last token would have to be forgotten, so nothing is reused.
+    let again = greedy(&mut engine, &extended, 8);
+    assert_eq!(again.usage.cached_tokens, 0);
+    assert_eq!(again.token_ids, uncached.token_ids);
+
+    // A prompt that leaves the kept tokens (shares only their start): computed from scratch.
+    let diverging: Vec<u32> = [&extended[..20], &[7, 8, 9]].concat();
+    let other = greedy(&mut engine, &diverging, 8);
+    assert_eq!(other.usage.cached_tokens, 0);
+    assert_eq!(other.token_ids, greedy(&mut fresh, &diverging, 8).token_ids);
+}
