@@ -33,6 +33,9 @@ fn greedy(engine: &mut Engine, tokens: &[u32], max_new_tokens: usize) -> Complet
         stop: vec![],
         logprobs: 0,
         use_adapter: None,
+        constraint: None,
+        tool_choice: Default::default(),
+        parallel_tool_calls: true,
     };
     engine
         .generate(&request, &mut |_| {}, &CancelToken::new())
