@@ -214,6 +214,31 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
         assert!(r.text.starts_with('{'), "{:?}", r.text);
     }
 
+    // Cancelled after its first delta, a constrained generation answers with the text so far,
+    // and the next request is served.
+    let mut long = with_schema(
+        "Write a long story as JSON.",
+        &json!({"type": "object", "properties": {"story": {"type": "string", "minLength": 5000}},
+            "required": ["story"]}),
+    );
+    long.max_new_tokens = 2000;
+    let mut g = w.generate(&long).unwrap();
+    let mut streamed = within_for(LIMIT, g.next_delta()).await.unwrap().text;
+    assert!(within_for(LIMIT, w.cancel(g.id())).await.unwrap().cancelled);
+    while let Some(delta) = within_for(LIMIT, g.next_delta()).await {
+        streamed.push_str(&delta.text);
+    }
+    let r = within_for(LIMIT, g.finish()).await.unwrap();
+    assert_eq!(r.finish_reason, FinishReason::Cancelled);
+    assert_eq!(r.text, streamed);
+    // Valid so far: a prefix of the schema's JSON (the cancel may land within the key).
+    let head = "{\"story\": \"";
+    assert!(
+        r.text.starts_with(head) || head.starts_with(&r.text),
+        "{:?}",
+        r.text
+    );
+
     // A stop string still cuts a constrained output (and is not emitted).
     let mut cut = greedy("Count from one to five in words.", 40);
     cut.regex = Some("one, two, three, four, five".into());
