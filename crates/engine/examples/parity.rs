@@ -8,7 +8,7 @@
 
 use std::io::Read;
 
-use mlx_engine::{text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt, SamplerParams};
+use mlx_engine::{text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -51,21 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             options: text::RenderOptions::default(),
         };
         let ids = engine.prompt_ids(None, &prompt)?;
-        let generate = GenerateRequest {
-            model: None,
-            prompt,
-            max_new_tokens: request.max_new_tokens,
-            sampler: SamplerParams {
-                temperature: 0.0,
-                ..Default::default()
-            },
-            stop: Vec::new(),
-            logprobs: 0,
-            use_adapter: None,
-            constraint: None,
-            tool_choice: Default::default(),
-            parallel_tool_calls: true,
-        };
+        let generate = GenerateRequest::greedy(prompt, request.max_new_tokens);
         // No prompt-cache reuse between cases (tests/worker_prompt_cache.rs covers reuse).
         engine.reset();
         let got = engine.generate(&generate, &mut |_| {}, &CancelToken::new())?;

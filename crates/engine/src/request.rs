@@ -202,6 +202,27 @@ pub struct GenerateRequest {
 }
 
 impl GenerateRequest {
+    /// Greedy decoding of `prompt` with the active model and nothing else asked (no stop
+    /// strings, logprobs, adapter switch or constraint; mlx-lm's sampler defaults otherwise):
+    /// what the parity harness and the engine's tests run.
+    pub fn greedy(prompt: Prompt, max_new_tokens: usize) -> Self {
+        Self {
+            model: None,
+            prompt,
+            max_new_tokens,
+            sampler: SamplerParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            stop: Vec::new(),
+            logprobs: 0,
+            use_adapter: None,
+            constraint: None,
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: true,
+        }
+    }
+
     /// The tool definitions the prompt carries (empty without tools).
     pub fn tools(&self) -> &[serde_json::Value] {
         match &self.prompt {

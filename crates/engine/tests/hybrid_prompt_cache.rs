@@ -6,7 +6,6 @@
 
 use mlx_engine::{
     CancelToken, Completion, Engine, FinishReason, GenerateRequest, LoadRequest, Prompt,
-    SamplerParams,
 };
 
 fn loaded(dir: &std::path::Path) -> Engine {
@@ -22,21 +21,7 @@ fn loaded(dir: &std::path::Path) -> Engine {
 }
 
 fn greedy(engine: &mut Engine, tokens: &[u32], max_new_tokens: usize) -> Completion {
-    let request = GenerateRequest {
-        model: None,
-        prompt: Prompt::Tokens(tokens.to_vec()),
-        max_new_tokens,
-        sampler: SamplerParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop: vec![],
-        logprobs: 0,
-        use_adapter: None,
-        constraint: None,
-        tool_choice: Default::default(),
-        parallel_tool_calls: true,
-    };
+    let request = GenerateRequest::greedy(Prompt::Tokens(tokens.to_vec()), max_new_tokens);
     engine
         .generate(&request, &mut |_| {}, &CancelToken::new())
         .unwrap()

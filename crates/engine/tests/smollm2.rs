@@ -4,7 +4,6 @@ use std::path::Path;
 
 use mlx_engine::{
     text, CancelToken, Completion, Engine, GenerateRequest, LoadRequest, Loaded, Prompt,
-    SamplerParams,
 };
 
 /// Loads `model` (a directory or a .gguf) and asks the capital of France, greedily.
@@ -17,27 +16,16 @@ fn ask_capital(model: &Path) -> (Loaded, Completion, String) {
     let loaded = engine
         .load(&load, &mut |_| {}, &CancelToken::new())
         .unwrap();
-    let question = GenerateRequest {
-        model: None,
-        prompt: Prompt::Chat {
+    let question = GenerateRequest::greedy(
+        Prompt::Chat {
             messages: vec![text::Message::text(
                 "user",
                 "What is the capital of France?",
             )],
             options: text::RenderOptions::default(),
         },
-        max_new_tokens: 20,
-        sampler: SamplerParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop: vec![],
-        logprobs: 0,
-        use_adapter: None,
-        constraint: None,
-        tool_choice: Default::default(),
-        parallel_tool_calls: true,
-    };
+        20,
+    );
     let mut deltas = String::new();
     let out = engine
         .generate(
