@@ -96,3 +96,57 @@ async fn a_different_conversation_starts_from_the_shared_prefix_only() {
     );
     w.shutdown().await.unwrap();
 }
+
+/// Two chats taking turns: each next turn reuses its own chat's caches (kept side by side, least
+/// recently used first out), and answers what a fresh worker answers.
+#[tokio::test]
+async fn two_conversations_taking_turns_both_reuse_their_prefixes() {
+    let dir = tiny_model(&TinyLlama::default());
+    let w = loaded_worker(dir.path()).await;
+    let a1 = ask(&w, &chat(&[("user", "Name three colours.")])).await;
+    let b1 = ask(&w, &chat(&[("user", "Count to five, please.")])).await;
+    let a_turns = [
+        ("user", "Name three colours."),
+        ("assistant", a1.text.as_str()),
+        ("user", "And three more?"),
+    ];
+    let b_turns = [
+        ("user", "Count to five, please."),
+        ("assistant", b1.text.as_str()),
+        ("user", "Now backwards."),
+    ];
+    let a2 = ask(&w, &chat(&a_turns)).await;
+    assert!(
+        a2.usage.cached_tokens >= a1.usage.prompt_tokens,
+        "{:?}",
+        a2.usage
+    );
+    let b2 = ask(&w, &chat(&b_turns)).await;
+    assert!(
+        b2.usage.cached_tokens >= b1.usage.prompt_tokens,
+        "{:?}",
+        b2.usage
+    );
+
+    let fresh = loaded_worker(dir.path()).await;
+    assert_eq!(ask(&fresh, &chat(&a_turns)).await.text, a2.text);
+    assert_eq!(ask(&fresh, &chat(&b_turns)).await.text, b2.text);
+    fresh.shutdown().await.unwrap();
+    w.shutdown().await.unwrap();
+
+    // With no byte budget only the newest conversation is kept.
+    let w = worker(&["--prompt-cache-bytes", "0"]);
+    within(w.call::<Load>(&LoadParams::new(model_id(dir.path()))))
+        .await
+        .unwrap();
+    ask(&w, &chat(&[("user", "Name three colours.")])).await;
+    ask(&w, &chat(&[("user", "Count to five, please.")])).await;
+    let a2 = ask(&w, &chat(&a_turns)).await;
+    // Only the template's opening is shared with the newest (the other chat's) prompt.
+    assert!(
+        a2.usage.cached_tokens < a1.usage.prompt_tokens / 2,
+        "{:?}",
+        a2.usage
+    );
+    w.shutdown().await.unwrap();
+}

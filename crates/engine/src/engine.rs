@@ -14,7 +14,7 @@ use crate::{
     memory,
     models::{self, LanguageModel},
     prompt,
-    prompt_cache::PromptCache,
+    prompt_cache::{PromptCache, DEFAULT_PROMPT_CACHE_BYTES},
     request::*,
     vision::{self, VisionModel},
     CancelToken,
@@ -31,7 +31,7 @@ struct Resident {
     load: LoadRequest,
     /// The switch of the attached adapter, if any.
     adapter: Option<AdapterSwitch>,
-    /// The last generation's KV caches, for the next prompt that starts the same way.
+    /// Recent generations' KV caches, for the next prompts that start the same way.
     prompt_cache: PromptCache,
     /// The tokenizer as the grammar engine reads it, made by the first constrained request.
     vocabulary: Option<constrain::Vocabulary>,
@@ -42,6 +42,8 @@ pub struct Engine {
     /// In load order; the last one is the active model.
     models: Vec<Resident>,
     device: DeviceInfo,
+    /// The byte budget of the active model's prompt cache.
+    prompt_cache_bytes: u64,
 }
 
 /// What a successful `load` gives back.
@@ -78,7 +80,14 @@ impl Engine {
         Self {
             models: Vec::new(),
             device,
+            prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
         }
+    }
+
+    /// Bounds the bytes of KV caches the active model keeps for later prompts.
+    pub fn with_prompt_cache_bytes(mut self, bytes: u64) -> Self {
+        self.prompt_cache_bytes = bytes;
+        self
     }
 
     /// The device MLX computes on.
@@ -154,7 +163,7 @@ impl Engine {
                 ..req.clone()
             },
             adapter: adapter_switch,
-            prompt_cache: PromptCache::default(),
+            prompt_cache: PromptCache::new(self.prompt_cache_bytes),
             vocabulary: None,
         });
         load::report(progress, LoadStage::Ready, 1, "");

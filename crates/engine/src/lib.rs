@@ -30,5 +30,6 @@ mod weights;
 pub use cancel::CancelToken;
 pub use engine::{Engine, Loaded};
 pub use error::{EngineError, LoadErrorKind};
+pub use prompt_cache::DEFAULT_PROMPT_CACHE_BYTES;
 pub use request::*;
 pub use text;

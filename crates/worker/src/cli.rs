@@ -14,6 +14,11 @@ pub struct Cli {
     /// Most load/generate/unload/reset requests that may wait for the engine; past it -32003.
     #[arg(long, default_value_t = 16)]
     pub max_queue: usize,
+
+    /// Bytes of KV caches the active model keeps for the next turns of recent conversations
+    /// (least recently used dropped first; the newest is always kept). 0 keeps only the newest.
+    #[arg(long, default_value_t = mlx_engine::DEFAULT_PROMPT_CACHE_BYTES)]
+    pub prompt_cache_bytes: u64,
 }
 
 fn parse_positive(text: &str) -> Result<usize, String> {

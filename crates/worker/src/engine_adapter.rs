@@ -39,10 +39,10 @@ pub struct EngineAdapter {
 }
 
 impl EngineAdapter {
-    /// Starts MLX.
-    pub fn new() -> Self {
+    /// Starts MLX; each model keeps up to `prompt_cache_bytes` of KV caches for later prompts.
+    pub fn new(prompt_cache_bytes: u64) -> Self {
         Self {
-            engine: Engine::new(),
+            engine: Engine::new().with_prompt_cache_bytes(prompt_cache_bytes),
             tokenizers: HashMap::new(),
         }
     }

@@ -78,13 +78,14 @@ impl Executor {
         outbox: Outbox,
         events: mpsc::UnboundedSender<ExecutorEvent>,
         residents: SharedResidents,
+        prompt_cache_bytes: u64,
     ) -> Executor {
         let (commands, command_rx) = std_mpsc::channel();
         let (stopped_tx, stopped) = oneshot::channel();
         std::thread::Builder::new()
             .name("mlx".into())
             .spawn(move || {
-                run(command_rx, outbox, events, residents);
+                run(command_rx, outbox, events, residents, prompt_cache_bytes);
                 let _ = stopped_tx.send(());
             })
             .expect("spawn the MLX thread");
@@ -115,8 +116,9 @@ fn run(
     outbox: Outbox,
     events: mpsc::UnboundedSender<ExecutorEvent>,
     residents: SharedResidents,
+    prompt_cache_bytes: u64,
 ) {
-    let mut engine = match catch_unwind(EngineAdapter::new) {
+    let mut engine = match catch_unwind(|| EngineAdapter::new(prompt_cache_bytes)) {
         Ok(engine) => engine,
         Err(panic) => {
             let reason = format!("MLX panicked while starting: {}", panic_message(&*panic));

@@ -36,6 +36,7 @@ fn main() {
         version = env!("CARGO_PKG_VERSION"),
         max_queue = cli.max_queue,
         max_line_bytes = cli.max_line_bytes,
+        prompt_cache_bytes = cli.prompt_cache_bytes,
         "mlx-worker starting"
     );
 
@@ -58,7 +59,12 @@ async fn serve(cli: cli::Cli) {
     let (outbox, stdout_gone) = transport::spawn_writer();
     let (events_tx, events) = mpsc::unbounded_channel();
     let residents = SharedResidents::default();
-    let executor = Executor::spawn(outbox.clone(), events_tx, residents.clone());
+    let executor = Executor::spawn(
+        outbox.clone(),
+        events_tx,
+        residents.clone(),
+        cli.prompt_cache_bytes,
+    );
     let inbound = transport::spawn_reader(cli.max_line_bytes, outbox.clone());
     Dispatcher::new(outbox, executor, residents, cli.max_queue)
         .run(inbound, events, stdout_gone)

@@ -29,6 +29,10 @@ use crate::nn::Result;
 const STEP: i32 = 256;
 
 /// The cache of one attention layer (or linear-attention layer: [`KvCache::State`]).
+///
+/// A clone shares its arrays with the original until either is written: MLX arrays are values
+/// (an update makes a new array), so writing to one never changes the other.
+#[derive(Clone)]
 pub enum KvCache {
     Standard(StandardCache),
     Rotating(RotatingCache),

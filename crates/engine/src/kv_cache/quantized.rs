@@ -57,6 +57,7 @@ impl Quantized {
     }
 }
 
+#[derive(Clone)]
 pub struct QuantizedCache {
     keys: Option<Quantized>,
     values: Option<Quantized>,

@@ -14,6 +14,7 @@ use mlx_rs::{
 use super::{causal_mask, Mask, STEP};
 use crate::nn::Result;
 
+#[derive(Clone)]
 pub struct RotatingCache {
     keys: Option<Array>,
     values: Option<Array>,

@@ -11,7 +11,7 @@ use crate::nn::Result;
 use super::STEP;
 
 /// Keys and values of one attention layer, shape `(B, kv_heads, capacity, head_dim)`.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct StandardCache {
     keys: Option<Array>,
     values: Option<Array>,

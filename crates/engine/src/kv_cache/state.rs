@@ -6,7 +6,7 @@
 use mlx_rs::Array;
 
 /// Convolution inputs `(B, kernel - 1, channels)` and recurrent state `(B, Hv, Dv, Dk)`.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct StateCache {
     pub conv: Option<Array>,
     pub state: Option<Array>,
