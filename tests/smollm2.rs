@@ -67,3 +67,49 @@ async fn answers_paris_and_shuts_down(w: protocol::Client) {
     assert!(result.text.contains("Paris"), "{:?}", result.text);
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
+
+/// Prompt lookup over real pipes: the same text as one token per pass, drafts confirmed and
+/// counted in `usage`; a draft count out of range is refused and the worker goes on.
+#[tokio::test]
+async fn smollm2_prompt_lookup_answers_the_same_with_fewer_passes() {
+    let Some(dir) = smollm2_dir() else { return };
+    let w = worker(&[]);
+    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
+        .await
+        .unwrap();
+    let mut ask = greedy(
+        "Repeat this text exactly, replacing 'fox' with 'cat':\n\nThe quick brown fox jumps \
+         over the lazy dog. It was a sunny day in the small village, and the children were \
+         playing in the park near the old church.",
+        48,
+    );
+    let plain = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+        .await
+        .unwrap();
+    ask.speculative =
+        Some(serde_json::from_value(serde_json::json!({"method": "prompt_lookup"})).unwrap());
+    let (deltas, fast) = within_for(LIMIT, w.generate(&ask).unwrap().collect())
+        .await
+        .unwrap();
+    assert_eq!(fast.text, plain.text);
+    assert_eq!(
+        deltas.iter().map(|d| d.text.as_str()).collect::<String>(),
+        fast.text
+    );
+    assert_eq!(plain.usage.drafted_tokens, 0);
+    assert!(
+        fast.usage.accepted_tokens > 0 && fast.usage.accepted_tokens <= fast.usage.drafted_tokens,
+        "{:?}",
+        fast.usage
+    );
+
+    ask.speculative.as_mut().unwrap().num_draft_tokens = 0;
+    let err = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("speculative.num_draft_tokens"),
+        "{err}"
+    );
+    answers_paris_and_shuts_down(w).await;
+}

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{bail, Context};
-use protocol::methods::{ChatMessage, GenerateParams, LoadParams, StatusParams};
+use protocol::methods::{ChatMessage, GenerateParams, GenerateResult, LoadParams, StatusParams};
 use protocol::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -60,6 +60,12 @@ pub struct Options {
     /// Instead: the worker's decode with a JSON schema beside the same without one.
     #[arg(long)]
     constrained: bool,
+    /// Instead: the worker rewriting a text with prompt lookup beside the same without it.
+    #[arg(long)]
+    speculative: bool,
+    /// With --speculative: most draft tokens per pass.
+    #[arg(long, default_value_t = 10)]
+    num_draft_tokens: u32,
 }
 
 /// One measured generation, from either side.
@@ -91,6 +97,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         .context("the benchmark model is missing: run `cargo xtask setup`")?;
     if opts.constrained {
         return crate::bench_constrained::run(&model, &file.prompts[0], opts.runs, max_new_tokens);
+    }
+    if opts.speculative {
+        let story = &file.prompts[1];
+        return crate::bench_speculative::run(&model, story, opts.runs, opts.num_draft_tokens);
     }
     let python = venv::reference_python()?;
     if opts.openblas && !Path::new(OPENBLAS).is_file() {
@@ -302,6 +312,16 @@ impl Worker {
                 )
             })?;
         Ok(Self { client })
+    }
+
+    /// `params` generated from an empty prompt cache.
+    pub async fn fresh_generate(&self, params: &GenerateParams) -> anyhow::Result<GenerateResult> {
+        self.client
+            .call::<protocol::methods::Reset>(&protocol::methods::ResetParams {})
+            .await
+            .context("worker: reset")?;
+        let result = self.client.generate(params)?.finish().await;
+        result.context("worker: generate")
     }
 
     pub async fn generate(&self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {

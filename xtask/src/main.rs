@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_constrained;
+mod bench_speculative;
 mod bench_vision;
 mod check_import;
 mod check_macos;

@@ -16,7 +16,8 @@ use crate::{
     prompt::{PromptEmbeds, PromptInputs},
     prompt_cache::PromptCache,
     request::{
-        Channel, Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage,
+        Channel, Completion, Delta, FinishReason, GenerateRequest, Speculative, Timings,
+        TokenLogprob, Usage,
     },
     rope::MropePositions,
     sampler::{log_softmax, Sampler},
@@ -53,6 +54,8 @@ pub(crate) struct GenerationContext<'a> {
     /// When the request arrived (time to first token counts from it).
     pub started: Instant,
 }
+
+mod speculative;
 
 type Result<T> = std::result::Result<T, EngineError>;
 
@@ -117,6 +120,12 @@ impl Decoder<'_> {
         self.quantize_caches()?;
         let last = logits.dim(1) - 1;
         let logits = logits.take_axis(Array::from_int(last), 1)?;
+        self.remember(tokens)?;
+        Ok(logits)
+    }
+
+    /// Appends `tokens` `(L,)` to the penalties' history, when they keep one.
+    fn remember(&mut self, tokens: &Array) -> Result<()> {
         if let Some(recent) = &self.recent {
             let window = self.sampler.history_window() as i32;
             let joined = ops::concatenate(&[recent, tokens], 0)?;
@@ -127,7 +136,7 @@ impl Decoder<'_> {
                 joined
             });
         }
-        Ok(logits)
+        Ok(())
     }
 
     /// Samples from `logits`; with a constraint's `mask` (`(1, V)` booleans) only allowed
@@ -158,6 +167,28 @@ impl Decoder<'_> {
             None => None,
         };
         self.sample(logits, mask)
+    }
+
+    /// Reads `step`'s token and streams it; the finish reason when it ends the generation.
+    fn take(
+        &mut self,
+        step: &Step,
+        out: &mut Output<'_>,
+        on_delta: &mut dyn FnMut(Delta),
+    ) -> Result<Option<FinishReason>> {
+        let id = step.token.item_exact::<u32>();
+        self.sampled.push(id);
+        if self.ctx.eos.contains(&id) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        let complete = match self.guide.as_mut() {
+            Some(guide) => guide.advance(id)?,
+            None => false,
+        };
+        if out.push(id, &step.logprobs, on_delta)? {
+            return Ok(Some(FinishReason::StopSequence));
+        }
+        Ok(complete.then_some(FinishReason::Stop))
     }
 }
 
@@ -270,6 +301,7 @@ fn run(
         prompt_tokens: prompt_ids.len(),
         completion_tokens: completion,
         cached_tokens: reused,
+        ..Usage::default()
     };
 
     // With images: the input embeddings of the rest of the prompt, image features merged in
@@ -313,6 +345,26 @@ fn run(
     let last = Array::from_slice(rest, &[rest.len() as i32]);
     let mut step = dec.step(&last, embeds)?;
     transforms::async_eval([&step.token, &step.logprobs])?;
+    if let Some(Speculative::PromptLookup { num_draft_tokens }) = req.speculative {
+        if dec.can_speculate() {
+            step.token.eval()?;
+            timings.prompt_ms = ms(prefill_start);
+            timings.ttft_ms = ms(ctx.started);
+            let decode_start = Instant::now();
+            let mut drafts = speculative::PromptLookup::new(prompt_ids, num_draft_tokens);
+            let (finish, n) =
+                speculative::decode(dec, req, &mut drafts, step, &mut out, on_delta, cancel)?;
+            crate::device::synchronize();
+            timings.predicted_n = out.ids.len();
+            timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
+            let usage = Usage {
+                drafted_tokens: drafts.drafted,
+                accepted_tokens: drafts.accepted,
+                ..usage(out.ids.len())
+            };
+            return Ok(out.finish_with(finish, usage, timings, on_delta));
+        }
+    }
     let mut decode_start = Instant::now();
     let mut n = 0usize;
     let finish = loop {
@@ -343,20 +395,8 @@ fn run(
         if n == req.max_new_tokens {
             break FinishReason::Length;
         }
-        let id = step.token.item_exact::<u32>();
-        dec.sampled.push(id);
-        if ctx.eos.contains(&id) {
-            break FinishReason::Stop;
-        }
-        let complete = match dec.guide.as_mut() {
-            Some(guide) => guide.advance(id)?,
-            None => false,
-        };
-        if out.push(id, &step.logprobs, on_delta)? {
-            break FinishReason::StopSequence;
-        }
-        if complete {
-            break FinishReason::Stop;
+        if let Some(finish) = dec.take(&step, &mut out, on_delta)? {
+            break finish;
         }
         n += 1;
         if n.is_multiple_of(CLEAR_CACHE_EVERY) {

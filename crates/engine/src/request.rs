@@ -199,6 +199,16 @@ pub struct GenerateRequest {
     pub tool_choice: ToolChoice,
     /// Forced calls: one or more (true), or exactly one.
     pub parallel_tool_calls: bool,
+    /// Draft tokens checked in one forward pass; `None`: one token per pass.
+    pub speculative: Option<Speculative>,
+}
+
+/// How draft tokens are found for speculative decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculative {
+    /// The tokens that followed the latest earlier occurrence of the sequence's last n-gram, in
+    /// the prompt or the output: at most `num_draft_tokens` per pass.
+    PromptLookup { num_draft_tokens: usize },
 }
 
 impl GenerateRequest {
@@ -220,6 +230,7 @@ impl GenerateRequest {
             constraint: None,
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
+            speculative: None,
         }
     }
 
@@ -291,6 +302,9 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// Speculative decoding: tokens drafted, and how many of them the model confirmed.
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// llama-server style timings, in milliseconds.

@@ -64,3 +64,59 @@ fn a_gguf_file_loads_directly() {
     );
     assert!(out.text.contains("Paris"), "{:?}", out.text);
 }
+
+/// Prompt lookup on an edit-this-text task: drafts copied from the prompt are confirmed by the
+/// model, and the greedy output is the same as one token per pass.
+#[test]
+fn prompt_lookup_drafts_are_accepted_and_change_nothing() {
+    let _mlx = fixtures::mlx_test_lock();
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
+    let mut engine = Engine::new();
+    let load = LoadRequest {
+        model: dir.display().to_string(),
+        ..Default::default()
+    };
+    engine
+        .load(&load, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    let text = "The quick brown fox jumps over the lazy dog. It was a sunny day in the small \
+                village, and the children were playing in the park near the old church.";
+    let mut req = GenerateRequest::greedy(
+        Prompt::Chat {
+            messages: vec![text::Message::text(
+                "user",
+                format!("Repeat this text exactly, replacing 'fox' with 'cat':\n\n{text}"),
+            )],
+            options: text::RenderOptions::default(),
+        },
+        48,
+    );
+    let mut run = |req: &GenerateRequest| {
+        engine.reset();
+        engine
+            .generate(req, &mut |_| {}, &CancelToken::new())
+            .unwrap()
+    };
+    let plain = run(&req);
+    for k in [1, 4, 10] {
+        req.speculative = Some(mlx_engine::Speculative::PromptLookup {
+            num_draft_tokens: k,
+        });
+        let fast = run(&req);
+        assert_eq!(
+            fast.token_ids, plain.token_ids,
+            "{k} drafts: {:?}",
+            fast.text
+        );
+        assert_eq!(fast.finish_reason, plain.finish_reason);
+        assert!(fast.usage.drafted_tokens > 0, "{:?}", fast.usage);
+        assert!(
+            fast.usage.accepted_tokens * 2 > fast.usage.drafted_tokens,
+            "{k} drafts: {:?}",
+            fast.usage
+        );
+    }
+    assert_eq!(plain.usage.drafted_tokens, 0);
+}

@@ -8,8 +8,8 @@ use protocol::methods::{
     Backend, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo, Dtype,
     FinishReason, FunctionCall, FunctionKind, GenerateParams, GenerateResult, KvQuantization,
     LoadParams, LoadStage, MemoryInfo, MessageContent, MlxInfo, ModelInfo, Quantization,
-    ResidentModel, ResponseFormat, SpecialTokens, Timings, TokenLogprob, ToolCallOut, ToolChoice,
-    ToolChoiceMode, TopLogprob, Usage,
+    ResidentModel, ResponseFormat, SpecialTokens, SpeculativeMethod, Timings, TokenLogprob,
+    ToolCallOut, ToolChoice, ToolChoiceMode, TopLogprob, Usage,
 };
 use protocol::ResponseError;
 use serde_json::{json, Map, Value};
@@ -87,6 +87,11 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
             }
         },
         parallel_tool_calls: p.parallel_tool_calls,
+        speculative: p.speculative.as_ref().map(|s| match s.method {
+            SpeculativeMethod::PromptLookup => mlx_engine::Speculative::PromptLookup {
+                num_draft_tokens: s.num_draft_tokens as usize,
+            },
+        }),
     })
 }
 
@@ -215,6 +220,8 @@ pub fn generate_result(c: mlx_engine::Completion) -> GenerateResult {
             completion_tokens: u.completion_tokens as u64,
             total_tokens: (u.prompt_tokens + u.completion_tokens) as u64,
             cached_tokens: u.cached_tokens as u64,
+            drafted_tokens: u.drafted_tokens as u64,
+            accepted_tokens: u.accepted_tokens as u64,
         },
         timings: Timings {
             prompt_n: t.prompt_n as u64,
@@ -514,6 +521,8 @@ mod tests {
                 prompt_tokens: 10,
                 completion_tokens: 2,
                 cached_tokens: 0,
+                drafted_tokens: 4,
+                accepted_tokens: 3,
             },
             timings: mlx_engine::Timings {
                 prompt_n: 10,
@@ -524,6 +533,7 @@ mod tests {
             },
         });
         assert_eq!(r.usage.total_tokens, 12);
+        assert_eq!((r.usage.drafted_tokens, r.usage.accepted_tokens), (4, 3));
         assert_eq!(r.timings.prompt_per_second, 2000.0);
         assert_eq!(r.timings.predicted_per_second, 0.0);
     }

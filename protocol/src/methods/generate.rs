@@ -71,6 +71,16 @@ impl Method for Generate {
                 );
             }
         }
+        if let Some(s) = p
+            .speculative
+            .as_ref()
+            .filter(|s| !(1..=64).contains(&s.num_draft_tokens))
+        {
+            return bad(
+                "speculative.num_draft_tokens",
+                format!("must be in 1..=64, not {}", s.num_draft_tokens),
+            );
+        }
         let forced = match &p.tool_choice {
             Some(ToolChoice::Mode(ToolChoiceMode::Required)) => Some(None),
             Some(ToolChoice::Function(f)) => Some(Some(f.function.name.as_str())),
@@ -261,6 +271,34 @@ pub struct GenerateParams {
     /// OpenAI's: with forced calls, one or more (default true) or exactly one (false).
     #[serde(default = "default_true")]
     pub parallel_tool_calls: bool,
+    /// Speculative decoding: draft tokens checked by one forward pass each round; the output is
+    /// what one token per pass gives. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeParams>,
+}
+
+/// `speculative`: how drafts are found, and how many per pass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeParams {
+    /// `"prompt_lookup"`: the tokens that followed an earlier occurrence of the last few tokens,
+    /// in the prompt or the output (good for editing, summarising, code changes).
+    pub method: SpeculativeMethod,
+    /// Most draft tokens per pass (1..=64); default 10.
+    #[serde(default = "default_num_draft_tokens")]
+    pub num_draft_tokens: u32,
+}
+
+fn default_num_draft_tokens() -> u32 {
+    10
+}
+
+/// Where draft tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SpeculativeMethod {
+    /// N-gram matches in the prompt and the output so far (no draft model).
+    PromptLookup,
 }
 
 /// `tool_choice`.
@@ -382,6 +420,12 @@ pub struct Usage {
     pub total_tokens: u64,
     /// Prompt tokens reused from a prompt cache.
     pub cached_tokens: u64,
+    /// Speculative decoding: tokens drafted (0 without `speculative`).
+    #[serde(default)]
+    pub drafted_tokens: u64,
+    /// Of those, how many the model confirmed (each saved a forward pass).
+    #[serde(default)]
+    pub accepted_tokens: u64,
 }
 
 /// Timings, with llama-server's field names.

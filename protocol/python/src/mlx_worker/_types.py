@@ -326,6 +326,9 @@ class GenerateParams(_GenerateParamsRequired, total=False):
     #: OpenAI's: with forced calls, one or more (default true) or exactly one (false).
     #: default: true
     parallel_tool_calls: bool
+    #: Speculative decoding: draft tokens checked by one forward pass each round; the output is
+    #: what one token per pass gives. Default: none.
+    speculative: SpeculativeParams | None
 
 
 class ChatMessage(TypedDict):
@@ -438,6 +441,23 @@ class FunctionName(TypedDict):
     name: str
 
 
+class _SpeculativeParamsRequired(TypedDict):
+    #: `"prompt_lookup"`: the tokens that followed an earlier occurrence of the last few tokens,
+    #: in the prompt or the output (good for editing, summarising, code changes).
+    method: SpeculativeMethod
+
+
+class SpeculativeParams(_SpeculativeParamsRequired, total=False):
+    """`speculative`: how drafts are found, and how many per pass."""
+    #: Most draft tokens per pass (1..=64); default 10.
+    #: default: 10
+    num_draft_tokens: int
+
+
+#: Where draft tokens come from.
+SpeculativeMethod = Literal['prompt_lookup']
+
+
 class _GenerateResultRequired(TypedDict):
     #: The whole completion.
     text: str
@@ -459,8 +479,7 @@ class GenerateResult(_GenerateResultRequired, total=False):
 FinishReason = Literal['stop', 'length', 'stop_sequence', 'cancelled', 'tool_calls']
 
 
-class Usage(TypedDict):
-    """Token counts of a generation."""
+class _UsageRequired(TypedDict):
     #: Tokens in the templated prompt.
     prompt_tokens: int
     #: Tokens generated.
@@ -469,6 +488,16 @@ class Usage(TypedDict):
     total_tokens: int
     #: Prompt tokens reused from a prompt cache.
     cached_tokens: int
+
+
+class Usage(_UsageRequired, total=False):
+    """Token counts of a generation."""
+    #: Speculative decoding: tokens drafted (0 without `speculative`).
+    #: default: 0
+    drafted_tokens: int
+    #: Of those, how many the model confirmed (each saved a forward pass).
+    #: default: 0
+    accepted_tokens: int
 
 
 class Timings(TypedDict):
