@@ -113,3 +113,37 @@ async fn smollm2_prompt_lookup_answers_the_same_with_fewer_passes() {
     );
     answers_paris_and_shuts_down(w).await;
 }
+
+/// A draft model over real pipes: `draft_model` on `load`, `speculative: draft_model` on
+/// `generate` answers what one token per pass answers; without a draft model it is -32602.
+#[tokio::test]
+async fn smollm2_with_a_draft_model_answers_the_same() {
+    let (Some(dir), Some(gguf)) = (smollm2_dir(), smollm2_gguf()) else {
+        return;
+    };
+    let w = worker(&[]);
+    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&gguf))))
+        .await
+        .unwrap();
+    let mut ask = greedy("Write a short poem about the sea.", 32);
+    ask.speculative =
+        Some(serde_json::from_value(serde_json::json!({"method": "draft_model"})).unwrap());
+    let err = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("draft_model"), "{err}");
+
+    let mut load = LoadParams::new(model_id(&dir));
+    load.draft_model = Some(model_id(&gguf));
+    within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
+    let fast = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+        .await
+        .unwrap();
+    ask.speculative = None;
+    let plain = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+        .await
+        .unwrap();
+    assert_eq!(fast.text, plain.text);
+    assert!(fast.usage.accepted_tokens > 0, "{:?}", fast.usage);
+    answers_paris_and_shuts_down(w).await;
+}

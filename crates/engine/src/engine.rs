@@ -31,6 +31,8 @@ struct Resident {
     load: LoadRequest,
     /// The switch of the attached adapter, if any.
     adapter: Option<AdapterSwitch>,
+    /// The draft model for speculative decoding, if one was loaded with it.
+    draft: Option<Box<dyn LanguageModel>>,
     /// Recent generations' KV caches, for the next prompts that start the same way.
     prompt_cache: PromptCache,
     /// The tokenizer as the grammar engine reads it, made by the first constrained request.
@@ -148,6 +150,13 @@ impl Engine {
         let mut built = load::build(&files, &config, req, progress)?;
         let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
         load::check_experts_run_on(built.model.as_mut(), self.device.backend)?;
+        if req.draft_model.is_some() && built.vision.is_some() {
+            return Err(EngineError::InvalidParams {
+                field: "draft_model".into(),
+                reason: "speculative decoding with a draft model is for text models".into(),
+            });
+        }
+        let draft = load::draft(req, &tokenizer, progress, cancel)?;
         let info = load::describe(req, &files, &config, &tokenizer, &built);
         let (model, vision) = (built.model, built.vision);
         let tokenizer = Arc::new(tokenizer);
@@ -163,6 +172,7 @@ impl Engine {
                 ..req.clone()
             },
             adapter: adapter_switch,
+            draft,
             prompt_cache: PromptCache::new(self.prompt_cache_bytes),
             vocabulary: None,
         });
@@ -190,6 +200,14 @@ impl Engine {
             }
         }
         let resident = &mut self.models[i];
+        if let (Some(Speculative::DraftModel { .. }), None) = (req.speculative, &resident.draft) {
+            return Err(EngineError::InvalidParams {
+                field: "speculative.method".into(),
+                reason: "the model was loaded without a `draft_model`: load it with one, or use \
+                         \"prompt_lookup\""
+                    .into(),
+            });
+        }
         let tools = ToolUse::of(&resident.tokenizer, req)?;
         let constraint = req
             .constraint
@@ -227,6 +245,7 @@ impl Engine {
         let eos = resident.tokenizer.eos_token_ids().clone();
         let ctx = GenerationContext {
             model: resident.model.as_ref(),
+            draft: resident.draft.as_deref(),
             vision,
             tokenizer: &resident.tokenizer,
             eos: &eos,

@@ -16,8 +16,7 @@ use crate::{
     prompt::{PromptEmbeds, PromptInputs},
     prompt_cache::PromptCache,
     request::{
-        Channel, Completion, Delta, FinishReason, GenerateRequest, Speculative, Timings,
-        TokenLogprob, Usage,
+        Channel, Completion, Delta, FinishReason, GenerateRequest, Timings, TokenLogprob, Usage,
     },
     rope::MropePositions,
     sampler::{log_softmax, Sampler},
@@ -38,6 +37,8 @@ const CLEAR_CACHE_EVERY: usize = 256;
 /// A model and what generating with it needs.
 pub(crate) struct GenerationContext<'a> {
     pub model: &'a dyn LanguageModel,
+    /// The draft model for speculative decoding, if one was loaded.
+    pub draft: Option<&'a dyn LanguageModel>,
     /// The vision side, for a vision-language model.
     pub vision: Option<&'a dyn VisionModel>,
     pub tokenizer: &'a text::ModelTokenizer,
@@ -345,25 +346,26 @@ fn run(
     let last = Array::from_slice(rest, &[rest.len() as i32]);
     let mut step = dec.step(&last, embeds)?;
     transforms::async_eval([&step.token, &step.logprobs])?;
-    if let Some(Speculative::PromptLookup { num_draft_tokens }) = req.speculative {
-        if dec.can_speculate() {
-            step.token.eval()?;
-            timings.prompt_ms = ms(prefill_start);
-            timings.ttft_ms = ms(ctx.started);
-            let decode_start = Instant::now();
-            let mut drafts = speculative::PromptLookup::new(prompt_ids, num_draft_tokens);
-            let (finish, n) =
-                speculative::decode(dec, req, &mut drafts, step, &mut out, on_delta, cancel)?;
-            crate::device::synchronize();
-            timings.predicted_n = out.ids.len();
-            timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
-            let usage = Usage {
-                drafted_tokens: drafts.drafted,
-                accepted_tokens: drafts.accepted,
-                ..usage(out.ids.len())
-            };
-            return Ok(out.finish_with(finish, usage, timings, on_delta));
-        }
+    let drafter = match req.speculative {
+        Some(spec) => speculative::Drafter::new(dec, spec, prompt_ids, cancel)?,
+        None => None,
+    };
+    if let Some(mut drafter) = drafter {
+        step.token.eval()?;
+        timings.prompt_ms = ms(prefill_start);
+        timings.ttft_ms = ms(ctx.started);
+        let decode_start = Instant::now();
+        let (finish, n) =
+            speculative::decode(dec, req, &mut drafter, step, &mut out, on_delta, cancel)?;
+        crate::device::synchronize();
+        timings.predicted_n = out.ids.len();
+        timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
+        let usage = Usage {
+            drafted_tokens: drafter.drafted,
+            accepted_tokens: drafter.accepted,
+            ..usage(out.ids.len())
+        };
+        return Ok(out.finish_with(finish, usage, timings, on_delta));
     }
     let mut decode_start = Instant::now();
     let mut n = 0usize;

@@ -193,6 +193,43 @@ pub(crate) fn quantize(
     Ok(adapter)
 }
 
+/// The draft model of `main` for speculative decoding: a text model whose tokenizer has the
+/// same vocabulary (token ids) as `tokenizer`, loaded with the same token and nothing else.
+pub(crate) fn draft(
+    main: &LoadRequest,
+    tokenizer: &ModelTokenizer,
+    progress: &mut dyn FnMut(LoadProgress),
+    cancel: &CancelToken,
+) -> Result<Option<Box<dyn LanguageModel>>, EngineError> {
+    let Some(name) = &main.draft_model else {
+        return Ok(None);
+    };
+    let refuse = |reason: String| EngineError::InvalidParams {
+        field: "draft_model".into(),
+        reason,
+    };
+    let req = LoadRequest {
+        model: name.clone(),
+        hf_token: main.hf_token.clone(),
+        ..LoadRequest::default()
+    };
+    let files = resolve(&req, progress, cancel)?;
+    let (config, draft_tokenizer) = read(&files, &req, progress, cancel)?;
+    if draft_tokenizer.inner().get_vocab(true) != tokenizer.inner().get_vocab(true) {
+        return Err(refuse(format!(
+            "{name}'s tokenizer is not the model's (token ids differ): a draft model must share              the model's vocabulary, e.g. a smaller model of the same family"
+        )));
+    }
+    let mut built = build(&files, &config, &req, progress)?;
+    if built.vision.is_some() {
+        return Err(refuse(format!(
+            "{name} is a vision-language model: a draft model must be a text model"
+        )));
+    }
+    quantize(&mut built, &files, &req, progress)?;
+    Ok(Some(built.model))
+}
+
 /// `load_in_4bit`: every linear layer whose rows split into groups of 64 (a mixture of
 /// experts' stacked expert layers too, each expert's matrix as mlx-lm quantizes them) becomes
 /// affine 4-bit, group 64.

@@ -36,6 +36,8 @@ pub struct LoadRequest {
     pub adapter: Option<String>,
     /// Quantize full-attention KV caches to this many bits (4 or 8; group size 64).
     pub kv_bits: Option<u8>,
+    /// A model with the same tokenizer loaded beside it, for [`Speculative::DraftModel`].
+    pub draft_model: Option<String>,
     /// Reload even if resident.
     pub force: bool,
 }
@@ -52,6 +54,7 @@ impl LoadRequest {
             && self.chat_template_override == other.chat_template_override
             && self.adapter == other.adapter
             && self.kv_bits == other.kv_bits
+            && self.draft_model == other.draft_model
     }
 }
 
@@ -209,6 +212,8 @@ pub enum Speculative {
     /// The tokens that followed the latest earlier occurrence of the sequence's last n-gram, in
     /// the prompt or the output: at most `num_draft_tokens` per pass.
     PromptLookup { num_draft_tokens: usize },
+    /// The resident's draft model, decoding greedily `num_draft_tokens` ahead.
+    DraftModel { num_draft_tokens: usize },
 }
 
 impl GenerateRequest {

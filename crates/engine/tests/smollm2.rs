@@ -120,3 +120,67 @@ fn prompt_lookup_drafts_are_accepted_and_change_nothing() {
     }
     assert_eq!(plain.usage.drafted_tokens, 0);
 }
+
+/// A draft model: SmolLM2 in float32 (imported from its Q4_1 GGUF) drafts for the same model
+/// quantized to 4 bits on load (the same vocabulary, slightly different numbers); greedy output
+/// is the same as without. A draft model with another vocabulary is
+/// refused at load, naming `draft_model`.
+#[test]
+fn a_draft_model_drafts_and_changes_nothing() {
+    let _mlx = fixtures::mlx_test_lock();
+    let (Some(dir), Some(gguf)) = (fixtures::smollm2_dir(), fixtures::smollm2_gguf()) else {
+        return;
+    };
+    let mut engine = Engine::new();
+    let load = LoadRequest {
+        model: dir.display().to_string(),
+        load_in_4bit: true,
+        draft_model: Some(gguf.display().to_string()),
+        ..Default::default()
+    };
+    engine
+        .load(&load, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    let mut req = GenerateRequest::greedy(
+        Prompt::Chat {
+            messages: vec![text::Message::text(
+                "user",
+                "Write a short poem about the sea.",
+            )],
+            options: text::RenderOptions::default(),
+        },
+        40,
+    );
+    let mut run = |req: &GenerateRequest| {
+        engine.reset();
+        engine
+            .generate(req, &mut |_| {}, &CancelToken::new())
+            .unwrap()
+    };
+    let plain = run(&req);
+    req.speculative = Some(mlx_engine::Speculative::DraftModel {
+        num_draft_tokens: 3,
+    });
+    let fast = run(&req);
+    assert_eq!(fast.token_ids, plain.token_ids, "{:?}", fast.text);
+    // Some drafts taken, some rejected (the two differ in their numbers): both paths ran.
+    let (drafted, accepted) = (fast.usage.drafted_tokens, fast.usage.accepted_tokens);
+    assert!(0 < accepted && accepted < drafted, "{:?}", fast.usage);
+
+    let Some(gemma) = fixtures::gemma3_gguf() else {
+        return;
+    };
+    let other = LoadRequest {
+        draft_model: Some(gemma.display().to_string()),
+        force: true,
+        ..load
+    };
+    match engine.load(&other, &mut |_| {}, &CancelToken::new()) {
+        Err(mlx_engine::EngineError::InvalidParams { field, reason }) => {
+            assert_eq!(field, "draft_model");
+            assert!(reason.contains("vocabulary"), "{reason}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a draft model with another vocabulary loaded"),
+    }
+}

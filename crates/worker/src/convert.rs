@@ -31,6 +31,7 @@ pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
         chat_template_override: p.chat_template_override.clone(),
         adapter: p.adapter.clone(),
         kv_bits: p.kv_bits,
+        draft_model: p.draft_model.clone(),
         force: p.force,
     })
 }
@@ -87,10 +88,16 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
             }
         },
         parallel_tool_calls: p.parallel_tool_calls,
-        speculative: p.speculative.as_ref().map(|s| match s.method {
-            SpeculativeMethod::PromptLookup => mlx_engine::Speculative::PromptLookup {
-                num_draft_tokens: s.num_draft_tokens as usize,
-            },
+        speculative: p.speculative.as_ref().map(|s| {
+            let num_draft_tokens = s.num_draft_tokens as usize;
+            match s.method {
+                SpeculativeMethod::PromptLookup => {
+                    mlx_engine::Speculative::PromptLookup { num_draft_tokens }
+                }
+                SpeculativeMethod::DraftModel => {
+                    mlx_engine::Speculative::DraftModel { num_draft_tokens }
+                }
+            }
         }),
     })
 }

@@ -282,7 +282,8 @@ pub struct GenerateParams {
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeParams {
     /// `"prompt_lookup"`: the tokens that followed an earlier occurrence of the last few tokens,
-    /// in the prompt or the output (good for editing, summarising, code changes).
+    /// in the prompt or the output (good for editing, summarising, code changes);
+    /// `"draft_model"`: the tokens the model's `draft_model` (see `load`) would write.
     pub method: SpeculativeMethod,
     /// Most draft tokens per pass (1..=64); default 10.
     #[serde(default = "default_num_draft_tokens")]
@@ -299,6 +300,8 @@ fn default_num_draft_tokens() -> u32 {
 pub enum SpeculativeMethod {
     /// N-gram matches in the prompt and the output so far (no draft model).
     PromptLookup,
+    /// The `draft_model` loaded with the model, decoding greedily ahead of it.
+    DraftModel,
 }
 
 /// `tool_choice`.

@@ -84,6 +84,10 @@ pub struct LoadParams {
     /// Quantize the KV cache to this many bits (4 or 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_bits: Option<u8>,
+    /// A smaller model with the same tokenizer (directory, `.gguf` or repo id, same `hf_token`),
+    /// loaded beside this one for `speculative: {"method": "draft_model"}` on `generate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
     /// Reload even if this model is already resident.
     #[serde(default)]
     pub force: bool,

@@ -1,56 +1,186 @@
-//! Speculative decoding by prompt lookup: the tokens that followed an earlier occurrence of the
-//! sequence's last few tokens (in the prompt or the output) are drafted, and one forward pass
-//! over the last token and the draft gives the model's own choice at every position. The
-//! choices are taken while they agree with the draft, plus the first that does not (or one past
-//! the draft): every token is still the model's, sampled with the request's sampler from the
-//! logits of the sequence before it (mlx-lm's acceptance rule), so greedy output is that of
-//! one-token steps, up to float differences between a pass over several positions and one.
-//! The cache positions of rejected draft tokens are trimmed away.
+//! Speculative decoding: draft tokens, from the sequence itself (prompt lookup: what followed an
+//! earlier occurrence of the last few tokens, in the prompt or the output) or from a smaller
+//! draft model with the same tokenizer, are checked by one forward pass of the model over the
+//! last token and the draft, which gives the model's own choice at every position. The choices
+//! are taken while they agree with the draft, plus the first that does not (or one past the
+//! draft): every token is still the model's, sampled with the request's sampler from the logits
+//! of the sequence before it (mlx-lm's acceptance rule), so greedy output is that of one-token
+//! steps, up to float differences between a pass over several positions and one. The cache
+//! positions of rejected draft tokens are trimmed away, in the model and in the draft model.
 
-use mlx_rs::{transforms, Array};
+use mlx_rs::{ops, transforms, Array};
 
 use super::{Decoder, Output, Result, Step, CLEAR_CACHE_EVERY};
 use crate::{
     kv_cache::KvCache,
-    request::{Delta, FinishReason, GenerateRequest},
+    models::LanguageModel,
+    request::{Delta, FinishReason, GenerateRequest, Speculative},
     CancelToken,
 };
 
 /// The longest suffix of the sequence looked up in it; shorter ones are tried after.
 const MAX_NGRAM: usize = 3;
 
-/// Drafts from the sequence itself, and how many were drafted and accepted.
-pub(super) struct PromptLookup {
-    /// The prompt, then every token generated so far.
-    history: Vec<u32>,
+/// Where drafts come from, and how many were drafted and accepted.
+pub(super) struct Drafter<'a> {
+    source: Source<'a>,
     num_draft_tokens: usize,
+    /// The last draft, until its outcome is known.
+    last: Vec<u32>,
     pub drafted: usize,
     pub accepted: usize,
 }
 
-impl PromptLookup {
-    pub fn new(prompt: &[u32], num_draft_tokens: usize) -> Self {
-        Self {
-            history: prompt.to_vec(),
+enum Source<'a> {
+    /// The prompt, then every token taken so far.
+    Lookup {
+        history: Vec<u32>,
+    },
+    Model(DraftModel<'a>),
+}
+
+/// A draft model with its own caches, which hold the sequence up to `unfed`.
+struct DraftModel<'a> {
+    model: &'a dyn LanguageModel,
+    caches: Vec<KvCache>,
+    /// Tokens of the sequence the draft model has not run yet.
+    unfed: Vec<u32>,
+}
+
+impl<'a> Drafter<'a> {
+    /// The drafter `spec` asks for, its draft model (if any) prefilled with the prompt but its
+    /// last token; `None` when this generation cannot speculate (then it runs one token per pass).
+    pub fn new(
+        dec: &Decoder<'a>,
+        spec: Speculative,
+        prompt: &[u32],
+        cancel: &CancelToken,
+    ) -> Result<Option<Self>> {
+        if !dec.can_speculate() {
+            return Ok(None);
+        }
+        let (source, num_draft_tokens) = match spec {
+            Speculative::PromptLookup { num_draft_tokens } => {
+                let history = prompt.to_vec();
+                (Source::Lookup { history }, num_draft_tokens)
+            }
+            Speculative::DraftModel { num_draft_tokens } => {
+                // `Engine::generate` refused the request when no draft model is loaded.
+                let Some(model) = dec.ctx.draft else {
+                    return Ok(None);
+                };
+                let caches = model.make_caches();
+                if !caches.iter().all(|c| matches!(c, KvCache::Standard(_))) {
+                    return Ok(None);
+                }
+                let mut draft = DraftModel {
+                    model,
+                    caches,
+                    unfed: Vec::new(),
+                };
+                draft.prefill(prompt, dec.ctx.prefill_chunk, cancel)?;
+                (Source::Model(draft), num_draft_tokens)
+            }
+        };
+        Ok(Some(Self {
+            source,
             num_draft_tokens,
+            last: Vec::new(),
             drafted: 0,
             accepted: 0,
-        }
+        }))
     }
 
-    /// Up to `limit` tokens that followed the latest earlier occurrence of the history's last
-    /// `n` tokens, for the longest `n` (at most [`MAX_NGRAM`]) that occurs earlier at all.
-    fn draft(&self, limit: usize) -> Vec<u32> {
-        let h = &self.history;
-        for n in (1..=MAX_NGRAM.min(h.len().saturating_sub(1))).rev() {
-            let tail = &h[h.len() - n..];
-            let found = (0..h.len() - n).rev().find(|&i| &h[i..i + n] == tail);
-            if let Some(i) = found {
-                let from = i + n;
-                return h[from..(from + limit).min(h.len())].to_vec();
+    /// Up to `limit` (and `num_draft_tokens`) tokens to follow the sequence.
+    fn draft(&mut self, limit: usize) -> Result<Vec<u32>> {
+        let limit = limit.min(self.num_draft_tokens);
+        self.last = match &mut self.source {
+            Source::Lookup { history } => lookup(history, limit),
+            Source::Model(draft) => draft.draft(limit)?,
+        };
+        self.drafted += self.last.len();
+        Ok(self.last.clone())
+    }
+
+    /// The first `accepted` tokens of the last draft were taken, then `next`.
+    fn taken(&mut self, accepted: usize, next: u32) {
+        self.accepted += accepted;
+        let draft = std::mem::take(&mut self.last);
+        match &mut self.source {
+            Source::Lookup { history } => {
+                history.extend(&draft[..accepted]);
+                history.push(next);
+            }
+            Source::Model(model) => model.taken(&draft, accepted, next),
+        }
+    }
+}
+
+/// Up to `limit` tokens that followed the latest earlier occurrence of the history's last `n`
+/// tokens, for the longest `n` (at most [`MAX_NGRAM`]) that occurs earlier at all.
+fn lookup(h: &[u32], limit: usize) -> Vec<u32> {
+    for n in (1..=MAX_NGRAM.min(h.len().saturating_sub(1))).rev() {
+        let tail = &h[h.len() - n..];
+        let found = (0..h.len() - n).rev().find(|&i| &h[i..i + n] == tail);
+        if let Some(i) = found {
+            let from = i + n;
+            return h[from..(from + limit).min(h.len())].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+impl DraftModel<'_> {
+    /// Runs all of `prompt` but its last token, in chunks, checking for cancellation.
+    fn prefill(&mut self, prompt: &[u32], chunk: usize, cancel: &CancelToken) -> Result<()> {
+        let (rest, last) = prompt.split_at(prompt.len() - 1);
+        for part in rest.chunks(chunk) {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let input = Array::from_slice(part, &[1, part.len() as i32]);
+            self.model.forward(&input, &mut self.caches)?;
+            transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
+        }
+        self.unfed = last.to_vec();
+        Ok(())
+    }
+
+    /// `limit` tokens, each the draft model's most likely next one (the last is not run).
+    fn draft(&mut self, limit: usize) -> Result<Vec<u32>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let unfed = std::mem::take(&mut self.unfed);
+        let mut input = Array::from_slice(&unfed, &[1, unfed.len() as i32]);
+        let mut tokens = Vec::with_capacity(limit);
+        for i in 0..limit {
+            let logits = self.model.forward(&input, &mut self.caches)?;
+            let last = logits.take_axis(Array::from_int(logits.dim(1) - 1), 1)?;
+            let token = ops::indexing::argmax_axis(&last, -1, None)?;
+            if i + 1 < limit {
+                input = token.reshape(&[1, 1])?;
+                transforms::async_eval([&input])?;
+            }
+            tokens.push(token);
+        }
+        transforms::eval(&tokens)?;
+        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
+    }
+
+    /// After `draft` (all but its last token run), `accepted` of it and then `next` were taken.
+    fn taken(&mut self, draft: &[u32], accepted: usize, next: u32) {
+        if let Some(&last) = draft.last() {
+            if accepted == draft.len() {
+                self.unfed.push(last);
+            } else {
+                let run_but_rejected = draft.len() - 1 - accepted;
+                for cache in &mut self.caches {
+                    cache.trim(run_but_rejected as i32);
+                }
             }
         }
-        Vec::new()
+        self.unfed.push(next);
     }
 }
 
@@ -58,7 +188,7 @@ impl Decoder<'_> {
     /// Whether draft positions can be taken back: every cache a plain KV cache (not a
     /// sliding-window ring, a quantized cache or a recurrent state), no constraint (its mask
     /// needs each token before the next), no explicit rotary positions.
-    pub(super) fn can_speculate(&self) -> bool {
+    fn can_speculate(&self) -> bool {
         self.guide.is_none()
             && self.positions.is_none()
             && self.ctx.kv_bits.is_none()
@@ -92,18 +222,18 @@ impl Decoder<'_> {
     }
 }
 
-/// Decodes from `first` (the prompt's next token, evaluated) with drafts from `drafts`: the
+/// Decodes from `first` (the prompt's next token, evaluated) with drafts from `drafter`: the
 /// finish reason and how many tokens were taken before it.
 pub(super) fn decode(
     dec: &mut Decoder<'_>,
     req: &GenerateRequest,
-    drafts: &mut PromptLookup,
+    drafter: &mut Drafter<'_>,
     first: Step,
     out: &mut Output<'_>,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
 ) -> Result<(FinishReason, usize)> {
-    let mut pending = vec![first];
+    let (mut pending, mut accepted) = (vec![first], 0);
     let (mut n, mut since_clear) = (0usize, 0usize);
     loop {
         for step in &pending {
@@ -116,33 +246,32 @@ pub(super) fn decode(
             if let Some(finish) = dec.take(step, out, on_delta)? {
                 return Ok((finish, n));
             }
-            drafts
-                .history
-                .push(*dec.sampled.last().expect("just taken"));
             n += 1;
         }
-        if n == req.max_new_tokens || cancel.is_cancelled() {
-            continue;
+        // The last token is taken but not yet run.
+        let last = *dec.sampled.last().expect("a token was taken");
+        drafter.taken(accepted, last);
+        if cancel.is_cancelled() {
+            return Ok((FinishReason::Cancelled, n));
+        }
+        if n == req.max_new_tokens {
+            return Ok((FinishReason::Length, n));
         }
         since_clear += pending.len();
         if since_clear >= CLEAR_CACHE_EVERY {
             mlx_rs::memory::clear_cache()?;
             since_clear = 0;
         }
-        // The last token is taken but not yet run; the bonus token must fit in max_new_tokens.
-        let last = *drafts.history.last().expect("a token was taken");
-        let limit = drafts.num_draft_tokens.min(req.max_new_tokens - n - 1);
-        let draft = drafts.draft(limit);
+        // The token after the last draft must fit in max_new_tokens too.
+        let draft = drafter.draft(req.max_new_tokens - n - 1)?;
         let tokens: Vec<u32> = std::iter::once(last).chain(draft.iter().copied()).collect();
         let (steps, mut recents) = dec.verify(&tokens)?;
         transforms::eval(steps.iter().map(|s| &s.token))?;
-        let accepted = (draft.iter().zip(&steps))
+        accepted = (draft.iter().zip(&steps))
             .take_while(|(d, s)| s.token.item_exact::<u32>() == **d)
             .count();
         dec.rewind(draft.len() - accepted);
         dec.recent = recents.swap_remove(accepted);
-        drafts.drafted += draft.len();
-        drafts.accepted += accepted;
         pending = steps;
         pending.truncate(accepted + 1);
     }
@@ -150,11 +279,7 @@ pub(super) fn decode(
 
 #[cfg(test)]
 mod tests {
-    use super::PromptLookup;
-
-    fn draft(history: &[u32], limit: usize) -> Vec<u32> {
-        PromptLookup::new(history, limit).draft(limit)
-    }
+    use super::lookup as draft;
 
     #[test]
     fn drafts_what_followed_the_latest_earlier_match_of_the_longest_suffix() {

@@ -115,6 +115,9 @@ class LoadParams(_LoadParamsRequired, total=False):
     chat_template_override: str | None
     #: Quantize the KV cache to this many bits (4 or 8).
     kv_bits: int | None
+    #: A smaller model with the same tokenizer (directory, `.gguf` or repo id, same `hf_token`),
+    #: loaded beside this one for `speculative: {"method": "draft_model"}` on `generate`.
+    draft_model: str | None
     #: Reload even if this model is already resident.
     #: default: false
     force: bool
@@ -443,7 +446,8 @@ class FunctionName(TypedDict):
 
 class _SpeculativeParamsRequired(TypedDict):
     #: `"prompt_lookup"`: the tokens that followed an earlier occurrence of the last few tokens,
-    #: in the prompt or the output (good for editing, summarising, code changes).
+    #: in the prompt or the output (good for editing, summarising, code changes);
+    #: `"draft_model"`: the tokens the model's `draft_model` (see `load`) would write.
     method: SpeculativeMethod
 
 
@@ -455,7 +459,7 @@ class SpeculativeParams(_SpeculativeParamsRequired, total=False):
 
 
 #: Where draft tokens come from.
-SpeculativeMethod = Literal['prompt_lookup']
+SpeculativeMethod = Literal['prompt_lookup', 'draft_model']
 
 
 class _GenerateResultRequired(TypedDict):
