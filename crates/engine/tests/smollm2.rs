@@ -65,6 +65,25 @@ fn a_gguf_file_loads_directly() {
     assert!(out.text.contains("Paris"), "{:?}", out.text);
 }
 
+/// A greedy chat request of one user message.
+fn chat(content: impl Into<String>, max_new_tokens: usize) -> GenerateRequest {
+    GenerateRequest::greedy(
+        Prompt::Chat {
+            messages: vec![text::Message::text("user", content)],
+            options: text::RenderOptions::default(),
+        },
+        max_new_tokens,
+    )
+}
+
+/// Generates `req` from an empty prompt cache.
+fn fresh(engine: &mut Engine, req: &GenerateRequest) -> Completion {
+    engine.reset();
+    engine
+        .generate(req, &mut |_| {}, &CancelToken::new())
+        .unwrap()
+}
+
 /// Prompt lookup on an edit-this-text task: drafts copied from the prompt are confirmed by the
 /// model, and the greedy output is the same as one token per pass.
 #[test]
@@ -83,28 +102,14 @@ fn prompt_lookup_drafts_are_accepted_and_change_nothing() {
         .unwrap();
     let text = "The quick brown fox jumps over the lazy dog. It was a sunny day in the small \
                 village, and the children were playing in the park near the old church.";
-    let mut req = GenerateRequest::greedy(
-        Prompt::Chat {
-            messages: vec![text::Message::text(
-                "user",
-                format!("Repeat this text exactly, replacing 'fox' with 'cat':\n\n{text}"),
-            )],
-            options: text::RenderOptions::default(),
-        },
-        48,
-    );
-    let mut run = |req: &GenerateRequest| {
-        engine.reset();
-        engine
-            .generate(req, &mut |_| {}, &CancelToken::new())
-            .unwrap()
-    };
-    let plain = run(&req);
+    let ask = format!("Repeat this text exactly, replacing 'fox' with 'cat':\n\n{text}");
+    let mut req = chat(ask, 48);
+    let plain = fresh(&mut engine, &req);
     for k in [1, 4, 10] {
         req.speculative = Some(mlx_engine::Speculative::PromptLookup {
             num_draft_tokens: k,
         });
-        let fast = run(&req);
+        let fast = fresh(&mut engine, &req);
         assert_eq!(
             fast.token_ids, plain.token_ids,
             "{k} drafts: {:?}",
@@ -141,27 +146,12 @@ fn a_draft_model_drafts_and_changes_nothing() {
     engine
         .load(&load, &mut |_| {}, &CancelToken::new())
         .unwrap();
-    let mut req = GenerateRequest::greedy(
-        Prompt::Chat {
-            messages: vec![text::Message::text(
-                "user",
-                "Write a short poem about the sea.",
-            )],
-            options: text::RenderOptions::default(),
-        },
-        40,
-    );
-    let mut run = |req: &GenerateRequest| {
-        engine.reset();
-        engine
-            .generate(req, &mut |_| {}, &CancelToken::new())
-            .unwrap()
-    };
-    let plain = run(&req);
+    let mut req = chat("Write a short poem about the sea.", 40);
+    let plain = fresh(&mut engine, &req);
     req.speculative = Some(mlx_engine::Speculative::DraftModel {
         num_draft_tokens: 3,
     });
-    let fast = run(&req);
+    let fast = fresh(&mut engine, &req);
     assert_eq!(fast.token_ids, plain.token_ids, "{:?}", fast.text);
     // Some drafts taken, some rejected (the two differ in their numbers): both paths ran.
     let (drafted, accepted) = (fast.usage.drafted_tokens, fast.usage.accepted_tokens);
