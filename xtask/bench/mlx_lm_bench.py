@@ -1,14 +1,15 @@
 """The mlx-lm side of `cargo xtask bench`: a long-lived process that measures one generation per
 request, as the worker does (the model is loaded once, at start).
 
-Usage: python mlx_lm_bench.py MODEL_DIR   (then one JSON request per line on stdin)
+Usage: python mlx_lm_bench.py MODEL_DIR [DRAFT_MODEL_DIR]   (then one JSON request per line on stdin)
 
-Request: {"messages": [...], "max_new_tokens": int}
+Request: {"messages": [...], "max_new_tokens": int, "num_draft_tokens": int (with a draft model)}
 Answer (one JSON line on stdout): prompt and decode speed as `stream_generate` reports them
 (`prompt_tps`, `generation_tps`), the time to the first token (chat template and tokenization
 included, as the worker's `ttft_ms` includes them), MLX's peak memory since start (as
 `stream_generate`'s `peak_memory`, and the worker's `status`, count it), and which BLAS the process
-has mapped (to show whether an OpenBLAS preload took effect).
+has mapped (to show whether an OpenBLAS preload took effect); the text and how many tokens the
+draft model proposed that were accepted (`from_draft`), with a draft model.
 """
 
 import json
@@ -30,23 +31,31 @@ def blas_libraries():
     return sorted(names)
 
 
-def run(model, tokenizer, request):
+def run(model, tokenizer, request, draft_model):
     start = time.perf_counter()
     ids = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=True)
     if hasattr(ids, "keys"):  # transformers 5 may give a BatchEncoding
         ids = ids["input_ids"]
     ttft = None
     last = None
+    text = ""
+    from_draft = 0
+    speculative = {}
+    if draft_model is not None:
+        speculative = {"draft_model": draft_model, "num_draft_tokens": request["num_draft_tokens"]}
     for response in stream_generate(
         model,
         tokenizer,
         list(ids),
         max_tokens=request["max_new_tokens"],
         sampler=make_sampler(temp=0.0),
+        **speculative,
     ):
         if ttft is None:
             ttft = time.perf_counter() - start
         last = response
+        text += response.text
+        from_draft += int(bool(getattr(response, "from_draft", False)))
     return {
         "prompt_tokens": last.prompt_tokens,
         "prompt_tps": last.prompt_tps,
@@ -56,15 +65,18 @@ def run(model, tokenizer, request):
         "peak_memory_bytes": int(last.peak_memory * 1e9),
         "finish_reason": last.finish_reason,
         "blas": blas_libraries(),
+        "text": text,
+        "from_draft": from_draft,
     }
 
 
 def main():
     model, tokenizer = load(sys.argv[1])
+    draft_model = load(sys.argv[2])[0] if len(sys.argv) > 2 else None
     print(json.dumps({"ready": True, "blas": blas_libraries()}), flush=True)
     for line in sys.stdin:
         if line.strip():
-            print(json.dumps(run(model, tokenizer, json.loads(line))), flush=True)
+            print(json.dumps(run(model, tokenizer, json.loads(line), draft_model)), flush=True)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ pub struct Options {
     /// With --speculative: most draft tokens per pass.
     #[arg(long, default_value_t = 10)]
     num_draft_tokens: u32,
+    /// With --speculative: also this model drafting (a directory), worker vs mlx-lm.
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
 }
 
 /// One measured generation, from either side.
@@ -99,8 +102,13 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         return crate::bench_constrained::run(&model, &file.prompts[0], opts.runs, max_new_tokens);
     }
     if opts.speculative {
-        let story = &file.prompts[1];
-        return crate::bench_speculative::run(&model, story, opts.runs, opts.num_draft_tokens);
+        return crate::bench_speculative::run(&crate::bench_speculative::Options {
+            model: &model,
+            story: &file.prompts[1],
+            runs: opts.runs,
+            drafts: opts.num_draft_tokens,
+            draft_model: opts.draft_model.clone(),
+        });
     }
     let python = venv::reference_python()?;
     if opts.openblas && !Path::new(OPENBLAS).is_file() {
@@ -116,9 +124,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         let bin = worker_bin::build_release()?;
         Some(runtime.block_on(Worker::start(&bin, &model))?)
     };
-    let mut stock = MlxLm::start(&python, &model, None)?;
+    let mut stock = MlxLm::start(&python, &model, None, None)?;
     let mut openblas = if opts.openblas {
-        let p = MlxLm::start(&python, &model, Some(OPENBLAS))?;
+        let p = MlxLm::start(&python, &model, None, Some(OPENBLAS))?;
         if !p.blas.iter().any(|l| l.starts_with("libopenblas")) {
             bail!(
                 "the OpenBLAS preload did not take effect (mapped BLAS: {:?})",
@@ -291,6 +299,11 @@ pub(crate) struct Worker {
 
 impl Worker {
     pub async fn start(bin: &Path, model: &Path) -> anyhow::Result<Self> {
+        Self::start_with(bin, &LoadParams::new(model.display().to_string())).await
+    }
+
+    /// The worker with `load` done.
+    pub async fn start_with(bin: &Path, load: &LoadParams) -> anyhow::Result<Self> {
         let client = Client::spawn(bin, Vec::<String>::new(), [("MLX_WORKER_LOG", "warn")])
             .with_context(|| format!("starting {}", bin.display()))?;
         client
@@ -300,14 +313,13 @@ impl Worker {
             )
             .await
             .context("worker: initialize")?;
-        let load = LoadParams::new(model.display().to_string());
         client
-            .request::<_, Value>("load", &load)
+            .request::<_, Value>("load", load)
             .await
             .with_context(|| {
                 format!(
                     "worker: loading {} (stderr: {})",
-                    model.display(),
+                    load.model,
                     client.stderr_tail()
                 )
             })?;
@@ -380,7 +392,7 @@ impl Worker {
 }
 
 /// A long-lived mlx-lm process (`mlx_lm_bench.py`) with the model loaded.
-struct MlxLm {
+pub(crate) struct MlxLm {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -389,11 +401,18 @@ struct MlxLm {
 }
 
 impl MlxLm {
-    fn start(python: &Path, model: &Path, preload: Option<&str>) -> anyhow::Result<Self> {
+    /// mlx-lm with `model` loaded (and `draft`, for speculative decoding).
+    pub fn start(
+        python: &Path,
+        model: &Path,
+        draft: Option<&Path>,
+        preload: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let script: PathBuf = workspace_root().join("xtask/bench/mlx_lm_bench.py");
         let mut cmd = Command::new(python);
         cmd.arg(&script)
             .arg(model)
+            .args(draft)
             .env("HF_HUB_OFFLINE", "1")
             .env("TRANSFORMERS_OFFLINE", "1")
             .env_remove("LD_PRELOAD")
@@ -429,10 +448,14 @@ impl MlxLm {
         serde_json::from_str(&line).with_context(|| format!("mlx_lm_bench.py printed {line:?}"))
     }
 
-    fn generate(&mut self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {
-        let request = json!({"messages": prompt.messages, "max_new_tokens": max});
+    /// One measured generation: `mlx_lm_bench.py`'s answer to `request`.
+    pub fn request(&mut self, request: &Value) -> anyhow::Result<Value> {
         writeln!(self.stdin, "{request}").context("writing to mlx_lm_bench.py")?;
-        let a = self.read_answer()?;
+        self.read_answer()
+    }
+
+    fn generate(&mut self, prompt: &BenchPrompt, max: u32) -> anyhow::Result<Sample> {
+        let a = self.request(&json!({"messages": prompt.messages, "max_new_tokens": max}))?;
         let num = |k: &str| {
             a[k].as_f64()
                 .with_context(|| format!("mlx_lm_bench.py: no {k} in {a}"))

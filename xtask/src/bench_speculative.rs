@@ -1,23 +1,37 @@
-//! `cargo xtask bench --speculative`: prompt lookup on an edit-this-text task. The release
-//! worker rewrites the story of `prompts.json`'s long prompt with one name changed, greedily,
-//! with and without `speculative: prompt_lookup`, alternating within each round; medians, the
-//! ratio, the acceptance rate, and whether the two texts are identical.
+//! `cargo xtask bench --speculative`: speculative decoding on an edit-this-text task. SmolLM2
+//! rewrites the story of `prompts.json`'s long prompt with one name changed, greedily:
+//! - the release worker with and without `speculative: prompt_lookup` (mlx-lm has no prompt
+//!   lookup), alternating within each round;
+//! - with `--draft-model`: the worker's `speculative: draft_model` beside mlx-lm's speculative
+//!   `stream_generate` on the same pair (SmolLM2 drafting for itself unless a draft is given).
+//!
+//! Medians, ratios, drafted/accepted, and whether every run's text is identical.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use protocol::methods::{
-    ChatMessage, GenerateParams, GenerateResult, MessageContent, SpeculativeMethod,
+    ChatMessage, GenerateParams, GenerateResult, LoadParams, MessageContent, SpeculativeMethod,
     SpeculativeParams,
 };
+use serde_json::{json, Value};
 
-use crate::bench::{median, BenchPrompt, Worker};
-use crate::worker_bin;
+use crate::bench::{median, BenchPrompt, MlxLm, Worker};
+use crate::{venv, worker_bin};
 
 /// Tokens per run: enough to copy the first paragraphs of the story.
 const MAX_NEW_TOKENS: u32 = 256;
 
-pub fn run(model: &Path, story: &BenchPrompt, runs: u32, drafts: u32) -> anyhow::Result<()> {
-    let MessageContent::Text(content) = &story.messages[0].content else {
+pub struct Options<'a> {
+    pub model: &'a Path,
+    pub story: &'a BenchPrompt,
+    pub runs: u32,
+    pub drafts: u32,
+    /// Also compare draft-model decoding with mlx-lm's, this model drafting.
+    pub draft_model: Option<PathBuf>,
+}
+
+pub fn run(o: &Options) -> anyhow::Result<()> {
+    let MessageContent::Text(content) = &o.story.messages[0].content else {
         anyhow::bail!("prompts.json: the long prompt's content must be a string");
     };
     let text = content
@@ -27,36 +41,72 @@ pub fn run(model: &Path, story: &BenchPrompt, runs: u32, drafts: u32) -> anyhow:
         "Rewrite the following text exactly as it is, but with the name Mara changed to \
          Anna:\n\n{text}"
     );
-    let mut params = GenerateParams::new(vec![ChatMessage::new("user", ask)]);
+    let messages = vec![ChatMessage::new("user", ask)];
+    let mut params = GenerateParams::new(messages.clone());
     params.max_new_tokens = MAX_NEW_TOKENS;
     params.temperature = 0.0;
-    let mut lookup = params.clone();
-    lookup.speculative = Some(SpeculativeParams {
-        method: SpeculativeMethod::PromptLookup,
-        num_draft_tokens: drafts,
-    });
+    let with = |method| GenerateParams {
+        speculative: Some(SpeculativeParams {
+            method,
+            num_draft_tokens: o.drafts,
+        }),
+        ..params.clone()
+    };
+    let lookup = with(SpeculativeMethod::PromptLookup);
+    let drafted = with(SpeculativeMethod::DraftModel);
     let bin = worker_bin::build_release()?;
+    let mut reference = match &o.draft_model {
+        Some(draft) => Some(MlxLm::start(
+            &venv::reference_python()?,
+            o.model,
+            Some(draft),
+            None,
+        )?),
+        None => None,
+    };
+    let request = json!({"messages": messages, "max_new_tokens": MAX_NEW_TOKENS,
+                         "num_draft_tokens": o.drafts});
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let worker = Worker::start(&bin, model).await?;
+        let mut load = LoadParams::new(o.model.display().to_string());
+        load.draft_model = o.draft_model.as_ref().map(|d| d.display().to_string());
+        let worker = Worker::start_with(&bin, &load).await?;
         eprintln!("bench: warm-up");
         worker.fresh_generate(&params).await?;
         worker.fresh_generate(&lookup).await?;
-        let (mut plain, mut fast) = (Vec::new(), Vec::new());
-        for round in 1..=runs {
-            eprintln!("bench: round {round}/{runs}");
+        if let Some(mlx_lm) = &mut reference {
+            worker.fresh_generate(&drafted).await?;
+            mlx_lm.request(&request)?;
+        }
+        let (mut plain, mut fast, mut ours, mut theirs) = (vec![], vec![], vec![], vec![]);
+        for round in 1..=o.runs {
+            eprintln!("bench: round {round}/{}", o.runs);
             plain.push(worker.fresh_generate(&params).await?);
             fast.push(worker.fresh_generate(&lookup).await?);
+            if let Some(mlx_lm) = &mut reference {
+                ours.push(worker.fresh_generate(&drafted).await?);
+                theirs.push(mlx_lm.request(&request)?);
+            }
         }
         worker.client.shutdown().await.ok();
-        print_table(drafts, &plain, &fast);
+        print_lookup(o.drafts, &plain, &fast);
+        if reference.is_some() {
+            print_draft(o, &plain, &ours, &theirs);
+        }
         anyhow::Ok(())
     })
 }
 
-fn print_table(drafts: u32, plain: &[GenerateResult], fast: &[GenerateResult]) {
-    let tps =
-        |r: &[GenerateResult]| median(r.iter().map(|r| r.timings.predicted_per_second).collect());
+fn tps(results: &[GenerateResult]) -> f64 {
+    median(
+        results
+            .iter()
+            .map(|r| r.timings.predicted_per_second)
+            .collect(),
+    )
+}
+
+fn print_lookup(drafts: u32, plain: &[GenerateResult], fast: &[GenerateResult]) {
     let (p, f) = (tps(plain), tps(fast));
     let last = fast.last().expect("at least one run");
     println!();
@@ -81,8 +131,58 @@ fn print_table(drafts: u32, plain: &[GenerateResult], fast: &[GenerateResult]) {
         100.0 * last.usage.accepted_tokens as f64 / last.usage.drafted_tokens.max(1) as f64
     );
     let same = plain.iter().chain(fast).all(|r| r.text == plain[0].text);
-    println!(
-        "| identical text, every run | | {} | |",
-        if same { "yes" } else { "NO" }
+    println!("| identical text, every run | | {} | |", yes(same));
+}
+
+fn print_draft(o: &Options, plain: &[GenerateResult], ours: &[GenerateResult], theirs: &[Value]) {
+    let (w, m) = (
+        tps(ours),
+        median(
+            theirs
+                .iter()
+                .map(|a| a["generation_tps"].as_f64().unwrap_or(0.0))
+                .collect(),
+        ),
     );
+    let draft = o.draft_model.as_ref().expect("a draft model");
+    println!();
+    println!(
+        "The same request with a draft model ({}, at most {} drafts per pass): worker vs \
+         mlx-lm's speculative stream_generate, median of {} runs",
+        draft.display(),
+        o.drafts,
+        ours.len()
+    );
+    println!("| metric | worker | mlx-lm | ratio |");
+    println!("|---|---|---|---|");
+    println!("| decode tok/s | {w:.1} | {m:.1} | {:.2}x |", w / m);
+    let last = ours.last().expect("at least one run");
+    println!(
+        "| accepted drafts | {} | {} | |",
+        last.usage.accepted_tokens,
+        theirs
+            .last()
+            .map_or(0, |a| a["from_draft"].as_u64().unwrap_or(0))
+    );
+    println!(
+        "| worker: one token per pass, decode tok/s | {:.1} | | {:.2}x |",
+        tps(plain),
+        w / tps(plain)
+    );
+    let same = ours.iter().all(|r| r.text == plain[0].text)
+        && theirs
+            .iter()
+            .all(|a| a["text"].as_str() == Some(plain[0].text.as_str()));
+    println!(
+        "| identical text, every run, both sides | {} | | |",
+        yes(same)
+    );
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "NO"
+    }
 }
