@@ -36,7 +36,14 @@ pub(crate) struct BenchPrompt {
     /// chat; mlx-lm (`stream_generate`, as Studio's Python backend calls it) prefills it all.
     #[serde(default)]
     pub next_turn: bool,
+    /// With `next_turn`: another chat takes a turn between the two (the prompt cache must keep
+    /// both conversations to still hit). Made by the bench from each `next_turn` prompt.
+    #[serde(skip)]
+    pub after_another_chat: bool,
 }
+
+/// The other chat's message of an `after_another_chat` prompt.
+const ANOTHER_CHAT: &str = "Write a haiku about autumn leaves.";
 
 /// The release mlx-worker (over the protocol) beside mlx-lm, stock and with OpenBLAS preloaded,
 /// on SmolLM2: prefill/decode tok/s, ttft, peak memory; medians and ratios.
@@ -196,7 +203,22 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 }
 
 /// `xtask/bench/prompts.json`.
+/// `prompts.json`, each `next_turn` prompt followed by its `after_another_chat` variant.
 fn prompts() -> anyhow::Result<PromptsFile> {
+    let mut file = prompts_file()?;
+    let variants: Vec<BenchPrompt> = (file.prompts.iter())
+        .filter(|p| p.next_turn)
+        .map(|p| BenchPrompt {
+            name: format!("{} after another chat", p.name),
+            after_another_chat: true,
+            ..p.clone()
+        })
+        .collect();
+    file.prompts.extend(variants);
+    Ok(file)
+}
+
+fn prompts_file() -> anyhow::Result<PromptsFile> {
     let path = workspace_root().join("xtask/bench/prompts.json");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -363,6 +385,13 @@ impl Worker {
                 .finish()
                 .await
                 .context("worker: the turn before")?;
+        }
+        if prompt.after_another_chat {
+            let mut params = GenerateParams::new(vec![ChatMessage::new("user", ANOTHER_CHAT)]);
+            params.max_new_tokens = max;
+            params.temperature = 0.0;
+            let other = self.client.generate(&params)?.finish().await;
+            other.context("worker: another chat's turn")?;
         }
         let mut params = GenerateParams::new(prompt.messages.clone());
         params.max_new_tokens = max;

@@ -120,6 +120,7 @@ fn worker(
             extra: Default::default(),
         }],
         next_turn: false,
+        after_another_chat: false,
     };
     runtime.block_on(async {
         let w = Worker::start(&bin, dir).await?;
