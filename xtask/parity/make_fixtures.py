@@ -6,7 +6,8 @@ For every model in CASES_JSON with a "fixture" spec, writes OUT_DIR/<name>/ in H
 layout: config.json, model.safetensors (the flattened parameters of the `Model` class mlx-lm
 itself picks for the config's model_type: `mlx_lm.models.<type>.Model`, or the module
 mlx-lm maps the type to, e.g. mistral -> llama), and the tokenizer files copied from
-TOKENIZER_DIR.
+TOKENIZER_DIR; with a "gguf" spec also `<name>.gguf`, the same checkpoint as llama.cpp would
+write it (gguf_fixture.py).
 A directory whose spec.json already equals the current spec is left alone.
 """
 
@@ -420,6 +421,11 @@ def build(spec, out):
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(spec, tmp)
+    # The same checkpoint as a float32 GGUF (`<name>.gguf`), which the worker's side imports.
+    if (gguf_spec := spec.get("gguf")) is not None:
+        from gguf_fixture import write_gguf
+
+        write_gguf(config, weights, tmp, out.name, gguf_spec)
     (tmp / "spec.json").write_text(json.dumps(spec, sort_keys=True))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -1,18 +1,20 @@
 //! Rebuilding a Hugging Face `tokenizers` tokenizer from a GGUF's `tokenizer.ggml.*` metadata.
 //!
-//! Supported: byte-level BPE (`tokenizer.ggml.model = gpt2`) with the `smollm` and GPT-2
-//! pre-tokenizers, and SentencePiece-style BPE (`llama`, in `tokenizer_spm.rs`). Other models
+//! Supported: byte-level BPE (`tokenizer.ggml.model = gpt2`) with the `smollm`, GPT-2 and
+//! `qwen2` pre-tokenizers, and SentencePiece-style BPE (`llama`, in `tokenizer_spm.rs`). Other models
 //! and pre-tokenizers are refused with a message naming them.
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::processors::PostProcessorWrapper;
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::{GgufFile, ImportError};
 
@@ -152,7 +154,12 @@ fn byte_level_bpe(file: &GgufFile) -> Result<Tokenizer, ImportError> {
         .map_err(|e| ImportError::Tokenizer(e.to_string()))?;
 
     let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(pre_tokenizer(file)?));
+    let pre: Option<String> = file.get_as("tokenizer.ggml.pre")?;
+    if pre.as_deref() == Some(QWEN2) {
+        // Qwen2's tokenizer.json composes text (NFC) before splitting; llama.cpp does not.
+        tokenizer.with_normalizer(Some(NFC));
+    }
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer(pre.as_deref())?));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
     let processor = match template_processor(&special, &tokens)? {
         Some(template) => template,
@@ -163,16 +170,33 @@ fn byte_level_bpe(file: &GgufFile) -> Result<Tokenizer, ImportError> {
     Ok(tokenizer)
 }
 
+/// `tokenizer.ggml.pre` of Qwen2, Qwen2.5, Qwen3 and Qwen3-MoE files.
+const QWEN2: &str = "qwen2";
+
+/// Qwen2's split rule (its tokenizer.json's, which llama.cpp's `qwen2` pre-tokenizer spells with
+/// case classes instead of `(?i:...)`): contractions, letters with at most one leading
+/// non-letter, single digits, punctuation runs, newlines, other whitespace.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The pre-tokenizer llama.cpp names in `tokenizer.ggml.pre`.
-fn pre_tokenizer(file: &GgufFile) -> Result<PreTokenizerWrapper, ImportError> {
-    let pre: Option<String> = file.get_as("tokenizer.ggml.pre")?;
+fn pre_tokenizer(pre: Option<&str>) -> Result<PreTokenizerWrapper, ImportError> {
     let byte_level = ByteLevel::new(false, true, true);
-    match pre.as_deref() {
+    match pre {
         None | Some("default") | Some("gpt-2") => Ok(byte_level.into()),
         Some("smollm") => Ok(Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()),
+        Some(QWEN2) => {
+            let split = Split::new(
+                SplitPattern::Regex(QWEN2_SPLIT.into()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| ImportError::Tokenizer(format!("the qwen2 split rule: {e}")))?;
+            let bytes = ByteLevel::new(false, false, false);
+            Ok(Sequence::new(vec![split.into(), bytes.into()]).into())
+        }
         Some(other) => Err(ImportError::Tokenizer(format!(
-            "tokenizer.ggml.pre = {other:?} is not supported yet (supported: smollm, gpt-2, default); \
-             add its splitting rules in crates/gguf/src/tokenizer.rs"
+            "tokenizer.ggml.pre = {other:?} is not supported yet (supported: smollm, gpt-2, \
+             default, qwen2); add its splitting rules in crates/gguf/src/tokenizer.rs"
         ))),
     }
 }

@@ -54,8 +54,9 @@ pub fn import_into(gguf: &Path, dir: &Path) -> Result<(), Error> {
     let report = gguf::import_hf_dir(gguf, &partial).map_err(|e| {
         let _ = fs::remove_dir_all(&partial);
         let kind = match e {
-            gguf::ImportError::UnsupportedArchitecture(_)
-            | gguf::ImportError::UnmappedTensor(_) => LoadErrorKind::GgufUnsupported,
+            // Named like a checkpoint whose model_type the engine has no family for.
+            gguf::ImportError::UnsupportedArchitecture(_) => LoadErrorKind::UnsupportedArchitecture,
+            gguf::ImportError::UnmappedTensor(_) => LoadErrorKind::GgufUnsupported,
             gguf::ImportError::Tokenizer(_) => LoadErrorKind::TokenizerMissing,
             _ => LoadErrorKind::InvalidWeights,
         };
