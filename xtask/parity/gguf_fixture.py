@@ -12,7 +12,8 @@ What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is
 - `llama` (and Mistral, which llama.cpp converts as `llama`): q/k rows regrouped so that rotary
   pairs are adjacent (its `LlamaModel.permute`); the other architectures use NeoX-style RoPE and
   keep the Hugging Face rows;
-- Qwen3-MoE: the experts stacked, one 3-D tensor per projection (`ffn_{gate,up,down}_exps`).
+- Qwen3-MoE, GPT-OSS: the experts stacked, one 3-D tensor per projection
+  (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`.
 """
 
 import json
@@ -29,6 +30,7 @@ ARCHITECTURES = {
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
     "phi3": gguf.MODEL_ARCH.PHI3,
+    "gpt_oss": gguf.MODEL_ARCH.GPT_OSS,
 }
 
 # mlx-lm's stacked experts (`mlp.switch_mlp.<proj>`) -> gguf-py's tensor kind.
@@ -50,6 +52,9 @@ def gguf_name(name, arch, name_map):
         proj, part = rest.split(".")
         bid = int(layer.rsplit(".", 1)[1])
         return gguf.TENSOR_NAMES[STACKED_EXPERTS[proj]].format(bid=bid) + "." + part
+    if name.endswith(".sinks"):
+        # llama.cpp's converter names the sinks like a weight.
+        name += ".weight"
     mapped = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
     if mapped is None:
         raise SystemExit(f"gguf_fixture: no GGUF name for {name} ({gguf.MODEL_ARCH_NAMES[arch]})")
@@ -85,6 +90,15 @@ def add_hyperparameters(w, config, arch):
         w.add_expert_count(config["num_experts"])
         w.add_expert_used_count(config["num_experts_per_tok"])
         w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if arch == gguf.MODEL_ARCH.GPT_OSS:
+        w.add_expert_count(config["num_local_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(config["intermediate_size"])
+        w.add_sliding_window(config["sliding_window"])
+    if (scaling := config.get("rope_scaling")) and scaling.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
+        w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     if arch == gguf.MODEL_ARCH.PHI3:
         w.add_rope_scaling_orig_ctx_len(config.get("original_max_position_embeddings", 4096))
 

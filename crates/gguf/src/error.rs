@@ -88,7 +88,7 @@ pub enum GgufError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DequantError {
     /// A type without a dequantizer here.
-    #[error("element type {0} cannot be dequantized by this crate (supported: F32, F16, BF16, F64, I8, I16, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K); use a GGUF with one of these")]
+    #[error("element type {0} cannot be dequantized by this crate (supported: F32, F16, BF16, F64, I8, I16, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4); use a GGUF with one of these")]
     Unsupported(GgmlType),
     /// The element count is not a whole number of blocks.
     #[error("{n} values are not a whole number of {ty} blocks of {block}")]

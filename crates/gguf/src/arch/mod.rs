@@ -5,6 +5,7 @@
 //! a variant in [`Architecture`].
 
 mod gemma3;
+mod gpt_oss;
 mod llama;
 mod phi3;
 mod qwen2;
@@ -24,6 +25,7 @@ pub(crate) enum Architecture {
     Qwen3,
     Qwen3Moe,
     Phi3,
+    GptOss,
 }
 
 /// What to do to a tensor's rows between dequantizing and writing.
@@ -55,6 +57,7 @@ impl Architecture {
             "qwen3" => Ok(Self::Qwen3),
             "qwen3moe" => Ok(Self::Qwen3Moe),
             "phi3" => Ok(Self::Phi3),
+            "gpt-oss" => Ok(Self::GptOss),
             other => Err(ImportError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -68,14 +71,17 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::Qwen3Moe => "qwen3moe",
             Self::Phi3 => "phi3",
+            Self::GptOss => "gpt-oss",
         }
     }
 
     /// Hyperparameters read from the metadata.
     pub fn hyperparameters(self, file: &GgufFile) -> Result<Hyperparameters, ImportError> {
         let hp = Hyperparameters::read(file, self.name())?;
-        if self == Self::Qwen3Moe {
-            qwen3_moe::check(&hp)?;
+        match self {
+            Self::Qwen3Moe => qwen3_moe::check(&hp)?,
+            Self::GptOss => gpt_oss::check(&hp)?,
+            _ => {}
         }
         Ok(hp)
     }
@@ -89,6 +95,7 @@ impl Architecture {
             Self::Qwen3 => qwen3::config(hp),
             Self::Qwen3Moe => qwen3_moe::config(hp),
             Self::Phi3 => phi3::config(hp),
+            Self::GptOss => gpt_oss::config(hp),
         }
     }
 
@@ -101,6 +108,7 @@ impl Architecture {
             Self::Qwen3 => qwen3::target(gguf_name, hp),
             Self::Qwen3Moe => qwen3_moe::target(gguf_name, hp),
             Self::Phi3 => phi3::target(gguf_name, hp),
+            Self::GptOss => gpt_oss::target(gguf_name, hp),
         }
     }
 
@@ -113,6 +121,7 @@ impl Architecture {
             Self::Qwen3 => qwen3::required_tensors(hp),
             Self::Qwen3Moe => qwen3_moe::required_tensors(hp),
             Self::Phi3 => phi3::required_tensors(hp),
+            Self::GptOss => gpt_oss::required_tensors(hp),
         }
     }
 }
@@ -311,6 +320,17 @@ fn config_with(head: Value, hp: &Hyperparameters) -> Map<String, Value> {
         "max_position_embeddings": hp.context_length,
     })));
     map
+}
+
+/// Mixtures of experts need `<arch>.expert_count` and `.expert_used_count`, with
+/// `0 < used <= count`.
+fn check_experts(hp: &Hyperparameters, arch: &str) -> Result<(), ImportError> {
+    match hp.experts {
+        Some(e) if e.used > 0 && e.used <= e.count => Ok(()),
+        _ => Err(ImportError::Inconsistent(format!(
+            "{arch}.expert_count and {arch}.expert_used_count must be given, with 0 < used <= count"
+        ))),
+    }
 }
 
 /// `rope_scaling` for config.json: `{rope_type, factor}` (and the original context, when the

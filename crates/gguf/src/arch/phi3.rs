@@ -50,3 +50,40 @@ pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarg
 pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
     required_names(hp.num_layers, &BLOCK)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_projections_and_partial_rotation() {
+        let hp = Hyperparameters {
+            hidden_size: 3072,
+            intermediate_size: 8192,
+            num_layers: 1,
+            num_heads: 24,
+            num_kv_heads: 8,
+            head_dim: 128,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            context_length: 131072,
+            rope_dimensions: Some(96),
+            original_context_length: Some(4096),
+            ..Default::default()
+        };
+        let config = config(&hp);
+        assert_eq!(config["partial_rotary_factor"], 0.75);
+        assert_eq!(config["original_max_position_embeddings"], 4096);
+        let t = |name: &str| target(name, &hp).map(|t| t.hf_name);
+        assert_eq!(
+            t("blk.0.attn_qkv.weight").as_deref(),
+            Some("model.layers.0.self_attn.qkv_proj.weight")
+        );
+        assert_eq!(
+            t("blk.0.ffn_up.weight").as_deref(),
+            Some("model.layers.0.mlp.gate_up_proj.weight")
+        );
+        assert_eq!(t("rope_factors_long.weight"), None, "LongRoPE is refused");
+        assert_eq!(required_tensors(&hp).len(), 2 + 6);
+    }
+}

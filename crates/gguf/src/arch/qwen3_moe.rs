@@ -60,12 +60,65 @@ pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
 
 /// The expert sizes the metadata must give.
 pub(super) fn check(hp: &Hyperparameters) -> Result<(), ImportError> {
-    match hp.experts {
-        Some(e) if e.used > 0 && e.used <= e.count => Ok(()),
-        _ => Err(ImportError::Inconsistent(
-            "qwen3moe.expert_count and qwen3moe.expert_used_count must be given, with \
-             0 < used <= count"
-                .into(),
-        )),
+    super::check_experts(hp, "qwen3moe")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Experts;
+    use super::*;
+
+    fn hp(experts: Option<Experts>) -> Hyperparameters {
+        Hyperparameters {
+            hidden_size: 2048,
+            intermediate_size: 6144,
+            num_layers: 2,
+            num_heads: 32,
+            num_kv_heads: 4,
+            head_dim: 128,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1e6,
+            context_length: 40960,
+            experts,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn experts_stay_stacked_and_sizes_come_from_the_metadata() {
+        let experts = Experts {
+            count: 128,
+            used: 8,
+            feed_forward_length: 768,
+        };
+        let hp = hp(Some(experts));
+        assert!(check(&hp).is_ok());
+        let config = config(&hp);
+        assert_eq!(config["num_experts"], 128);
+        assert_eq!(config["num_experts_per_tok"], 8);
+        assert_eq!(config["moe_intermediate_size"], 768);
+        assert_eq!(config["norm_topk_prob"], true);
+        let t = |name: &str| target(name, &hp).map(|t| t.hf_name);
+        assert_eq!(
+            t("blk.1.ffn_down_exps.weight").as_deref(),
+            Some("model.layers.1.mlp.switch_mlp.down_proj.weight")
+        );
+        assert_eq!(
+            t("blk.0.ffn_gate_inp.weight").as_deref(),
+            Some("model.layers.0.mlp.gate.weight")
+        );
+        assert_eq!(t("blk.0.ffn_gate.weight"), None, "no dense MLP");
+        assert_eq!(required_tensors(&hp).len(), 2 + 2 * 12);
+    }
+
+    #[test]
+    fn refuses_a_file_without_expert_counts() {
+        assert!(check(&hp(None)).is_err());
+        let too_many = Experts {
+            count: 4,
+            used: 5,
+            feed_forward_length: 64,
+        };
+        assert!(check(&hp(Some(too_many))).is_err());
     }
 }
