@@ -121,7 +121,7 @@ pub enum ImportError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     /// `general.architecture` names an architecture the importer has no mapping for.
-    #[error("GGUF architecture {0:?} cannot be imported yet (supported: llama, gemma3, qwen2, qwen3, qwen3moe, phi3); convert the original checkpoint instead, or add the architecture in crates/gguf/src/arch/")]
+    #[error("GGUF architecture {0:?} cannot be imported yet (supported: {supported}); load the original checkpoint instead, or add the architecture in crates/gguf/src/arch/", supported = crate::arch::supported_names())]
     UnsupportedArchitecture(String),
     /// A tensor name with no Hugging Face counterpart for this architecture.
     #[error("tensor {0:?} has no Hugging Face name for this architecture; the importer's mapping needs extending")]

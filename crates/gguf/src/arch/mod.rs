@@ -28,6 +28,11 @@ pub(crate) enum Architecture {
     GptOss,
 }
 
+/// The `general.architecture` names the importer converts, for messages.
+pub(crate) fn supported_names() -> String {
+    Architecture::ALL.map(Architecture::name).join(", ")
+}
+
 /// What to do to a tensor's rows between dequantizing and writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Transform {
@@ -48,21 +53,27 @@ pub(crate) struct TensorTarget {
 }
 
 impl Architecture {
+    /// Every architecture the importer converts.
+    pub const ALL: [Self; 7] = [
+        Self::Llama,
+        Self::Gemma3,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::Qwen3Moe,
+        Self::Phi3,
+        Self::GptOss,
+    ];
+
     /// The architecture named by `general.architecture`.
     pub fn of(file: &GgufFile) -> Result<Self, ImportError> {
-        match file.architecture()? {
-            "llama" => Ok(Self::Llama),
-            "gemma3" => Ok(Self::Gemma3),
-            "qwen2" => Ok(Self::Qwen2),
-            "qwen3" => Ok(Self::Qwen3),
-            "qwen3moe" => Ok(Self::Qwen3Moe),
-            "phi3" => Ok(Self::Phi3),
-            "gpt-oss" => Ok(Self::GptOss),
-            other => Err(ImportError::UnsupportedArchitecture(other.to_owned())),
-        }
+        let name = file.architecture()?;
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| ImportError::UnsupportedArchitecture(name.to_owned()))
     }
 
-    /// The GGUF metadata key prefix (`llama.` ...).
+    /// `general.architecture`, also the GGUF metadata key prefix (`llama.` ...).
     pub fn name(self) -> &'static str {
         match self {
             Self::Llama => "llama",
