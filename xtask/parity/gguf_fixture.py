@@ -12,6 +12,9 @@ What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is
 - `llama` (and Mistral, which llama.cpp converts as `llama`): q/k rows regrouped so that rotary
   pairs are adjacent (its `LlamaModel.permute`); the other architectures use NeoX-style RoPE and
   keep the Hugging Face rows;
+- `"experts": "MXFP4"` in the spec: expert weights stored as MXFP4 blocks (GPT-OSS's released
+  format), the checkpoint's experts first rounded to the values those blocks hold
+  (`exact_in_gguf`);
 - Qwen3-MoE, GPT-OSS: the experts stacked, one 3-D tensor per projection
   (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`.
 """
@@ -20,6 +23,7 @@ import json
 from pathlib import Path
 
 import gguf
+import mlx.core as mx
 import numpy as np
 
 # config.json model_type -> GGUF architecture.
@@ -61,7 +65,28 @@ def gguf_name(name, arch, name_map):
     return mapped
 
 
-def tensors(config, weights, arch):
+def quantized_kind(name, spec):
+    """The ggml type `name` is stored as: the spec's `"experts"` type (e.g. "MXFP4", GPT-OSS's
+    released format) for expert weights, else None (float32)."""
+    kind = spec.get("experts")
+    if kind and ".mlp.experts." in name and name.endswith(".weight"):
+        return gguf.GGMLQuantizationType[kind]
+    return None
+
+
+def exact_in_gguf(weights, spec):
+    """`weights` with every tensor the GGUF stores quantized replaced by the values it holds
+    there (quantized and dequantized by gguf-py), so that the checkpoint and the GGUF are the
+    same model and the import must reproduce it exactly."""
+    out = dict(weights)
+    for name, value in weights.items():
+        if (kind := quantized_kind(name, spec)) is not None:
+            w = np.array(value, dtype=np.float32)
+            out[name] = mx.array(gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind))
+    return out
+
+
+def tensors(config, weights, arch, spec):
     name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     for name, value in weights.items():
@@ -70,7 +95,13 @@ def tensors(config, weights, arch):
             w = regroup_rotary_rows(w, heads)
         elif arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.k_proj.weight"):
             w = regroup_rotary_rows(w, kv_heads)
-        yield gguf_name(name, arch, name_map), w
+        if (kind := quantized_kind(name, spec)) is not None:
+            q = gguf.quants.quantize(w, kind)
+            # exact_in_gguf made the checkpoint hold these values already.
+            assert np.array_equal(gguf.quants.dequantize(q, kind), w), name
+            yield gguf_name(name, arch, name_map), q, kind
+        else:
+            yield gguf_name(name, arch, name_map), w, None
 
 
 def add_hyperparameters(w, config, arch):
@@ -134,8 +165,8 @@ def write_gguf(config, weights, fixture_dir, name, spec):
     w.add_name(name)
     add_hyperparameters(w, config, arch)
     add_tokenizer(w, config, Path(fixture_dir), spec.get("pre", "smollm"))
-    for tensor_name, value in tensors(config, weights, arch):
-        w.add_tensor(tensor_name, value)
+    for tensor_name, value, kind in tensors(config, weights, arch, spec):
+        w.add_tensor(tensor_name, value, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -405,6 +405,11 @@ def build(spec, out):
     for name in spec.get("drop_tensors", []):
         del weights[name]
 
+    if (gguf_spec := spec.get("gguf")) is not None:
+        from gguf_fixture import exact_in_gguf
+
+        weights = exact_in_gguf(weights, gguf_spec)
+
     shards = spec.get("shards", 1)
     if shards == 1:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
@@ -422,7 +427,7 @@ def build(spec, out):
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(spec, tmp)
     # The same checkpoint as a float32 GGUF (`<name>.gguf`), which the worker's side imports.
-    if (gguf_spec := spec.get("gguf")) is not None:
+    if gguf_spec is not None:
         from gguf_fixture import write_gguf
 
         write_gguf(config, weights, tmp, out.name, gguf_spec)
