@@ -6,9 +6,9 @@
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
@@ -183,7 +183,9 @@ fn pre_tokenizer(pre: Option<&str>) -> Result<PreTokenizerWrapper, ImportError> 
     let byte_level = ByteLevel::new(false, true, true);
     match pre {
         None | Some("default") | Some("gpt-2") => Ok(byte_level.into()),
-        Some("smollm") => Ok(Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()),
+        Some("smollm") => {
+            Ok(Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into())
+        }
         Some(QWEN2) => {
             let split = Split::new(
                 SplitPattern::Regex(QWEN2_SPLIT.into()),

@@ -108,7 +108,10 @@ mod tests {
         match err {
             Error::Load { kind, detail } => {
                 assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-                assert!(detail.contains("\"mamba\"") && detail.contains("qwen3moe"), "{detail}");
+                assert!(
+                    detail.contains("\"mamba\"") && detail.contains("qwen3moe"),
+                    "{detail}"
+                );
             }
             other => panic!("expected a load error, got {other:?}"),
         }

@@ -12,8 +12,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    config_with, hf_name, object, required_names, rope_scaling, BlockTable, Hyperparameters, TensorTarget,
-    Transform, ATTENTION, DENSE_MLP, QK_NORMS,
+    config_with, hf_name, object, required_names, rope_scaling, BlockTable, Hyperparameters,
+    TensorTarget, Transform, ATTENTION, DENSE_MLP, QK_NORMS,
 };
 
 /// Gemma's four block norms: before and after attention, before and after the MLP (checked

@@ -25,7 +25,10 @@ const GPT_OSS: [(&str, &str); 15] = [
     ("attn_output.bias", "self_attn.o_proj.bias"),
     ("attn_sinks.weight", "self_attn.sinks"),
     ("attn_norm.weight", "input_layernorm.weight"),
-    ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+    (
+        "post_attention_norm.weight",
+        "post_attention_layernorm.weight",
+    ),
     ("ffn_gate_inp.weight", "mlp.router.weight"),
     ("ffn_gate_inp.bias", "mlp.router.bias"),
     ("ffn_gate_exps.weight", "mlp.experts.gate_proj.weight"),

@@ -287,7 +287,10 @@ fn hf_name<'a>(
     let rest = gguf_name.strip_prefix("blk.")?;
     let (layer, suffix) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok().filter(|&l| l < num_layers)?;
-    let (_, hf_suffix) = tables.iter().flat_map(|t| t.iter()).find(|(g, _)| *g == suffix)?;
+    let (_, hf_suffix) = tables
+        .iter()
+        .flat_map(|t| t.iter())
+        .find(|(g, _)| *g == suffix)?;
     Some((format!("model.layers.{layer}.{hf_suffix}"), suffix))
 }
 
