@@ -191,9 +191,28 @@ QWEN3_5_SPLIT = (
 )
 
 
-def split_then_bytes(pattern):
+# Llama 3's, Mistral's Tekken and GPT-4o's (o200k, GPT-OSS's) split rules, for GGUF fixtures
+# whose `tokenizer.ggml.pre` names them (llama-bpe, tekken, gpt-4o); those tokenizers do not
+# normalize.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def split_then_bytes(pattern, nfc=True):
     return {
-        "normalizer": {"type": "NFC"},
+        "normalizer": {"type": "NFC"} if nfc else None,
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
@@ -204,7 +223,13 @@ def split_then_bytes(pattern):
     }
 
 
-TOKENIZER_PIPELINES = {"qwen2": split_then_bytes(QWEN2_SPLIT), "qwen3_5": split_then_bytes(QWEN3_5_SPLIT)}
+TOKENIZER_PIPELINES = {
+    "qwen2": split_then_bytes(QWEN2_SPLIT),
+    "qwen3_5": split_then_bytes(QWEN3_5_SPLIT),
+    "llama3": split_then_bytes(LLAMA3_SPLIT, nfc=False),
+    "tekken": split_then_bytes(TEKKEN_SPLIT, nfc=False),
+    "gpt-4o": split_then_bytes(GPT4O_SPLIT, nfc=False),
+}
 
 
 def write_tokenizer(spec, out):
