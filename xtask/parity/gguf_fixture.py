@@ -15,7 +15,7 @@ What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is
 - `"experts": "MXFP4"` in the spec: expert weights stored as MXFP4 blocks (GPT-OSS's released
   format), the checkpoint's experts first rounded to the values those blocks hold
   (`exact_in_gguf`);
-- Qwen3-MoE, GPT-OSS: the experts stacked, one 3-D tensor per projection
+- Qwen3-MoE, Mixtral (as `llama`), GPT-OSS: the experts stacked, one 3-D tensor per projection
   (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`.
 """
 
@@ -30,6 +30,7 @@ import numpy as np
 ARCHITECTURES = {
     "llama": gguf.MODEL_ARCH.LLAMA,
     "mistral": gguf.MODEL_ARCH.LLAMA,
+    "mixtral": gguf.MODEL_ARCH.LLAMA,
     "qwen2": gguf.MODEL_ARCH.QWEN2,
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
@@ -37,7 +38,7 @@ ARCHITECTURES = {
     "gpt_oss": gguf.MODEL_ARCH.GPT_OSS,
 }
 
-# mlx-lm's stacked experts (`mlp.switch_mlp.<proj>`) -> gguf-py's tensor kind.
+# mlx-lm's stacked experts (`<moe>.switch_mlp.<proj>`) -> gguf-py's tensor kind.
 STACKED_EXPERTS = {
     "gate_proj": gguf.MODEL_TENSOR.FFN_GATE_EXP,
     "up_proj": gguf.MODEL_TENSOR.FFN_UP_EXP,
@@ -51,10 +52,10 @@ def regroup_rotary_rows(w, heads):
 
 
 def gguf_name(name, arch, name_map):
-    layer, sep, rest = name.partition(".mlp.switch_mlp.")
+    layer, sep, rest = name.partition(".switch_mlp.")
     if sep:
         proj, part = rest.split(".")
-        bid = int(layer.rsplit(".", 1)[1])
+        bid = int(layer.split(".")[2])
         return gguf.TENSOR_NAMES[STACKED_EXPERTS[proj]].format(bid=bid) + "." + part
     if name.endswith(".sinks"):
         # llama.cpp's converter names the sinks like a weight.
@@ -121,6 +122,11 @@ def add_hyperparameters(w, config, arch):
         w.add_expert_count(config["num_experts"])
         w.add_expert_used_count(config["num_experts_per_tok"])
         w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if config["model_type"] == "mixtral":
+        # As llama.cpp's converter writes Mixtral: no expert_feed_forward_length (the experts
+        # are feed_forward_length wide).
+        w.add_expert_count(config["num_local_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
     if arch == gguf.MODEL_ARCH.GPT_OSS:
         w.add_expert_count(config["num_local_experts"])
         w.add_expert_used_count(config["num_experts_per_tok"])

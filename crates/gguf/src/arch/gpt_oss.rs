@@ -15,7 +15,6 @@ use super::{
     config_with, object, renamed, required_names, BlockTable, Hyperparameters, TensorTarget,
     ATTENTION,
 };
-use crate::ImportError;
 
 /// Attention biases, sinks and norms, router and experts.
 const GPT_OSS: [(&str, &str); 15] = [
@@ -93,9 +92,4 @@ pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarg
 
 pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
     required_names(hp.num_layers, &BLOCK)
-}
-
-/// The expert sizes the metadata must give.
-pub(super) fn check(hp: &Hyperparameters) -> Result<(), ImportError> {
-    super::check_experts(hp, "gpt-oss")
 }

@@ -90,8 +90,9 @@ impl Architecture {
     pub fn hyperparameters(self, file: &GgufFile) -> Result<Hyperparameters, ImportError> {
         let hp = Hyperparameters::read(file, self.name())?;
         match self {
-            Self::Qwen3Moe => qwen3_moe::check(&hp)?,
-            Self::GptOss => gpt_oss::check(&hp)?,
+            Self::Qwen3Moe | Self::GptOss => check_experts(&hp, self.name())?,
+            // Mixtral.
+            Self::Llama if hp.experts.is_some() => check_experts(&hp, self.name())?,
             _ => {}
         }
         Ok(hp)
@@ -185,9 +186,10 @@ impl Hyperparameters {
         let head_dim = file
             .get_as(&key("attention.key_length"))?
             .unwrap_or(hidden_size / num_heads);
+        let intermediate_size = file.require(&key("feed_forward_length"))?;
         Ok(Self {
             hidden_size,
-            intermediate_size: file.require(&key("feed_forward_length"))?,
+            intermediate_size,
             num_layers: file.require(&key("block_count"))?,
             num_heads,
             num_kv_heads: file
@@ -211,10 +213,14 @@ impl Hyperparameters {
             rope_dimensions: file.get_as(&key("rope.dimension_count"))?,
             original_context_length: file.get_as(&key("rope.scaling.original_context_length"))?,
             experts: match file.get_as::<usize>(&key("expert_count"))? {
+                // Mixtral files (as `llama`) have no expert_feed_forward_length: the experts
+                // are feed_forward_length wide.
                 Some(count) if count > 0 => Some(Experts {
                     count,
                     used: file.require(&key("expert_used_count"))?,
-                    feed_forward_length: file.require(&key("expert_feed_forward_length"))?,
+                    feed_forward_length: file
+                        .get_as(&key("expert_feed_forward_length"))?
+                        .unwrap_or(intermediate_size),
                 }),
                 _ => None,
             },

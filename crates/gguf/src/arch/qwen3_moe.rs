@@ -14,7 +14,6 @@ use super::{
     config_with, object, renamed, required_names, rope_scaling, BlockTable, Hyperparameters,
     TensorTarget, ATTENTION, PRE_NORMS, QK_NORMS,
 };
-use crate::ImportError;
 
 /// The router and the stacked experts.
 const EXPERTS: [(&str, &str); 4] = [
@@ -58,14 +57,9 @@ pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
     required_names(hp.num_layers, &BLOCK)
 }
 
-/// The expert sizes the metadata must give.
-pub(super) fn check(hp: &Hyperparameters) -> Result<(), ImportError> {
-    super::check_experts(hp, "qwen3moe")
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::Experts;
+    use super::super::{check_experts, Experts};
     use super::*;
 
     fn hp(experts: Option<Experts>) -> Hyperparameters {
@@ -92,7 +86,7 @@ mod tests {
             feed_forward_length: 768,
         };
         let hp = hp(Some(experts));
-        assert!(check(&hp).is_ok());
+        assert!(check_experts(&hp, "qwen3moe").is_ok());
         let config = config(&hp);
         assert_eq!(config["num_experts"], 128);
         assert_eq!(config["num_experts_per_tok"], 8);
@@ -113,12 +107,12 @@ mod tests {
 
     #[test]
     fn refuses_a_file_without_expert_counts() {
-        assert!(check(&hp(None)).is_err());
+        assert!(check_experts(&hp(None), "qwen3moe").is_err());
         let too_many = Experts {
             count: 4,
             used: 5,
             feed_forward_length: 64,
         };
-        assert!(check(&hp(Some(too_many))).is_err());
+        assert!(check_experts(&hp(Some(too_many)), "qwen3moe").is_err());
     }
 }
