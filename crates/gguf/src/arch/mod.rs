@@ -171,6 +171,8 @@ pub(crate) struct Experts {
     pub count: usize,
     pub used: usize,
     pub feed_forward_length: usize,
+    /// `<arch>.expert_weights_norm`: whether the top-k weights are renormalized, when stored.
+    pub normalize: Option<bool>,
 }
 
 impl Hyperparameters {
@@ -221,6 +223,7 @@ impl Hyperparameters {
                     feed_forward_length: file
                         .get_as(&key("expert_feed_forward_length"))?
                         .unwrap_or(intermediate_size),
+                    normalize: file.get_as(&key("expert_weights_norm"))?,
                 }),
                 _ => None,
             },

@@ -5,8 +5,9 @@
 //! stores stacked, one 3-D tensor per projection (`ffn_{gate,up,down}_exps`, experts first).
 //! They are written stacked as mlx-lm holds them (`mlp.switch_mlp.<proj>`), which the engine
 //! and mlx-lm load as they are. GGUF has no key for dense layers among the experts
-//! (`mlp_only_layers`) nor for normalizing the top-k weights: llama.cpp makes every layer sparse
-//! and always normalizes for qwen3moe, and so does the config written here.
+//! (`mlp_only_layers`): llama.cpp makes every layer sparse, and so does the config written here.
+//! The top-k weights are renormalized unless `expert_weights_norm` says false (llama.cpp's
+//! qwen3moe default).
 
 use serde_json::{json, Map, Value};
 
@@ -42,7 +43,7 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
         "moe_intermediate_size": experts.feed_forward_length,
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
-        "norm_topk_prob": true,
+        "norm_topk_prob": experts.normalize.unwrap_or(true),
         "rope_scaling": rope_scaling(hp),
         "attention_bias": false,
     })));
@@ -84,6 +85,7 @@ mod tests {
             count: 128,
             used: 8,
             feed_forward_length: 768,
+            normalize: None,
         };
         let hp = hp(Some(experts));
         assert!(check_experts(&hp, "qwen3moe").is_ok());
@@ -92,6 +94,14 @@ mod tests {
         assert_eq!(config["num_experts_per_tok"], 8);
         assert_eq!(config["moe_intermediate_size"], 768);
         assert_eq!(config["norm_topk_prob"], true);
+        let unnormalized = Hyperparameters {
+            experts: Some(Experts {
+                normalize: Some(false),
+                ..experts
+            }),
+            ..hp.clone()
+        };
+        assert_eq!(super::config(&unnormalized)["norm_topk_prob"], false);
         let t = |name: &str| target(name, &hp).map(|t| t.hf_name);
         assert_eq!(
             t("blk.1.ffn_down_exps.weight").as_deref(),
@@ -112,6 +122,7 @@ mod tests {
             count: 4,
             used: 5,
             feed_forward_length: 64,
+            normalize: None,
         };
         assert!(check_experts(&hp(Some(too_many)), "qwen3moe").is_err());
     }
