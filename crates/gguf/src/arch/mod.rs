@@ -1,8 +1,9 @@
 //! Per-architecture knowledge: GGUF hyperparameters to `config.json`, GGUF tensor names to
 //! Hugging Face names, and the layout fixes a tensor needs on the way.
 //!
-//! Adding an architecture means a new file beside `llama.rs` with the same three functions, and
-//! a variant in [`Architecture`].
+//! Adding an architecture means a new file beside `llama.rs` with the same three functions (its
+//! block tables built from the shared parts below), a variant in [`Architecture`] and its
+//! `ALL`, and a `gguf` parity fixture (`xtask/parity/gguf_fixture.py`) proving the round trip.
 
 mod gemma3;
 mod gpt_oss;
