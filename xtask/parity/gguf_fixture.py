@@ -13,8 +13,9 @@ What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is
   pairs are adjacent (its `LlamaModel.permute`); the other architectures use NeoX-style RoPE and
   keep the Hugging Face rows;
 - `"experts": "MXFP4"` in the spec: expert weights stored as MXFP4 blocks (GPT-OSS's released
-  format), the checkpoint's experts first rounded to the values those blocks hold
-  (`exact_in_gguf`);
+  format); `"matrices": "Q8_0"` (or another type gguf-py can quantize: Q4_0, Q4_1, Q5_0, Q5_1)
+  for the other 2-D weights. The checkpoint's weights are first rounded to the values those
+  blocks hold (`exact_in_gguf`), so checkpoint and GGUF are still the same model;
 - Qwen3-MoE, Mixtral (as `llama`), GPT-OSS: the experts stacked, one 3-D tensor per projection
   (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`.
 """
@@ -66,11 +67,17 @@ def gguf_name(name, arch, name_map):
     return mapped
 
 
-def quantized_kind(name, spec):
+def quantized_kind(name, value, spec):
     """The ggml type `name` is stored as: the spec's `"experts"` type (e.g. "MXFP4", GPT-OSS's
-    released format) for expert weights, else None (float32)."""
-    kind = spec.get("experts")
-    if kind and ".mlp.experts." in name and name.endswith(".weight"):
+    released format) for expert weights, its `"matrices"` type (e.g. "Q8_0") for the other
+    2-D weights (embedding and head included, as llama.cpp quantizes them), else None
+    (float32)."""
+    kind = None
+    if ".mlp.experts." in name:
+        kind = spec.get("experts")
+    elif value.ndim == 2:
+        kind = spec.get("matrices")
+    if kind and name.endswith(".weight"):
         return gguf.GGMLQuantizationType[kind]
     return None
 
@@ -81,7 +88,7 @@ def exact_in_gguf(weights, spec):
     same model and the import must reproduce it exactly."""
     out = dict(weights)
     for name, value in weights.items():
-        if (kind := quantized_kind(name, spec)) is not None:
+        if (kind := quantized_kind(name, value, spec)) is not None:
             w = np.array(value, dtype=np.float32)
             out[name] = mx.array(gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind))
     return out
@@ -96,7 +103,7 @@ def tensors(config, weights, arch, spec):
             w = regroup_rotary_rows(w, heads)
         elif arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.k_proj.weight"):
             w = regroup_rotary_rows(w, kv_heads)
-        if (kind := quantized_kind(name, spec)) is not None:
+        if (kind := quantized_kind(name, w, spec)) is not None:
             q = gguf.quants.quantize(w, kind)
             # exact_in_gguf made the checkpoint hold these values already.
             assert np.array_equal(gguf.quants.dequantize(q, kind), w), name
