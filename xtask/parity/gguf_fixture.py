@@ -1,15 +1,17 @@
-"""A fixture as llama.cpp's converter would write it: one float32 GGUF beside the checkpoint.
+"""A fixture as llama.cpp's converter would write it: one GGUF beside the checkpoint.
 
 `write_gguf(config, weights, fixture_dir, spec)` writes `<fixture_dir>/<name>.gguf` with gguf-py
 (llama.cpp's own Python library): the architecture's hyperparameters under its GGUF keys, the
 tokenizer as `tokenizer.ggml.*` (byte-level BPE from the fixture's tokenizer.json; special token
 ids, add-bos flag, merges and chat template through gguf-py's `SpecialVocab`), and every tensor
-under the name gguf-py's tensor map gives it. Tensors stay float32, so the imported checkpoint
-holds the fixture's exact values and the worker on the `.gguf` must match mlx-lm on the
-original checkpoint token for token (`cargo xtask parity`, fixtures with a "gguf" spec).
+under the name gguf-py's tensor map gives it. Tensors are float32 unless the spec asks for a
+quantized type (below), and then the checkpoint is rounded to the same values: either way the
+imported checkpoint holds the fixture's exact values, and the worker on the `.gguf` must match
+mlx-lm on the original checkpoint token for token (`cargo xtask parity`, fixtures with a "gguf"
+spec).
 
 What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is done here:
-- `llama` (and Mistral, which llama.cpp converts as `llama`): q/k rows regrouped so that rotary
+- `llama` (and Mistral and Mixtral, which llama.cpp converts as `llama`): q/k rows regrouped so that rotary
   pairs are adjacent (its `LlamaModel.permute`); the other architectures use NeoX-style RoPE and
   keep the Hugging Face rows;
 - `"experts": "MXFP4"` in the spec: expert weights stored as MXFP4 blocks (GPT-OSS's released
