@@ -6,7 +6,8 @@ For every model in CASES_JSON with a "fixture" spec, writes OUT_DIR/<name>/ in H
 layout: config.json, model.safetensors (the flattened parameters of the `Model` class mlx-lm
 itself picks for the config's model_type: `mlx_lm.models.<type>.Model`, or the module
 mlx-lm maps the type to, e.g. mistral -> llama), and the tokenizer files copied from
-TOKENIZER_DIR.
+TOKENIZER_DIR; with a "gguf" spec also `<name>.gguf`, the same checkpoint as llama.cpp would
+write it (gguf_fixture.py).
 A directory whose spec.json already equals the current spec is left alone.
 """
 
@@ -190,9 +191,28 @@ QWEN3_5_SPLIT = (
 )
 
 
-def split_then_bytes(pattern):
+# Llama 3's, Mistral's Tekken and GPT-4o's (o200k, GPT-OSS's) split rules, for GGUF fixtures
+# whose `tokenizer.ggml.pre` names them (llama-bpe, tekken, gpt-4o); those tokenizers do not
+# normalize.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def split_then_bytes(pattern, nfc=True):
     return {
-        "normalizer": {"type": "NFC"},
+        "normalizer": {"type": "NFC"} if nfc else None,
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
@@ -203,7 +223,13 @@ def split_then_bytes(pattern):
     }
 
 
-TOKENIZER_PIPELINES = {"qwen2": split_then_bytes(QWEN2_SPLIT), "qwen3_5": split_then_bytes(QWEN3_5_SPLIT)}
+TOKENIZER_PIPELINES = {
+    "qwen2": split_then_bytes(QWEN2_SPLIT),
+    "qwen3_5": split_then_bytes(QWEN3_5_SPLIT),
+    "llama3": split_then_bytes(LLAMA3_SPLIT, nfc=False),
+    "tekken": split_then_bytes(TEKKEN_SPLIT, nfc=False),
+    "gpt-4o": split_then_bytes(GPT4O_SPLIT, nfc=False),
+}
 
 
 def write_tokenizer(spec, out):
@@ -404,6 +430,11 @@ def build(spec, out):
     for name in spec.get("drop_tensors", []):
         del weights[name]
 
+    if (gguf_spec := spec.get("gguf")) is not None:
+        from gguf_fixture import exact_in_gguf
+
+        weights = exact_in_gguf(weights, gguf_spec)
+
     shards = spec.get("shards", 1)
     if shards == 1:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
@@ -420,6 +451,11 @@ def build(spec, out):
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(spec, tmp)
+    # The same checkpoint as a float32 GGUF (`<name>.gguf`), which the worker's side imports.
+    if gguf_spec is not None:
+        from gguf_fixture import write_gguf
+
+        write_gguf(config, weights, tmp, out.name, gguf_spec)
     (tmp / "spec.json").write_text(json.dumps(spec, sort_keys=True))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

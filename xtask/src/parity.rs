@@ -8,6 +8,10 @@
 //! `cargo test` has built MLX already): it reads the same request and answers in the same
 //! shape, and xtask compares the prompt ids and the generated ids exactly.
 //!
+//! A fixture spec with "gguf" also gets `<name>.gguf` (`xtask/parity/gguf_fixture.py`, the
+//! checkpoint as llama.cpp's converter writes it, float32): the worker imports and runs that,
+//! mlx-lm the original checkpoint.
+//!
 //! Vision-language models (a "vision" spec) are compared with mlx-vlm the same way, on the
 //! file's `vision_cases` (messages with image parts): `make_vision_fixtures.py` builds them with
 //! mlx-vlm's classes (and the case images), `vision_reference.py` answers for mlx-vlm.
@@ -198,7 +202,17 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 reference.blas
             );
         }
-        let ours = answer(&mut Command::new(&engine), &request, &dir, cases.len())?;
+        // A fixture with a "gguf" spec: the worker loads (imports) its `.gguf`, mlx-lm the
+        // checkpoint it was written from.
+        let ours_request = match spec.fixture.as_ref().and_then(|f| f.get("gguf")) {
+            Some(_) => {
+                let mut request = request.clone();
+                request["model_dir"] = json!(dir.join(format!("{}.gguf", spec.name)));
+                request
+            }
+            None => request.clone(),
+        };
+        let ours = answer(&mut Command::new(&engine), &ours_request, &dir, cases.len())?;
         rows.extend(compare(spec, cases, &reference, &ours));
     }
 

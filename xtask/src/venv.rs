@@ -10,7 +10,7 @@ use crate::run_checked as run;
 
 /// Exactly these, so the reference runs the MLX build the worker links; pytest runs the Python
 /// package's tests (`protocol/python`, which itself needs nothing beyond the standard library).
-const REQUIREMENTS: [&str; 9] = [
+const REQUIREMENTS: [&str; 10] = [
     "mlx==0.32.2",
     "mlx-cpu==0.32.2",
     "mlx-lm==0.32.2",
@@ -23,11 +23,14 @@ const REQUIREMENTS: [&str; 9] = [
     "requests==2.34.2",
     // mlx-vlm itself, installed without its dependencies (NO_DEPS).
     "mlx-vlm==0.7.0",
+    // llama.cpp's Python library, which writes the GGUF parity fixtures (its own dependencies,
+    // numpy, pyyaml, requests and tqdm, come with the packages above).
+    "gguf==0.19.0",
 ];
 /// Of REQUIREMENTS, installed with `--no-deps`: mlx-vlm declares a web server, audio and
 /// OpenCV stacks that neither its model classes nor its processors import; what they do import
 /// is listed above.
-const NO_DEPS: [&str; 1] = ["mlx-vlm==0.7.0"];
+const NO_DEPS: [&str; 2] = ["mlx-vlm==0.7.0", "gguf==0.19.0"];
 /// Written after a successful install; holds the requirement list it installed.
 const MARKER: &str = "mlx-worker-requirements.txt";
 

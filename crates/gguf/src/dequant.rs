@@ -62,6 +62,7 @@ pub fn dequantize_into(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(),
         GgmlType::Q5K => block_q5_k,
         GgmlType::Q6K => block_q6_k,
         GgmlType::Q8K => block_q8_k,
+        GgmlType::Mxfp4 => block_mxfp4,
         GgmlType::I64 | GgmlType::Unknown(_) => return Err(DequantError::Unsupported(ty)),
     };
     for (block, values) in data
@@ -86,6 +87,28 @@ fn block_q4_0(b: &[u8], out: &mut [f32]) {
         out[j] = (i32::from(q & 0x0f) - 8) as f32 * d;
         out[j + 16] = (i32::from(q >> 4) - 8) as f32 * d;
     }
+}
+
+/// E2M1 (FP4) codes, doubled so that they are integers: sign bit, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// MXFP4: `e: u8, qs: [u8; 16]`, nibbles as in Q4_0; a value is `E2M1(code) * 2^(e - 127)`,
+/// computed as the doubled code times `2^(e - 128)` (exact: both are powers of two apart).
+fn block_mxfp4(b: &[u8], out: &mut [f32]) {
+    let half_scale = e8m0_half(b[0]);
+    for (j, &q) in b[1..17].iter().enumerate() {
+        out[j] = f32::from(E2M1_DOUBLED[usize::from(q & 0x0f)]) * half_scale;
+        out[j + 16] = f32::from(E2M1_DOUBLED[usize::from(q >> 4)]) * half_scale;
+    }
+}
+
+/// `2^(e - 128)` by its bits (subnormal below `e = 2`), as ggml's `ggml_e8m0_to_fp32_half`.
+fn e8m0_half(e: u8) -> f32 {
+    let bits = match e {
+        0 | 1 => 0x0020_0000u32 << e,
+        _ => u32::from(e - 1) << 23,
+    };
+    f32::from_bits(bits)
 }
 
 /// Q4_1: `d: f16, m: f16, qs: [u8; 16]`, nibbles as in Q4_0; a value is `code * d + m`.

@@ -88,7 +88,7 @@ pub enum GgufError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DequantError {
     /// A type without a dequantizer here.
-    #[error("element type {0} cannot be dequantized by this crate (supported: F32, F16, BF16, F64, I8, I16, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K); use a GGUF with one of these")]
+    #[error("element type {0} cannot be dequantized by this crate (supported: F32, F16, BF16, F64, I8, I16, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4); use a GGUF with one of these")]
     Unsupported(GgmlType),
     /// The element count is not a whole number of blocks.
     #[error("{n} values are not a whole number of {ty} blocks of {block}")]
@@ -121,7 +121,7 @@ pub enum ImportError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     /// `general.architecture` names an architecture the importer has no mapping for.
-    #[error("architecture {0:?} cannot be imported yet (supported: llama); add a mapping in crates/gguf/src/arch.rs")]
+    #[error("GGUF architecture {0:?} cannot be imported yet (supported: {supported}); load the original checkpoint instead, or add the architecture in crates/gguf/src/arch/", supported = crate::arch::supported_names())]
     UnsupportedArchitecture(String),
     /// A tensor name with no Hugging Face counterpart for this architecture.
     #[error("tensor {0:?} has no Hugging Face name for this architecture; the importer's mapping needs extending")]

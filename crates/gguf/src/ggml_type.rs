@@ -49,6 +49,8 @@ pub enum GgmlType {
     Q6K,
     /// 256-value super-block: f32 scale, signed 8-bit codes, per-16 sums.
     Q8K,
+    /// 32 values (OCP microscaling FP4): a power-of-two scale (E8M0), 4-bit E2M1 codes.
+    Mxfp4,
     /// A type id this crate does not know (the i-quants, for instance).
     Unknown(u32),
 }
@@ -77,6 +79,7 @@ impl GgmlType {
             27 => Self::I64,
             28 => Self::F64,
             30 => Self::BF16,
+            39 => Self::Mxfp4,
             other => Self::Unknown(other),
         }
     }
@@ -104,6 +107,7 @@ impl GgmlType {
             Self::I64 => 27,
             Self::F64 => 28,
             Self::BF16 => 30,
+            Self::Mxfp4 => 39,
             Self::Unknown(id) => id,
         }
     }
@@ -114,6 +118,7 @@ impl GgmlType {
             Self::F32 | Self::F16 | Self::BF16 | Self::F64 => 1,
             Self::I8 | Self::I16 | Self::I32 | Self::I64 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
+            Self::Mxfp4 => 32,
             Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K => 256,
             Self::Unknown(_) => return None,
         })
@@ -138,6 +143,7 @@ impl GgmlType {
             Self::Q5K => 2 + 2 + 12 + 32 + 128,
             Self::Q6K => 128 + 64 + 16 + 2,
             Self::Q8K => 4 + 256 + 2 * 16,
+            Self::Mxfp4 => 1 + 16,
             Self::Unknown(_) => return None,
         })
     }
@@ -176,6 +182,7 @@ impl fmt::Display for GgmlType {
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
             Self::Q8K => "Q8_K",
+            Self::Mxfp4 => "MXFP4",
             Self::Unknown(id) => return write!(f, "ggml type {id}"),
         };
         f.write_str(name)

@@ -293,3 +293,60 @@ fn unpermute_inverts_the_converter_permutation_per_head() {
     assert_ne!(gguf, hf);
     assert_eq!(unpermute_rows(&gguf, heads, cols), hf);
 }
+
+#[test]
+fn qwen2_pre_tokenizer_composes_and_splits_like_qwen2() {
+    let mut spec = tiny_llama(false);
+    spec.metadata.retain(|(k, _)| k != "tokenizer.ggml.pre");
+    spec = spec.kv("tokenizer.ggml.pre", V::String("qwen2".into()));
+    let (dir, report) = import(&spec);
+    report.unwrap();
+    let tok = tokenizers::Tokenizer::from_file(dir.path().join("out/tokenizer.json")).unwrap();
+    let ids = |text: &str| tok.encode(text, false).unwrap().get_ids().to_vec();
+    let space_t = tok.token_to_id("Ġt").unwrap();
+    assert_eq!(ids("t t")[1..], [space_t]);
+    // NFC first: a decomposed "é" is the two bytes of the composed one, not three.
+    assert_eq!(ids("e\u{301}"), ids("\u{e9}"));
+    assert_eq!(ids("e\u{301}").len(), 2);
+    // Digits one by one.
+    assert_eq!(ids("123").len(), 3);
+}
+
+/// The pieces `pre` splits `text` into before BPE, as the imported tokenizer.json does it.
+fn pre_split(pre: &str, text: &str) -> Vec<String> {
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+    let mut spec = tiny_llama(false);
+    spec.metadata.retain(|(k, _)| k != "tokenizer.ggml.pre");
+    spec = spec.kv("tokenizer.ggml.pre", V::String(pre.into()));
+    let (dir, report) = import(&spec);
+    report.unwrap();
+    let tok = tokenizers::Tokenizer::from_file(dir.path().join("out/tokenizer.json")).unwrap();
+    let mut pieces = PreTokenizedString::from(text);
+    tok.get_pre_tokenizer()
+        .unwrap()
+        .pre_tokenize(&mut pieces)
+        .unwrap();
+    pieces
+        .get_splits(OffsetReferential::Original, OffsetType::Byte)
+        .into_iter()
+        .map(|(piece, _, _)| piece.to_owned())
+        .collect()
+}
+
+#[test]
+fn split_rules_follow_each_family() {
+    // Byte-level pieces: "Ġ" is a space.
+    assert_eq!(
+        pre_split("qwen2", "x 12345"),
+        ["x", "Ġ", "1", "2", "3", "4", "5"]
+    );
+    assert_eq!(pre_split("llama-bpe", "x 12345"), ["x", "Ġ", "123", "45"]);
+    assert_eq!(
+        pre_split("tekken", "HelloWorld it's"),
+        ["Hello", "World", "Ġit", "'s"]
+    );
+    assert_eq!(
+        pre_split("gpt-4o", "HelloWorld it's"),
+        ["Hello", "World", "Ġit's"]
+    );
+}

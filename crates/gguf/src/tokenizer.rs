@@ -1,18 +1,20 @@
 //! Rebuilding a Hugging Face `tokenizers` tokenizer from a GGUF's `tokenizer.ggml.*` metadata.
 //!
 //! Supported: byte-level BPE (`tokenizer.ggml.model = gpt2`) with the `smollm` and GPT-2
-//! pre-tokenizers, and SentencePiece-style BPE (`llama`, in `tokenizer_spm.rs`). Other models
+//! pre-tokenizers and the split rules of [`SPLIT_RULES`] (Qwen2, Llama 3, Tekken, GPT-4o), and SentencePiece-style BPE (`llama`, in `tokenizer_spm.rs`). Other models
 //! and pre-tokenizers are refused with a message naming them.
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::processors::PostProcessorWrapper;
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::{GgufFile, ImportError};
 
@@ -152,7 +154,12 @@ fn byte_level_bpe(file: &GgufFile) -> Result<Tokenizer, ImportError> {
         .map_err(|e| ImportError::Tokenizer(e.to_string()))?;
 
     let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(pre_tokenizer(file)?));
+    let pre: Option<String> = file.get_as("tokenizer.ggml.pre")?;
+    if pre.as_deref() == Some(QWEN2) {
+        // Qwen2's tokenizer.json composes text (NFC) before splitting; llama.cpp does not.
+        tokenizer.with_normalizer(Some(NFC));
+    }
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer(pre.as_deref())?));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
     let processor = match template_processor(&special, &tokens)? {
         Some(template) => template,
@@ -163,17 +170,69 @@ fn byte_level_bpe(file: &GgufFile) -> Result<Tokenizer, ImportError> {
     Ok(tokenizer)
 }
 
+/// `tokenizer.ggml.pre` of Qwen2, Qwen2.5, Qwen3 and Qwen3-MoE files.
+const QWEN2: &str = "qwen2";
+
+/// Qwen2's split rule (its tokenizer.json's, which llama.cpp's `qwen2` pre-tokenizer spells with
+/// case classes instead of `(?i:...)`): contractions, letters with at most one leading
+/// non-letter, single digits, punctuation runs, newlines, other whitespace.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Llama 3's: Qwen2's with digits in runs of up to three.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Mistral's Tekken (Nemo and later): words split before capitals, single digits, no
+/// contractions.
+const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// GPT-4o's o200k (GPT-OSS, Llama 4): Tekken's words with contractions attached, digits in runs
+/// of up to three.
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// `tokenizer.ggml.pre` names whose text is split by one rule before byte-level BPE (the
+/// families' tokenizer.json pipelines; transformers' GGUF tokenizer builder has the same table).
+const SPLIT_RULES: [(&str, &str); 6] = [
+    (QWEN2, QWEN2_SPLIT),
+    ("llama-bpe", LLAMA3_SPLIT),
+    ("llama3", LLAMA3_SPLIT),
+    ("llama-v3", LLAMA3_SPLIT),
+    ("tekken", TEKKEN_SPLIT),
+    ("gpt-4o", GPT4O_SPLIT),
+];
+
 /// The pre-tokenizer llama.cpp names in `tokenizer.ggml.pre`.
-fn pre_tokenizer(file: &GgufFile) -> Result<PreTokenizerWrapper, ImportError> {
-    let pre: Option<String> = file.get_as("tokenizer.ggml.pre")?;
+fn pre_tokenizer(pre: Option<&str>) -> Result<PreTokenizerWrapper, ImportError> {
     let byte_level = ByteLevel::new(false, true, true);
-    match pre.as_deref() {
+    match pre {
         None | Some("default") | Some("gpt-2") => Ok(byte_level.into()),
-        Some("smollm") => Ok(Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()),
-        Some(other) => Err(ImportError::Tokenizer(format!(
-            "tokenizer.ggml.pre = {other:?} is not supported yet (supported: smollm, gpt-2, default); \
-             add its splitting rules in crates/gguf/src/tokenizer.rs"
-        ))),
+        Some("smollm") => {
+            Ok(Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into())
+        }
+        Some(name) => {
+            let supported = || {
+                let mut names = vec!["smollm", "gpt-2", "default"];
+                names.extend(SPLIT_RULES.map(|(n, _)| n));
+                names.join(", ")
+            };
+            let (_, rule) = SPLIT_RULES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| {
+                    ImportError::Tokenizer(format!(
+                    "tokenizer.ggml.pre = {name:?} is not supported yet (supported: {}); add its \
+                     splitting rules in crates/gguf/src/tokenizer.rs",
+                    supported()
+                ))
+                })?;
+            let split = Split::new(
+                SplitPattern::Regex((*rule).into()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| ImportError::Tokenizer(format!("the {name} split rule: {e}")))?;
+            let bytes = ByteLevel::new(false, false, false);
+            Ok(Sequence::new(vec![split.into(), bytes.into()]).into())
+        }
     }
 }
 

@@ -42,6 +42,6 @@ fn matches_gguf_py_on_random_blocks() {
     use GgmlType::*;
     assert_eq!(
         seen,
-        [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, BF16]
+        [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, BF16, Mxfp4]
     );
 }

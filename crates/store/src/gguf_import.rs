@@ -54,8 +54,9 @@ pub fn import_into(gguf: &Path, dir: &Path) -> Result<(), Error> {
     let report = gguf::import_hf_dir(gguf, &partial).map_err(|e| {
         let _ = fs::remove_dir_all(&partial);
         let kind = match e {
-            gguf::ImportError::UnsupportedArchitecture(_)
-            | gguf::ImportError::UnmappedTensor(_) => LoadErrorKind::GgufUnsupported,
+            // Named like a checkpoint whose model_type the engine has no family for.
+            gguf::ImportError::UnsupportedArchitecture(_) => LoadErrorKind::UnsupportedArchitecture,
+            gguf::ImportError::UnmappedTensor(_) => LoadErrorKind::GgufUnsupported,
             gguf::ImportError::Tokenizer(_) => LoadErrorKind::TokenizerMissing,
             _ => LoadErrorKind::InvalidWeights,
         };
@@ -77,4 +78,42 @@ pub fn import_into(gguf: &Path, dir: &Path) -> Result<(), Error> {
 
 fn marker_line() -> String {
     format!("gguf import v{}", gguf::IMPORT_VERSION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF v3 header with no tensors and one metadata entry, `general.architecture`.
+    fn gguf_of_architecture(arch: &str) -> Vec<u8> {
+        let string = |s: &str| [&(s.len() as u64).to_le_bytes()[..], s.as_bytes()].concat();
+        let mut bytes = b"GGUF".to_vec();
+        bytes.extend(3u32.to_le_bytes());
+        bytes.extend(0u64.to_le_bytes()); // tensors
+        bytes.extend(1u64.to_le_bytes()); // metadata entries
+        bytes.extend(string("general.architecture"));
+        bytes.extend(8u32.to_le_bytes()); // string
+        bytes.extend(string(arch));
+        bytes
+    }
+
+    #[test]
+    fn an_unknown_architecture_is_unsupported_architecture_by_name() {
+        let dir = std::env::temp_dir().join(format!("gguf-import-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let gguf = dir.join("mamba.gguf");
+        fs::write(&gguf, gguf_of_architecture("mamba")).unwrap();
+        let err = import_into(&gguf, &dir.join("out")).unwrap_err();
+        let _ = fs::remove_dir_all(&dir);
+        match err {
+            Error::Load { kind, detail } => {
+                assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+                assert!(
+                    detail.contains("\"mamba\"") && detail.contains("qwen3moe"),
+                    "{detail}"
+                );
+            }
+            other => panic!("expected a load error, got {other:?}"),
+        }
+    }
 }

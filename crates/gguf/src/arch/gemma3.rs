@@ -12,20 +12,13 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    config_with, hf_name, object, required_names, Hyperparameters, TensorTarget, Transform,
+    config_with, hf_name, object, required_names, rope_scaling, BlockTable, Hyperparameters,
+    TensorTarget, Transform, ATTENTION, DENSE_MLP, QK_NORMS,
 };
 
-/// GGUF block tensor suffix -> Hugging Face suffix under `model.layers.N.`.
-const BLOCK_TENSORS: [(&str, &str); 13] = [
-    ("attn_q.weight", "self_attn.q_proj.weight"),
-    ("attn_k.weight", "self_attn.k_proj.weight"),
-    ("attn_v.weight", "self_attn.v_proj.weight"),
-    ("attn_output.weight", "self_attn.o_proj.weight"),
-    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
-    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
-    ("ffn_gate.weight", "mlp.gate_proj.weight"),
-    ("ffn_up.weight", "mlp.up_proj.weight"),
-    ("ffn_down.weight", "mlp.down_proj.weight"),
+/// Gemma's four block norms: before and after attention, before and after the MLP (checked
+/// against gguf-py's tensor map for GEMMA3).
+const NORMS: [(&str, &str); 4] = [
     ("attn_norm.weight", "input_layernorm.weight"),
     (
         "post_attention_norm.weight",
@@ -34,6 +27,9 @@ const BLOCK_TENSORS: [(&str, &str); 13] = [
     ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
     ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
 ];
+
+/// The block tensors of a Gemma 3 layer.
+const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QK_NORMS, &DENSE_MLP, &NORMS];
 
 /// One global-attention layer in every this many (llama.cpp sets the same pattern for gemma3;
 /// GGUF has no key for it).
@@ -58,10 +54,6 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
             _ => "sliding_attention",
         })
         .collect();
-    let rope_scaling = match &hp.rope_scaling {
-        Some((kind, factor)) => json!({ "rope_type": kind, "factor": factor }),
-        None => Value::Null,
-    };
     let mut config = config_with(
         json!({
             "architectures": ["Gemma3ForCausalLM"],
@@ -72,7 +64,7 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
     );
     config.extend(object(json!({
         "rope_local_base_freq": hp.rope_theta_swa.unwrap_or(LOCAL_ROPE_THETA),
-        "rope_scaling": rope_scaling,
+        "rope_scaling": rope_scaling(hp),
         "sliding_window": hp.sliding_window.unwrap_or(DEFAULT_SLIDING_WINDOW),
         "sliding_window_pattern": SLIDING_WINDOW_PATTERN,
         "layer_types": layer_types,
@@ -85,7 +77,7 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
 }
 
 pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarget> {
-    let (hf_name, suffix) = hf_name(gguf_name, hp.num_layers, &BLOCK_TENSORS)?;
+    let (hf_name, suffix) = hf_name(gguf_name, hp.num_layers, &BLOCK)?;
     let transform = match suffix.ends_with("norm.weight") {
         true => Transform::SubtractOne,
         false => Transform::None,
@@ -94,7 +86,7 @@ pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarg
 }
 
 pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
-    required_names(hp.num_layers, &BLOCK_TENSORS)
+    required_names(hp.num_layers, &BLOCK)
 }
 
 #[cfg(test)]
@@ -115,6 +107,7 @@ mod tests {
             sliding_window: Some(1024),
             rope_theta_swa: None,
             rope_scaling: Some(("linear".into(), 8.0)),
+            ..Default::default()
         }
     }
 

@@ -1,11 +1,17 @@
 //! Per-architecture knowledge: GGUF hyperparameters to `config.json`, GGUF tensor names to
 //! Hugging Face names, and the layout fixes a tensor needs on the way.
 //!
-//! Adding an architecture means a new file beside `llama.rs` with the same three functions, and
-//! a variant in [`Architecture`].
+//! Adding an architecture means a new file beside `llama.rs` with the same three functions (its
+//! block tables built from the shared parts below), a variant in [`Architecture`] and its
+//! `ALL`, and a `gguf` parity fixture (`xtask/parity/gguf_fixture.py`) proving the round trip.
 
 mod gemma3;
+mod gpt_oss;
 mod llama;
+mod phi3;
+mod qwen2;
+mod qwen3;
+mod qwen3_moe;
 
 use serde_json::{json, Map, Value};
 
@@ -16,6 +22,16 @@ use crate::{GgufError, GgufFile, ImportError};
 pub(crate) enum Architecture {
     Llama,
     Gemma3,
+    Qwen2,
+    Qwen3,
+    Qwen3Moe,
+    Phi3,
+    GptOss,
+}
+
+/// The `general.architecture` names the importer converts, for messages.
+pub(crate) fn supported_names() -> String {
+    Architecture::ALL.map(Architecture::name).join(", ")
 }
 
 /// What to do to a tensor's rows between dequantizing and writing.
@@ -38,26 +54,49 @@ pub(crate) struct TensorTarget {
 }
 
 impl Architecture {
+    /// Every architecture the importer converts.
+    pub const ALL: [Self; 7] = [
+        Self::Llama,
+        Self::Gemma3,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::Qwen3Moe,
+        Self::Phi3,
+        Self::GptOss,
+    ];
+
     /// The architecture named by `general.architecture`.
     pub fn of(file: &GgufFile) -> Result<Self, ImportError> {
-        match file.architecture()? {
-            "llama" => Ok(Self::Llama),
-            "gemma3" => Ok(Self::Gemma3),
-            other => Err(ImportError::UnsupportedArchitecture(other.to_owned())),
-        }
+        let name = file.architecture()?;
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| ImportError::UnsupportedArchitecture(name.to_owned()))
     }
 
-    /// The GGUF metadata key prefix (`llama.` ...).
+    /// `general.architecture`, also the GGUF metadata key prefix (`llama.` ...).
     pub fn name(self) -> &'static str {
         match self {
             Self::Llama => "llama",
             Self::Gemma3 => "gemma3",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Qwen3Moe => "qwen3moe",
+            Self::Phi3 => "phi3",
+            Self::GptOss => "gpt-oss",
         }
     }
 
     /// Hyperparameters read from the metadata.
     pub fn hyperparameters(self, file: &GgufFile) -> Result<Hyperparameters, ImportError> {
-        Hyperparameters::read(file, self.name())
+        let hp = Hyperparameters::read(file, self.name())?;
+        match self {
+            Self::Qwen3Moe | Self::GptOss => check_experts(&hp, self.name())?,
+            // Mixtral.
+            Self::Llama if hp.experts.is_some() => check_experts(&hp, self.name())?,
+            _ => {}
+        }
+        Ok(hp)
     }
 
     /// The architecture-specific part of `config.json`.
@@ -65,6 +104,11 @@ impl Architecture {
         match self {
             Self::Llama => llama::config(hp),
             Self::Gemma3 => gemma3::config(hp),
+            Self::Qwen2 => qwen2::config(hp),
+            Self::Qwen3 => qwen3::config(hp),
+            Self::Qwen3Moe => qwen3_moe::config(hp),
+            Self::Phi3 => phi3::config(hp),
+            Self::GptOss => gpt_oss::config(hp),
         }
     }
 
@@ -73,6 +117,11 @@ impl Architecture {
         match self {
             Self::Llama => llama::target(gguf_name, hp),
             Self::Gemma3 => gemma3::target(gguf_name, hp),
+            Self::Qwen2 => qwen2::target(gguf_name, hp),
+            Self::Qwen3 => qwen3::target(gguf_name, hp),
+            Self::Qwen3Moe => qwen3_moe::target(gguf_name, hp),
+            Self::Phi3 => phi3::target(gguf_name, hp),
+            Self::GptOss => gpt_oss::target(gguf_name, hp),
         }
     }
 
@@ -81,12 +130,17 @@ impl Architecture {
         match self {
             Self::Llama => llama::required_tensors(hp),
             Self::Gemma3 => gemma3::required_tensors(hp),
+            Self::Qwen2 => qwen2::required_tensors(hp),
+            Self::Qwen3 => qwen3::required_tensors(hp),
+            Self::Qwen3Moe => qwen3_moe::required_tensors(hp),
+            Self::Phi3 => phi3::required_tensors(hp),
+            Self::GptOss => gpt_oss::required_tensors(hp),
         }
     }
 }
 
 /// The hyperparameters llama-family GGUFs store under `<arch>.*`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Hyperparameters {
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -103,6 +157,23 @@ pub(crate) struct Hyperparameters {
     pub rope_theta_swa: Option<f64>,
     /// `<arch>.rope.scaling.type` and `.factor`, when the file has them.
     pub rope_scaling: Option<(String, f64)>,
+    /// `<arch>.rope.dimension_count`: the rotated features of a head, when stored.
+    pub rope_dimensions: Option<usize>,
+    /// `<arch>.rope.scaling.original_context_length`, when stored.
+    pub original_context_length: Option<usize>,
+    /// `<arch>.expert_count`, `.expert_used_count`, `.expert_feed_forward_length`, for
+    /// mixtures of experts.
+    pub experts: Option<Experts>,
+}
+
+/// A mixture of experts' sizes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Experts {
+    pub count: usize,
+    pub used: usize,
+    pub feed_forward_length: usize,
+    /// `<arch>.expert_weights_norm`: whether the top-k weights are renormalized, when stored.
+    pub normalize: Option<bool>,
 }
 
 impl Hyperparameters {
@@ -118,9 +189,10 @@ impl Hyperparameters {
         let head_dim = file
             .get_as(&key("attention.key_length"))?
             .unwrap_or(hidden_size / num_heads);
+        let intermediate_size = file.require(&key("feed_forward_length"))?;
         Ok(Self {
             hidden_size,
-            intermediate_size: file.require(&key("feed_forward_length"))?,
+            intermediate_size,
             num_layers: file.require(&key("block_count"))?,
             num_heads,
             num_kv_heads: file
@@ -139,6 +211,21 @@ impl Hyperparameters {
                     f32_value(file, &key("rope.scaling.factor"))?
                         .ok_or_else(|| GgufError::MissingKey(key("rope.scaling.factor")))?,
                 )),
+                _ => None,
+            },
+            rope_dimensions: file.get_as(&key("rope.dimension_count"))?,
+            original_context_length: file.get_as(&key("rope.scaling.original_context_length"))?,
+            experts: match file.get_as::<usize>(&key("expert_count"))? {
+                // Mixtral files (as `llama`) have no expert_feed_forward_length: the experts
+                // are feed_forward_length wide.
+                Some(count) if count > 0 => Some(Experts {
+                    count,
+                    used: file.require(&key("expert_used_count"))?,
+                    feed_forward_length: file
+                        .get_as(&key("expert_feed_forward_length"))?
+                        .unwrap_or(intermediate_size),
+                    normalize: file.get_as(&key("expert_weights_norm"))?,
+                }),
                 _ => None,
             },
         })
@@ -163,14 +250,46 @@ const TOP_LEVEL_TENSORS: [(&str, &str); 3] = [
     ("output.weight", "lm_head.weight"),
 ];
 
+/// GGUF block tensor suffix -> Hugging Face suffix under `model.layers.N.`, in parts that the
+/// architectures combine.
+type BlockTable = [(&'static str, &'static str)];
+
+/// The attention projections (llama.cpp's `attn_q` ... `attn_output`).
+const ATTENTION: [(&str, &str); 4] = [
+    ("attn_q.weight", "self_attn.q_proj.weight"),
+    ("attn_k.weight", "self_attn.k_proj.weight"),
+    ("attn_v.weight", "self_attn.v_proj.weight"),
+    ("attn_output.weight", "self_attn.o_proj.weight"),
+];
+
+/// The SwiGLU MLP's three projections.
+const DENSE_MLP: [(&str, &str); 3] = [
+    ("ffn_gate.weight", "mlp.gate_proj.weight"),
+    ("ffn_up.weight", "mlp.up_proj.weight"),
+    ("ffn_down.weight", "mlp.down_proj.weight"),
+];
+
+/// The two pre-norms of a Llama block (llama.cpp's `ffn_norm` is Hugging Face's
+/// `post_attention_layernorm`: after attention, before the MLP).
+const PRE_NORMS: [(&str, &str); 2] = [
+    ("attn_norm.weight", "input_layernorm.weight"),
+    ("ffn_norm.weight", "post_attention_layernorm.weight"),
+];
+
+/// Per-head RMSNorms of queries and keys (Qwen3, Gemma 3).
+const QK_NORMS: [(&str, &str); 2] = [
+    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+];
+
 /// The Hugging Face name of `gguf_name`: a top-level tensor, or `blk.N.<suffix>` with `suffix`
-/// in `block_table` (GGUF suffix -> suffix under `model.layers.N.`) and `N < num_layers`.
+/// in one of `tables` and `N < num_layers`.
 /// Also returns the GGUF suffix (the whole name for top-level tensors), which decides the
 /// transform.
 fn hf_name<'a>(
     gguf_name: &'a str,
     num_layers: usize,
-    block_table: &[(&str, &str)],
+    tables: &[&BlockTable],
 ) -> Option<(String, &'a str)> {
     if let Some((_, hf)) = TOP_LEVEL_TENSORS.iter().find(|(g, _)| *g == gguf_name) {
         return Some(((*hf).to_owned(), gguf_name));
@@ -178,18 +297,31 @@ fn hf_name<'a>(
     let rest = gguf_name.strip_prefix("blk.")?;
     let (layer, suffix) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok().filter(|&l| l < num_layers)?;
-    let (_, hf_suffix) = block_table.iter().find(|(g, _)| *g == suffix)?;
+    let (_, hf_suffix) = tables
+        .iter()
+        .flat_map(|t| t.iter())
+        .find(|(g, _)| *g == suffix)?;
     Some((format!("model.layers.{layer}.{hf_suffix}"), suffix))
 }
 
-/// Embedding, final norm and every block tensor of `block_table` for `num_layers` layers.
-fn required_names(num_layers: usize, block_table: &[(&str, &str)]) -> Vec<String> {
+/// Where a GGUF tensor goes when the architecture changes no values on the way (the
+/// architectures llama.cpp runs with NeoX-style RoPE, whose q/k rows are not regrouped).
+fn renamed(gguf_name: &str, hp: &Hyperparameters, tables: &[&BlockTable]) -> Option<TensorTarget> {
+    let (hf_name, _) = hf_name(gguf_name, hp.num_layers, tables)?;
+    Some(TensorTarget {
+        hf_name,
+        transform: Transform::None,
+    })
+}
+
+/// Embedding, final norm and every block tensor of `tables` for `num_layers` layers.
+fn required_names(num_layers: usize, tables: &[&BlockTable]) -> Vec<String> {
     let mut names = vec![
         "model.embed_tokens.weight".to_owned(),
         "model.norm.weight".to_owned(),
     ];
     for layer in 0..num_layers {
-        for (_, hf_suffix) in block_table {
+        for (_, hf_suffix) in tables.iter().flat_map(|t| t.iter()) {
             names.push(format!("model.layers.{layer}.{hf_suffix}"));
         }
     }
@@ -212,6 +344,30 @@ fn config_with(head: Value, hp: &Hyperparameters) -> Map<String, Value> {
         "max_position_embeddings": hp.context_length,
     })));
     map
+}
+
+/// Mixtures of experts need `<arch>.expert_count` and `.expert_used_count`, with
+/// `0 < used <= count`.
+fn check_experts(hp: &Hyperparameters, arch: &str) -> Result<(), ImportError> {
+    match hp.experts {
+        Some(e) if e.used > 0 && e.used <= e.count => Ok(()),
+        _ => Err(ImportError::Inconsistent(format!(
+            "{arch}.expert_count and {arch}.expert_used_count must be given, with 0 < used <= count"
+        ))),
+    }
+}
+
+/// `rope_scaling` for config.json: `{rope_type, factor}` (and the original context, when the
+/// file gives it) when the file names a scaling, else null.
+fn rope_scaling(hp: &Hyperparameters) -> Value {
+    let Some((kind, factor)) = &hp.rope_scaling else {
+        return Value::Null;
+    };
+    let mut scaling = object(json!({ "rope_type": kind, "factor": factor }));
+    if let Some(original) = hp.original_context_length {
+        scaling.insert("original_max_position_embeddings".into(), json!(original));
+    }
+    Value::Object(scaling)
 }
 
 /// A `json!` object literal as a map.

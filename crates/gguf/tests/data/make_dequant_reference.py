@@ -24,6 +24,8 @@ F16_FIELDS = {
     Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
     Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
     Q.BF16: [],
+    # E8M0 scale byte: any value is a finite power of two.
+    Q.MXFP4: [],
 }
 BLOCKS = 4
 

@@ -1,0 +1,188 @@
+"""A fixture as llama.cpp's converter would write it: one GGUF beside the checkpoint.
+
+`write_gguf(config, weights, fixture_dir, spec)` writes `<fixture_dir>/<name>.gguf` with gguf-py
+(llama.cpp's own Python library): the architecture's hyperparameters under its GGUF keys, the
+tokenizer as `tokenizer.ggml.*` (byte-level BPE from the fixture's tokenizer.json; special token
+ids, add-bos flag, merges and chat template through gguf-py's `SpecialVocab`), and every tensor
+under the name gguf-py's tensor map gives it. Tensors are float32 unless the spec asks for a
+quantized type (below), and then the checkpoint is rounded to the same values: either way the
+imported checkpoint holds the fixture's exact values, and the worker on the `.gguf` must match
+mlx-lm on the original checkpoint token for token (`cargo xtask parity`, fixtures with a "gguf"
+spec).
+
+What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is done here:
+- `llama` (and Mistral and Mixtral, which llama.cpp converts as `llama`): q/k rows regrouped so that rotary
+  pairs are adjacent (its `LlamaModel.permute`); the other architectures use NeoX-style RoPE and
+  keep the Hugging Face rows;
+- `"experts": "MXFP4"` in the spec: expert weights stored as MXFP4 blocks (GPT-OSS's released
+  format); `"matrices": "Q8_0"` (or another type gguf-py can quantize: Q4_0, Q4_1, Q5_0, Q5_1)
+  for the other 2-D weights. The checkpoint's weights are first rounded to the values those
+  blocks hold (`exact_in_gguf`), so checkpoint and GGUF are still the same model;
+- Qwen3-MoE, Mixtral (as `llama`), GPT-OSS: the experts stacked, one 3-D tensor per projection
+  (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`.
+"""
+
+import json
+from pathlib import Path
+
+import gguf
+import mlx.core as mx
+import numpy as np
+
+# config.json model_type -> GGUF architecture.
+ARCHITECTURES = {
+    "llama": gguf.MODEL_ARCH.LLAMA,
+    "mistral": gguf.MODEL_ARCH.LLAMA,
+    "mixtral": gguf.MODEL_ARCH.LLAMA,
+    "qwen2": gguf.MODEL_ARCH.QWEN2,
+    "qwen3": gguf.MODEL_ARCH.QWEN3,
+    "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
+    "phi3": gguf.MODEL_ARCH.PHI3,
+    "gpt_oss": gguf.MODEL_ARCH.GPT_OSS,
+}
+
+# mlx-lm's stacked experts (`<moe>.switch_mlp.<proj>`) -> gguf-py's tensor kind.
+STACKED_EXPERTS = {
+    "gate_proj": gguf.MODEL_TENSOR.FFN_GATE_EXP,
+    "up_proj": gguf.MODEL_TENSOR.FFN_UP_EXP,
+    "down_proj": gguf.MODEL_TENSOR.FFN_DOWN_EXP,
+}
+
+
+def regroup_rotary_rows(w, heads):
+    """llama.cpp's q/k row order: each head's two rotary halves interleaved row by row."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(name, arch, name_map):
+    layer, sep, rest = name.partition(".switch_mlp.")
+    if sep:
+        proj, part = rest.split(".")
+        bid = int(layer.split(".")[2])
+        return gguf.TENSOR_NAMES[STACKED_EXPERTS[proj]].format(bid=bid) + "." + part
+    if name.endswith(".sinks"):
+        # llama.cpp's converter names the sinks like a weight.
+        name += ".weight"
+    mapped = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+    if mapped is None:
+        raise SystemExit(f"gguf_fixture: no GGUF name for {name} ({gguf.MODEL_ARCH_NAMES[arch]})")
+    return mapped
+
+
+def quantized_kind(name, value, spec):
+    """The ggml type `name` is stored as: the spec's `"experts"` type (e.g. "MXFP4", GPT-OSS's
+    released format) for expert weights, its `"matrices"` type (e.g. "Q8_0") for the other
+    2-D weights (embedding and head included, as llama.cpp quantizes them), else None
+    (float32)."""
+    kind = None
+    if ".mlp.experts." in name:
+        kind = spec.get("experts")
+    elif value.ndim == 2:
+        kind = spec.get("matrices")
+    if kind and name.endswith(".weight"):
+        return gguf.GGMLQuantizationType[kind]
+    return None
+
+
+def exact_in_gguf(weights, spec):
+    """`weights` with every tensor the GGUF stores quantized replaced by the values it holds
+    there (quantized and dequantized by gguf-py), so that the checkpoint and the GGUF are the
+    same model and the import must reproduce it exactly."""
+    out = dict(weights)
+    for name, value in weights.items():
+        if (kind := quantized_kind(name, value, spec)) is not None:
+            w = np.array(value, dtype=np.float32)
+            out[name] = mx.array(gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind))
+    return out
+
+
+def tensors(config, weights, arch, spec):
+    name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    for name, value in weights.items():
+        w = np.array(value, dtype=np.float32)
+        if arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.q_proj.weight"):
+            w = regroup_rotary_rows(w, heads)
+        elif arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.k_proj.weight"):
+            w = regroup_rotary_rows(w, kv_heads)
+        if (kind := quantized_kind(name, w, spec)) is not None:
+            q = gguf.quants.quantize(w, kind)
+            # exact_in_gguf made the checkpoint hold these values already.
+            assert np.array_equal(gguf.quants.dequantize(q, kind), w), name
+            yield gguf_name(name, arch, name_map), q, kind
+        else:
+            yield gguf_name(name, arch, name_map), w, None
+
+
+def add_hyperparameters(w, config, arch):
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_rope_freq_base(config["rope_theta"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(int(head_dim * config.get("partial_rotary_factor", 1.0)))
+    if arch == gguf.MODEL_ARCH.QWEN3MOE:
+        w.add_expert_count(config["num_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if config["model_type"] == "mixtral":
+        # As llama.cpp's converter writes Mixtral: no expert_feed_forward_length (the experts
+        # are feed_forward_length wide).
+        w.add_expert_count(config["num_local_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+    if arch == gguf.MODEL_ARCH.GPT_OSS:
+        w.add_expert_count(config["num_local_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(config["intermediate_size"])
+        w.add_sliding_window(config["sliding_window"])
+    if (scaling := config.get("rope_scaling")) and scaling.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
+        w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    if arch == gguf.MODEL_ARCH.PHI3:
+        w.add_rope_scaling_orig_ctx_len(config.get("original_max_position_embeddings", 4096))
+
+
+def add_tokenizer(w, config, fixture_dir, pre):
+    """Byte-level BPE as llama.cpp's `get_vocab_base` writes it: tokens by id (padded to the
+    embedding's rows), added special tokens as control, other added tokens as user-defined."""
+    tokenizer = json.loads((fixture_dir / "tokenizer.json").read_text())
+    by_id = {i: t for t, i in tokenizer["model"]["vocab"].items()}
+    added = {t["id"]: t for t in tokenizer.get("added_tokens", [])}
+    tokens, types = [], []
+    for i in range(config["vocab_size"]):
+        if i in added:
+            tokens.append(added[i]["content"])
+            types.append(gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED)
+        elif i in by_id:
+            tokens.append(by_id[i])
+            types.append(gguf.TokenType.NORMAL)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    gguf.SpecialVocab(fixture_dir, load_merges=True, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+
+
+def write_gguf(config, weights, fixture_dir, name, spec):
+    arch = ARCHITECTURES[config["model_type"]]
+    path = Path(fixture_dir) / f"{name}.gguf"
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_name(name)
+    add_hyperparameters(w, config, arch)
+    add_tokenizer(w, config, Path(fixture_dir), spec.get("pre", "smollm"))
+    for tensor_name, value, kind in tensors(config, weights, arch, spec):
+        w.add_tensor(tensor_name, value, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
