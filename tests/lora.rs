@@ -91,15 +91,11 @@ async fn dora_adapters_rescale_the_rows_and_use_adapter_false_restores_the_base(
         .await
         .unwrap();
     let base_text = text(&w, &base_id, None).await;
-    within(w.call::<Load>(&load_with(&lora_dir)))
-        .await
-        .unwrap();
+    within(w.call::<Load>(&load_with(&lora_dir))).await.unwrap();
     let lora_text = text(&w, &base_id, None).await;
 
     // The same low-rank matrices as DoRA: the magnitudes change the text again.
-    let loaded = within(w.call::<Load>(&load_with(&mlx_dir)))
-        .await
-        .unwrap();
+    let loaded = within(w.call::<Load>(&load_with(&mlx_dir))).await.unwrap();
     assert!(loaded.info.is_lora);
     let dora_text = text(&w, &base_id, None).await;
     assert_ne!(dora_text, base_text, "the DoRA adapter changes greedy text");

@@ -13,7 +13,9 @@
 //! The LoRA update is mlx-lm's `LoRALinear`: `y + (scale * ((x @ a) @ b)).astype(x.dtype)`.
 //! DoRA is mlx-lm's unfused `DoRALinear`: that sum, over the dequantized weight, times
 //! `m / ||W + scale (a b)^T||` per output row, then the bias.
-//! Full fine-tunes, adapters on the embedding or on a mixture of experts' experts, and PEFT
+//! On a mixture of experts' stacked experts (mlx-lm's `LoRASwitchLinear`), `lora_a`
+//! `(experts, r, in)` and `lora_b` `(experts, out, r)` run through the experts' gathered matmuls.
+//! Full fine-tunes, adapters on the embedding, DoRA on experts (mlx-lm has none) and PEFT
 //! extras (`modules_to_save`, per-module ranks) are refused by name.
 
 use std::{
@@ -27,7 +29,7 @@ use std::{
 
 use mlx_rs::{
     linalg::{norm_l2, NormOptions},
-    Array, Axes, Dtype,
+    ops, Array, Axes, Dtype,
 };
 use serde_json::Value;
 
@@ -57,9 +59,9 @@ impl AdapterSwitch {
 /// One layer's update: LoRA's low-rank term, and with DoRA the rescaling of every output row.
 #[derive(Debug)]
 pub struct Lora {
-    /// `(in, r)`.
+    /// `(in, r)`; on stacked experts `(experts, in, r)`.
     a: Array,
-    /// `(r, out)`.
+    /// `(r, out)`; on stacked experts `(experts, r, out)`.
     b: Array,
     scale: f32,
     /// DoRA: `m / ||W + scale (a b)^T||` per output row (float32), computed once at attach:
@@ -93,7 +95,29 @@ impl Lora {
     /// `y + scale * (x a) b`, in `x`'s dtype (mlx-lm's `LoRALinear`).
     fn add_low_rank(&self, x: &Array, y: Array) -> Result<Array> {
         let z = x.matmul(&self.a)?.matmul(&self.b)?;
-        y.add(weak_scale(self.scale, &z)?.multiply(&z)?.as_dtype(x.dtype())?)
+        self.add_scaled(x, y, &z)
+    }
+
+    /// Stacked experts' `y` (mlx-lm's `LoRASwitchLinear`): `y + scale * (x a[e]) b[e]` for the
+    /// expert `e` each row of `indices` names, through the same gathered matmuls.
+    pub fn add_to_experts(
+        &self,
+        x: &Array,
+        y: Array,
+        indices: &Array,
+        sorted: bool,
+    ) -> Result<Array> {
+        let z = ops::gather_mm(x, &self.a, None, indices, sorted)?;
+        let z = ops::gather_mm(&z, &self.b, None, indices, sorted)?;
+        self.add_scaled(x, y, &z)
+    }
+
+    fn add_scaled(&self, x: &Array, y: Array, z: &Array) -> Result<Array> {
+        y.add(
+            weak_scale(self.scale, z)?
+                .multiply(z)?
+                .as_dtype(x.dtype())?,
+        )
     }
 }
 
@@ -105,8 +129,22 @@ fn weak_scale(scale: f32, like: &Array) -> Result<Array> {
 /// DoRA's row scale `m / ||W + (scale b^T) a^T||` (L2 norm of each output row), as mlx-lm's
 /// `DoRALinear` computes it; without a stored `m`, mlx-lm's default, the base rows' norms in
 /// float32.
-fn dora_norm_scale(linear: &Linear, a: &Array, b: &Array, scale: f32, m: Option<Array>) -> Result<Array> {
-    let row_norms = |w: &Array| norm_l2(w, NormOptions { axes: Axes::Axis(1), keep_dims: false });
+fn dora_norm_scale(
+    linear: &Linear,
+    a: &Array,
+    b: &Array,
+    scale: f32,
+    m: Option<Array>,
+) -> Result<Array> {
+    let row_norms = |w: &Array| {
+        norm_l2(
+            w,
+            NormOptions {
+                axes: Axes::Axis(1),
+                keep_dims: false,
+            },
+        )
+    };
     let w = linear.dense_weight()?;
     let m = match m {
         Some(m) => m,
@@ -203,7 +241,9 @@ impl Adapter {
         if kind != "lora" && kind != "dora" {
             return Err(unsupported(
                 dir,
-                format!("fine_tune_type `{kind}` is not supported; only lora and dora adapters are"),
+                format!(
+                    "fine_tune_type `{kind}` is not supported; only lora and dora adapters are"
+                ),
             ));
         }
         // Required, as mlx-lm requires it (its `alpha` is not this).
@@ -221,7 +261,11 @@ impl Adapter {
             _ => None,
         })?;
         let dora = kind == "dora";
-        Ok(Self { layers, scale, dora })
+        Ok(Self {
+            layers,
+            scale,
+            dora,
+        })
     }
 
     fn load_peft(dir: &Path, config: &Value) -> LoadResult<Self> {
@@ -268,7 +312,11 @@ impl Adapter {
             Some((layer.to_owned(), part, t))
         })?;
         let dora = config["use_dora"].as_bool() == Some(true);
-        Ok(Self { layers, scale, dora })
+        Ok(Self {
+            layers,
+            scale,
+            dora,
+        })
     }
 
     /// Adds the updates to `linears` (the model's, by checkpoint name); returns the switch.
@@ -293,17 +341,12 @@ impl Adapter {
                     format!("it adapts `{name}`, which this model does not have"),
                 )
             })?;
-            // A mixture of experts' projections hold one matrix per expert.
-            if linear.weight.ndim() != 2 {
-                return Err(unsupported(
-                    dir,
-                    format!(
-                        "LoRA on the experts of a mixture of experts (`{name}`) is not supported"
-                    ),
-                ));
-            }
             let (a, b, m) = match update {
-                Update { a: Some(a), b: Some(b), m } => (a, b, m),
+                Update {
+                    a: Some(a),
+                    b: Some(b),
+                    m,
+                } => (a, b, m),
                 Update { a: None, .. } => {
                     return Err(invalid(dir, format!("`{name}` has no LoRA `a` matrix")))
                 }
@@ -320,11 +363,31 @@ impl Adapter {
                     ),
                 ));
             }
-            let (out_dims, in_dims) = linear.dims();
-            let fits = a.ndim() == 2
-                && b.ndim() == 2
-                && a.dim(0) == in_dims
-                && b.shape() == [a.dim(1), out_dims]
+            // A mixture of experts' projections hold one matrix per expert: mlx-lm's file has
+            // `lora_a (experts, r, in)`, `lora_b (experts, out, r)`, used swapped.
+            let experts = linear.weight.ndim() == 3;
+            if experts && self.dora {
+                return Err(unsupported(
+                    dir,
+                    format!(
+                        "DoRA on the experts of a mixture of experts (`{name}`) is not \
+                         supported (mlx-lm does not support it either)"
+                    ),
+                ));
+            }
+            let (a, b) = match experts {
+                true => (
+                    a.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
+                    b.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
+                ),
+                false => (a, b),
+            };
+            // `(out, in)`; `dims` reads stacked experts' weights as `(experts, in)`.
+            let (out_dims, in_dims) = (linear.weight.dim(-2), linear.dims().1);
+            let lead = &linear.weight.shape()[..linear.weight.ndim() - 2];
+            let rank = a.shape().last().copied().unwrap_or(0);
+            let fits = a.shape() == [lead, &[in_dims, rank]].concat()
+                && b.shape() == [lead, &[rank, out_dims]].concat()
                 && m.as_ref().is_none_or(|m| m.shape() == [out_dims]);
             if !fits {
                 let m_shape = m.as_ref().map(|m| m.shape().to_vec());

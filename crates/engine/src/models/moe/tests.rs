@@ -255,17 +255,27 @@ fn dense_bfloat16_experts_are_refused_on_the_cpu_only() {
 }
 
 #[test]
-fn lora_on_the_experts_is_refused_by_name() {
+fn dora_on_the_experts_is_refused_by_name() {
     let _lock = mlx_test_lock();
     let mut model = load(&config(), hf_tensors());
     let dir = std::env::temp_dir().join(format!("moe-lora-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let config = json!({"fine_tune_type": "lora", "lora_parameters": {"scale": 2.0}});
+    let config = json!({"fine_tune_type": "dora", "lora_parameters": {"scale": 2.0}});
     std::fs::write(dir.join("adapter_config.json"), config.to_string()).unwrap();
     let layer = "model.layers.0.block_sparse_moe.switch_mlp.up_proj";
+    let (experts, out, inp) = {
+        let w = &model
+            .linears_mut()
+            .into_iter()
+            .find(|(n, _)| n == layer)
+            .unwrap()
+            .1
+            .weight;
+        (w.dim(0), w.dim(1), w.dim(2))
+    };
     let tensors = [
-        (format!("{layer}.lora_a"), random(&[64, 4])),
-        (format!("{layer}.lora_b"), random(&[4, 64])),
+        (format!("{layer}.lora_a"), random(&[experts, 4, inp])),
+        (format!("{layer}.lora_b"), random(&[experts, out, 4])),
     ];
     let file = dir.join("adapters.safetensors");
     Array::save_safetensors(tensors, None, &file).unwrap();
