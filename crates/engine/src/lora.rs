@@ -321,13 +321,13 @@ impl Adapter {
 
     /// Adds the updates to `linears` (the model's, by checkpoint name); returns the switch.
     pub fn attach(
-        self,
+        mut self,
         dir: &Path,
         linears: Vec<(String, &mut Linear)>,
     ) -> LoadResult<AdapterSwitch> {
         let switch = AdapterSwitch::new();
         let mut linears: BTreeMap<String, &mut Linear> = linears.into_iter().collect();
-        for (name, update) in self.layers {
+        while let Some((name, update)) = self.layers.pop_first() {
             // The embedding is a table lookup here, not a matmul a low-rank update could join.
             if name == "model.embed_tokens" {
                 return Err(unsupported(
@@ -341,82 +341,96 @@ impl Adapter {
                     format!("it adapts `{name}`, which this model does not have"),
                 )
             })?;
-            let (a, b, m) = match update {
-                Update {
-                    a: Some(a),
-                    b: Some(b),
-                    m,
-                } => (a, b, m),
-                Update { a: None, .. } => {
-                    return Err(invalid(dir, format!("`{name}` has no LoRA `a` matrix")))
-                }
-                Update { b: None, .. } => {
-                    return Err(invalid(dir, format!("`{name}` has no LoRA `b` matrix")))
-                }
-            };
-            if m.is_some() && !self.dora {
-                return Err(invalid(
-                    dir,
-                    format!(
-                        "`{name}` has a DoRA magnitude but adapter_config.json does not ask for \
-                         DoRA (`fine_tune_type: dora` or `use_dora: true`)"
-                    ),
-                ));
-            }
-            // A mixture of experts' projections hold one matrix per expert: mlx-lm's file has
-            // `lora_a (experts, r, in)`, `lora_b (experts, out, r)`, used swapped.
-            let experts = linear.weight.ndim() == 3;
-            if experts && self.dora {
-                return Err(unsupported(
-                    dir,
-                    format!(
-                        "DoRA on the experts of a mixture of experts (`{name}`) is not \
-                         supported (mlx-lm does not support it either)"
-                    ),
-                ));
-            }
-            let (a, b) = match experts {
-                true => (
-                    a.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
-                    b.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
-                ),
-                false => (a, b),
-            };
-            // `(out, in)`; `dims` reads stacked experts' weights as `(experts, in)`.
-            let (out_dims, in_dims) = (linear.weight.dim(-2), linear.dims().1);
-            let lead = &linear.weight.shape()[..linear.weight.ndim() - 2];
-            let rank = a.shape().last().copied().unwrap_or(0);
-            let fits = a.shape() == [lead, &[in_dims, rank]].concat()
-                && b.shape() == [lead, &[rank, out_dims]].concat()
-                && m.as_ref().is_none_or(|m| m.shape() == [out_dims]);
-            if !fits {
-                let m_shape = m.as_ref().map(|m| m.shape().to_vec());
-                return Err(invalid(
-                    dir,
-                    format!(
-                        "`{name}`: adapter shapes a {:?}, b {:?}, magnitude {m_shape:?} do not fit \
-                         a {in_dims} -> {out_dims} layer (is this adapter for another model?)",
-                        a.shape(),
-                        b.shape()
-                    ),
-                ));
-            }
-            let dora = match self.dora {
-                true => Some(
-                    dora_norm_scale(linear, &a, &b, self.scale, m)
-                        .map_err(|e| invalid(dir, format!("`{name}`: {e}")))?,
-                ),
-                false => None,
-            };
-            linear.lora = Some(Lora {
-                a,
-                b,
-                scale: self.scale,
-                dora,
-                switch: switch.clone(),
-            });
+            linear.lora = Some(Box::new(
+                self.update_of(dir, &name, linear, update, &switch)?,
+            ));
         }
         Ok(switch)
+    }
+
+    /// `linear`'s update from the file's tensors, checked against the layer.
+    fn update_of(
+        &self,
+        dir: &Path,
+        name: &str,
+        linear: &Linear,
+        update: Update,
+        switch: &AdapterSwitch,
+    ) -> LoadResult<Lora> {
+        let (a, b, m) = match update {
+            Update {
+                a: Some(a),
+                b: Some(b),
+                m,
+            } => (a, b, m),
+            Update { a: None, .. } => {
+                return Err(invalid(dir, format!("`{name}` has no LoRA `a` matrix")))
+            }
+            Update { b: None, .. } => {
+                return Err(invalid(dir, format!("`{name}` has no LoRA `b` matrix")))
+            }
+        };
+        if m.is_some() && !self.dora {
+            return Err(invalid(
+                dir,
+                format!(
+                    "`{name}` has a DoRA magnitude but adapter_config.json does not ask for \
+                     DoRA (`fine_tune_type: dora` or `use_dora: true`)"
+                ),
+            ));
+        }
+        // A mixture of experts' projections hold one matrix per expert: mlx-lm's file has
+        // `lora_a (experts, r, in)`, `lora_b (experts, out, r)`, used swapped.
+        let experts = linear.weight.ndim() == 3;
+        if experts && self.dora {
+            return Err(unsupported(
+                dir,
+                format!(
+                    "DoRA on the experts of a mixture of experts (`{name}`) is not supported \
+                     (mlx-lm does not support it either)"
+                ),
+            ));
+        }
+        let (a, b) = match experts {
+            true => (
+                a.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
+                b.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
+            ),
+            false => (a, b),
+        };
+        // `(out, in)`; `dims` reads stacked experts' weights as `(experts, in)`.
+        let (out_dims, in_dims) = (linear.weight.dim(-2), linear.dims().1);
+        let lead = &linear.weight.shape()[..linear.weight.ndim() - 2];
+        let rank = a.shape().last().copied().unwrap_or(0);
+        let fits = a.shape() == [lead, &[in_dims, rank]].concat()
+            && b.shape() == [lead, &[rank, out_dims]].concat()
+            && m.as_ref().is_none_or(|m| m.shape() == [out_dims]);
+        if !fits {
+            let m_shape = m.as_ref().map(|m| m.shape().to_vec());
+            return Err(invalid(
+                dir,
+                format!(
+                    "`{name}`: adapter shapes a {:?}, b {:?}, magnitude {m_shape:?} do not fit a \
+                     {in_dims} -> {out_dims} layer (is this adapter for another model?)",
+                    a.shape(),
+                    b.shape()
+                ),
+            ));
+        }
+        let dora = match self.dora {
+            true => Some(
+                dora_norm_scale(linear, &a, &b, self.scale, m)
+                    .map_err(|e| invalid(dir, format!("`{name}`: {e}")))?,
+            ),
+            false => None,
+        };
+        Ok(Lora {
+            a,
+            b,
+            scale: self.scale,
+            dora,
+            switch: switch.clone(),
+        })
     }
 }
 

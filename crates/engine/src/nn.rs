@@ -20,7 +20,7 @@ pub struct Linear {
     pub bias: Option<Array>,
     pub quantized: Option<Quantized>,
     /// A LoRA or DoRA adapter's update, applied while its switch is on.
-    pub lora: Option<Lora>,
+    pub lora: Option<Box<Lora>>,
 }
 
 impl Linear {
