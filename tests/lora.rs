@@ -46,9 +46,9 @@ async fn adapters_change_the_text_and_use_adapter_false_restores_the_base() {
     let base_text = text(&w, &base_id, None).await;
 
     // The same model with an adapter replaces the plain one (one resident per model id).
-    let mut with_adapter = LoadParams::new(&base_id);
-    with_adapter.adapter = Some(model_id(&mlx_dir));
-    let loaded = within(w.call::<Load>(&with_adapter)).await.unwrap();
+    let loaded = within(w.call::<Load>(&load_with(&base_id, &mlx_dir)))
+        .await
+        .unwrap();
     assert!(loaded.info.is_lora);
     let lora_text = text(&w, &base_id, None).await;
     assert_ne!(lora_text, base_text, "the adapter changes greedy text");
@@ -81,21 +81,20 @@ async fn dora_adapters_rescale_the_rows_and_use_adapter_false_restores_the_base(
     write_tiny_dora(&mlx_dir, 7, AdapterLayout::MlxLm, &base_id).unwrap();
     write_tiny_dora(&peft_dir, 7, AdapterLayout::Peft, &base_id).unwrap();
     let w = worker(&[]);
-    let load_with = |adapter: &std::path::Path| {
-        let mut p = LoadParams::new(&base_id);
-        p.adapter = Some(model_id(adapter));
-        p
-    };
 
     within(w.call::<Load>(&LoadParams::new(&base_id)))
         .await
         .unwrap();
     let base_text = text(&w, &base_id, None).await;
-    within(w.call::<Load>(&load_with(&lora_dir))).await.unwrap();
+    within(w.call::<Load>(&load_with(&base_id, &lora_dir)))
+        .await
+        .unwrap();
     let lora_text = text(&w, &base_id, None).await;
 
     // The same low-rank matrices as DoRA: the magnitudes change the text again.
-    let loaded = within(w.call::<Load>(&load_with(&mlx_dir))).await.unwrap();
+    let loaded = within(w.call::<Load>(&load_with(&base_id, &mlx_dir)))
+        .await
+        .unwrap();
     assert!(loaded.info.is_lora);
     let dora_text = text(&w, &base_id, None).await;
     assert_ne!(dora_text, base_text, "the DoRA adapter changes greedy text");
@@ -123,17 +122,12 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
         .unwrap();
     let before = text(&w, &base_id, None).await;
 
-    let load_with = |adapter: &std::path::Path| {
-        let mut p = LoadParams::new(&base_id);
-        p.adapter = Some(model_id(adapter));
-        p
-    };
     let refused = |e: protocol::ResponseError| e.data_as::<LoadFailedData>().unwrap();
 
     // No adapter there.
     let missing = base.path().join("no-such-adapter");
     let e = rpc_error(
-        w.call::<Load>(&load_with(&missing)).await,
+        w.call::<Load>(&load_with(&base_id, &missing)).await,
         ErrorCode::LoadFailed,
     );
     assert_eq!(refused(e).kind, LoadErrorKind::NotFound);
@@ -148,7 +142,7 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
         "layers.9.",
     );
     let e = rpc_error(
-        w.call::<Load>(&load_with(&deeper)).await,
+        w.call::<Load>(&load_with(&base_id, &deeper)).await,
         ErrorCode::LoadFailed,
     );
     let data = refused(e);
@@ -165,7 +159,7 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
         "model.embed_tokens",
     );
     let e = rpc_error(
-        w.call::<Load>(&load_with(&embedding)).await,
+        w.call::<Load>(&load_with(&base_id, &embedding)).await,
         ErrorCode::LoadFailed,
     );
     let data = refused(e);
@@ -177,7 +171,7 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
     write_tiny_lora(&full, 1, AdapterLayout::MlxLm, &base_id).unwrap();
     edit_config(&full, |c| c["fine_tune_type"] = "full".into());
     let e = rpc_error(
-        w.call::<Load>(&load_with(&full)).await,
+        w.call::<Load>(&load_with(&base_id, &full)).await,
         ErrorCode::LoadFailed,
     );
     let data = refused(e);
@@ -189,7 +183,7 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
     write_tiny_dora(&half_dora, 1, AdapterLayout::Peft, &base_id).unwrap();
     edit_config(&half_dora, |c| c["use_dora"] = false.into());
     let e = rpc_error(
-        w.call::<Load>(&load_with(&half_dora)).await,
+        w.call::<Load>(&load_with(&base_id, &half_dora)).await,
         ErrorCode::LoadFailed,
     );
     let data = refused(e);
@@ -199,6 +193,13 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
     // The plain model is still resident and answers as before.
     assert_eq!(text(&w, &base_id, None).await, before);
     w.shutdown().await.unwrap();
+}
+
+/// Loads `base_id` with the adapter in `adapter`.
+fn load_with(base_id: &str, adapter: &std::path::Path) -> LoadParams {
+    let mut p = LoadParams::new(base_id);
+    p.adapter = Some(model_id(adapter));
+    p
 }
 
 /// Rewrites `dir`'s adapter_config.json through `edit`.
