@@ -1,11 +1,11 @@
-//! End-to-end: LoRA adapters through the real `mlx-worker` binary on a tiny random Llama. The
-//! numbers of an adapter are checked against mlx-lm by `cargo xtask parity` (tiny-lora
-//! fixtures); here: the `adapter` param, an adapter directory given as `model`, PEFT and mlx-lm
-//! layouts giving the same text, the `use_adapter` switch per request, and bad adapters
-//! refused with the resident model left usable.
+//! End-to-end: LoRA and DoRA adapters through the real `mlx-worker` binary on a tiny random
+//! Llama. The numbers of an adapter are checked against mlx-lm by `cargo xtask parity`
+//! (tiny-lora, tiny-dora fixtures); here: the `adapter` param, an adapter directory given as
+//! `model`, PEFT and mlx-lm layouts giving the same text, the `use_adapter` switch per request,
+//! and bad adapters refused with the resident model left usable.
 
 use crate::support::{greedy, model_id, rpc_error, tiny_model, within, worker};
-use fixtures::{write_tiny_lora, AdapterLayout, TinyLlama};
+use fixtures::{write_tiny_dora, write_tiny_lora, AdapterLayout, TinyLlama};
 use protocol::error::LoadFailedData;
 use protocol::methods::*;
 use protocol::{Client, ErrorCode, LoadErrorKind};
@@ -46,9 +46,9 @@ async fn adapters_change_the_text_and_use_adapter_false_restores_the_base() {
     let base_text = text(&w, &base_id, None).await;
 
     // The same model with an adapter replaces the plain one (one resident per model id).
-    let mut with_adapter = LoadParams::new(&base_id);
-    with_adapter.adapter = Some(model_id(&mlx_dir));
-    let loaded = within(w.call::<Load>(&with_adapter)).await.unwrap();
+    let loaded = within(w.call::<Load>(&load_with(&base_id, &mlx_dir)))
+        .await
+        .unwrap();
     assert!(loaded.info.is_lora);
     let lora_text = text(&w, &base_id, None).await;
     assert_ne!(lora_text, base_text, "the adapter changes greedy text");
@@ -70,6 +70,49 @@ async fn adapters_change_the_text_and_use_adapter_false_restores_the_base() {
 }
 
 #[tokio::test]
+async fn dora_adapters_rescale_the_rows_and_use_adapter_false_restores_the_base() {
+    let base = tiny_model(&TinyLlama::default());
+    let base_id = model_id(base.path());
+    let adapters = tempfile::tempdir().unwrap();
+    let lora_dir = adapters.path().join("lora");
+    let mlx_dir = adapters.path().join("mlx-lm-dora");
+    let peft_dir = adapters.path().join("peft-dora");
+    write_tiny_lora(&lora_dir, 7, AdapterLayout::MlxLm, &base_id).unwrap();
+    write_tiny_dora(&mlx_dir, 7, AdapterLayout::MlxLm, &base_id).unwrap();
+    write_tiny_dora(&peft_dir, 7, AdapterLayout::Peft, &base_id).unwrap();
+    let w = worker(&[]);
+
+    within(w.call::<Load>(&LoadParams::new(&base_id)))
+        .await
+        .unwrap();
+    let base_text = text(&w, &base_id, None).await;
+    within(w.call::<Load>(&load_with(&base_id, &lora_dir)))
+        .await
+        .unwrap();
+    let lora_text = text(&w, &base_id, None).await;
+
+    // The same low-rank matrices as DoRA: the magnitudes change the text again.
+    let loaded = within(w.call::<Load>(&load_with(&base_id, &mlx_dir)))
+        .await
+        .unwrap();
+    assert!(loaded.info.is_lora);
+    let dora_text = text(&w, &base_id, None).await;
+    assert_ne!(dora_text, base_text, "the DoRA adapter changes greedy text");
+    assert_ne!(dora_text, lora_text, "DoRA's magnitudes change greedy text");
+    assert_eq!(text(&w, &base_id, Some(false)).await, base_text);
+    assert_eq!(text(&w, &base_id, Some(true)).await, dora_text);
+
+    // PEFT's `use_dora` layout of the same numbers gives the same text.
+    let peft_id = model_id(&peft_dir);
+    within(w.call::<Load>(&LoadParams::new(&peft_id)))
+        .await
+        .unwrap();
+    assert_eq!(text(&w, &peft_id, None).await, dora_text);
+    assert_eq!(text(&w, &peft_id, Some(false)).await, base_text);
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
     let base = tiny_model(&TinyLlama::default());
     let base_id = model_id(base.path());
@@ -79,17 +122,12 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
         .unwrap();
     let before = text(&w, &base_id, None).await;
 
-    let load_with = |adapter: &std::path::Path| {
-        let mut p = LoadParams::new(&base_id);
-        p.adapter = Some(model_id(adapter));
-        p
-    };
     let refused = |e: protocol::ResponseError| e.data_as::<LoadFailedData>().unwrap();
 
     // No adapter there.
     let missing = base.path().join("no-such-adapter");
     let e = rpc_error(
-        w.call::<Load>(&load_with(&missing)).await,
+        w.call::<Load>(&load_with(&base_id, &missing)).await,
         ErrorCode::LoadFailed,
     );
     assert_eq!(refused(e).kind, LoadErrorKind::NotFound);
@@ -104,7 +142,7 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
         "layers.9.",
     );
     let e = rpc_error(
-        w.call::<Load>(&load_with(&deeper)).await,
+        w.call::<Load>(&load_with(&base_id, &deeper)).await,
         ErrorCode::LoadFailed,
     );
     let data = refused(e);
@@ -121,32 +159,56 @@ async fn bad_adapters_are_refused_and_the_resident_model_stays_usable() {
         "model.embed_tokens",
     );
     let e = rpc_error(
-        w.call::<Load>(&load_with(&embedding)).await,
+        w.call::<Load>(&load_with(&base_id, &embedding)).await,
         ErrorCode::LoadFailed,
     );
     let data = refused(e);
     assert_eq!(data.kind, LoadErrorKind::UnsupportedArchitecture);
     assert!(data.detail.contains("embed_tokens"), "{}", data.detail);
 
-    // DoRA is refused by name.
-    let dora = adapters.path().join("dora");
-    write_tiny_lora(&dora, 1, AdapterLayout::Peft, &base_id).unwrap();
-    let config = dora.join("adapter_config.json");
-    let mut json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
-    json["use_dora"] = true.into();
-    std::fs::write(&config, json.to_string()).unwrap();
+    // A full fine-tune is refused, naming the kind.
+    let full = adapters.path().join("full");
+    write_tiny_lora(&full, 1, AdapterLayout::MlxLm, &base_id).unwrap();
+    edit_config(&full, |c| c["fine_tune_type"] = "full".into());
     let e = rpc_error(
-        w.call::<Load>(&load_with(&dora)).await,
+        w.call::<Load>(&load_with(&base_id, &full)).await,
         ErrorCode::LoadFailed,
     );
     let data = refused(e);
     assert_eq!(data.kind, LoadErrorKind::UnsupportedArchitecture);
-    assert!(data.detail.contains("DoRA"), "{}", data.detail);
+    assert!(data.detail.contains("`full`"), "{}", data.detail);
+
+    // DoRA magnitudes in an adapter whose config does not ask for DoRA.
+    let half_dora = adapters.path().join("half-dora");
+    write_tiny_dora(&half_dora, 1, AdapterLayout::Peft, &base_id).unwrap();
+    edit_config(&half_dora, |c| c["use_dora"] = false.into());
+    let e = rpc_error(
+        w.call::<Load>(&load_with(&base_id, &half_dora)).await,
+        ErrorCode::LoadFailed,
+    );
+    let data = refused(e);
+    assert_eq!(data.kind, LoadErrorKind::InvalidWeights);
+    assert!(data.detail.contains("use_dora"), "{}", data.detail);
 
     // The plain model is still resident and answers as before.
     assert_eq!(text(&w, &base_id, None).await, before);
     w.shutdown().await.unwrap();
+}
+
+/// Loads `base_id` with the adapter in `adapter`.
+fn load_with(base_id: &str, adapter: &std::path::Path) -> LoadParams {
+    let mut p = LoadParams::new(base_id);
+    p.adapter = Some(model_id(adapter));
+    p
+}
+
+/// Rewrites `dir`'s adapter_config.json through `edit`.
+fn edit_config(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let config = dir.join("adapter_config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    edit(&mut json);
+    std::fs::write(&config, json.to_string()).unwrap();
 }
 
 /// Rewrites a safetensors file with `from` replaced by `to` in every tensor name.

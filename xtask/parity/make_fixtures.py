@@ -269,12 +269,23 @@ def config_for(spec):
 
 
 def write_adapter(model, adapter, out):
-    """A LoRA adapter as `mlx_lm.lora` saves one, over `model` (whose weights are already taken).
+    """A LoRA or DoRA adapter ("fine_tune_type") as `mlx_lm.lora` saves one, over `model`
+    (whose weights are already taken).
 
     mlx-lm's own `linear_to_lora_layers` wraps the layers; `lora_b` starts at zero there (an
-    untrained adapter changes nothing), so it is drawn at random like `lora_a`, and the adapter
-    file is the trainable parameters, as training writes it.
+    untrained adapter changes nothing), so it is drawn at random like `lora_a`; DoRA's magnitude
+    `m` starts as the base rows' norms and is scaled at random per row. The adapter file is the
+    trainable parameters, as training writes it.
     """
+    kind = adapter.get("fine_tune_type", "lora")
+
+    def trained(path, p):
+        if path.endswith("lora_b"):
+            return mx.random.uniform(-0.5, 0.5, p.shape)
+        if path.endswith(".m"):
+            return p * mx.random.uniform(0.5, 1.5, p.shape)
+        return p
+
     params = {
         "rank": adapter.get("rank", 8),
         "scale": adapter.get("scale", 10.0),
@@ -283,16 +294,11 @@ def write_adapter(model, adapter, out):
     }
     num_layers = adapter.get("num_layers", -1)
     model.freeze()
-    linear_to_lora_layers(model, num_layers, params)
-    model.update(
-        tree_map_with_path(
-            lambda path, p: mx.random.uniform(-0.5, 0.5, p.shape) if path.endswith("lora_b") else p,
-            model.trainable_parameters(),
-        )
-    )
+    linear_to_lora_layers(model, num_layers, params, use_dora=kind == "dora")
+    model.update(tree_map_with_path(trained, model.trainable_parameters()))
     out.mkdir(parents=True)
     mx.save_safetensors(str(out / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
-    config = {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params}
+    config = {"fine_tune_type": kind, "num_layers": num_layers, "lora_parameters": params}
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
 
 

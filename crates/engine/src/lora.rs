@@ -1,17 +1,22 @@
-//! LoRA adapters: reading one from disk and adding its low-rank updates to a model's linear
+//! LoRA and DoRA adapters: reading one from disk and adding its updates to a model's linear
 //! layers, with a switch that turns them all off for one generation (`use_adapter: false`).
 //!
 //! Two layouts are read:
-//! - mlx-lm's (`mlx_lm.lora` writes it): `adapter_config.json` with `fine_tune_type` and
-//!   `lora_parameters.scale`, and `adapters.safetensors` holding `<layer>.lora_a` `(in, r)` and
-//!   `<layer>.lora_b` `(r, out)`.
+//! - mlx-lm's (`mlx_lm.lora` writes it): `adapter_config.json` with `fine_tune_type` (`lora` or
+//!   `dora`) and `lora_parameters.scale`, and `adapters.safetensors` holding `<layer>.lora_a`
+//!   `(in, r)`, `<layer>.lora_b` `(r, out)` and, for DoRA, the magnitude `<layer>.m` `(out,)`.
 //! - PEFT's (Unsloth and transformers write it): `adapter_config.json` with `peft_type: LORA`,
-//!   `r`, `lora_alpha`, `use_rslora`, and `adapter_model.safetensors` holding
-//!   `base_model.model.<layer>.lora_A.weight` `(r, in)` and `.lora_B.weight` `(out, r)`.
+//!   `r`, `lora_alpha`, `use_rslora`, `use_dora`, and `adapter_model.safetensors` holding
+//!   `base_model.model.<layer>.lora_A.weight` `(r, in)`, `.lora_B.weight` `(out, r)` and, for
+//!   DoRA, `.lora_magnitude_vector` `(out,)`.
 //!
-//! The update is mlx-lm's `LoRALinear`: `y + (scale * ((x @ a) @ b)).astype(x.dtype)`.
-//! DoRA, full fine-tunes, LoRA on the embedding and PEFT extras (`modules_to_save`, per-module
-//! ranks) are refused by name.
+//! The LoRA update is mlx-lm's `LoRALinear`: `y + (scale * ((x @ a) @ b)).astype(x.dtype)`.
+//! DoRA is mlx-lm's unfused `DoRALinear`: that sum, over the dequantized weight, times
+//! `m / ||W + scale (a b)^T||` per output row, then the bias.
+//! On a mixture of experts' stacked experts (mlx-lm's `LoRASwitchLinear`), `lora_a`
+//! `(experts, r, in)` and `lora_b` `(experts, out, r)` run through the experts' gathered matmuls.
+//! Full fine-tunes, adapters on the embedding, DoRA on experts (mlx-lm has none) and PEFT
+//! extras (`modules_to_save`, per-module ranks) are refused by name.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -22,7 +27,10 @@ use std::{
     },
 };
 
-use mlx_rs::Array;
+use mlx_rs::{
+    linalg::{norm_l2, NormOptions},
+    ops, Array, Axes, Dtype,
+};
 use serde_json::Value;
 
 use crate::{
@@ -48,35 +56,122 @@ impl AdapterSwitch {
     }
 }
 
-/// One layer's low-rank update.
+/// One layer's update: LoRA's low-rank term, and with DoRA the rescaling of every output row.
 #[derive(Debug)]
 pub struct Lora {
-    /// `(in, r)`.
+    /// `(in, r)`; on stacked experts `(experts, in, r)`.
     a: Array,
-    /// `(r, out)`.
+    /// `(r, out)`; on stacked experts `(experts, r, out)`.
     b: Array,
     scale: f32,
+    /// DoRA: `m / ||W + scale (a b)^T||` per output row (float32), computed once at attach:
+    /// it depends on weights only.
+    dora: Option<Array>,
     switch: AdapterSwitch,
 }
 
 impl Lora {
-    /// `y + scale * (x a) b`, in `x`'s dtype, while the switch is on.
-    pub fn add_to(&self, x: &Array, y: Array) -> Result<Array> {
-        if !self.switch.is_on() {
-            return Ok(y);
-        }
-        let z = x.matmul(&self.a)?.matmul(&self.b)?;
-        // A Python float times an array takes the array's dtype (MLX's weak scalars).
-        let scale = Array::from_f32(self.scale).as_dtype(z.dtype())?;
-        y.add(scale.multiply(&z)?.as_dtype(x.dtype())?)
+    pub fn is_on(&self) -> bool {
+        self.switch.is_on()
     }
+
+    /// `linear`'s output with this update.
+    pub fn forward(&self, linear: &Linear, x: &Array) -> Result<Array> {
+        let Some(norm_scale) = &self.dora else {
+            return self.add_low_rank(x, linear.forward_base(x)?);
+        };
+        // mlx-lm's `DoRALinear`: the base through its dequantized weight, the low-rank term
+        // added, the rows rescaled, then the bias.
+        let y = x.matmul(linear.dense_weight()?.t())?;
+        let y = norm_scale
+            .as_dtype(x.dtype())?
+            .multiply(self.add_low_rank(x, y)?)?;
+        match &linear.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+
+    /// `y + scale * (x a) b`, in `x`'s dtype (mlx-lm's `LoRALinear`).
+    fn add_low_rank(&self, x: &Array, y: Array) -> Result<Array> {
+        let z = x.matmul(&self.a)?.matmul(&self.b)?;
+        self.add_scaled(x, y, &z)
+    }
+
+    /// Stacked experts' `y` (mlx-lm's `LoRASwitchLinear`): `y + scale * (x a[e]) b[e]` for the
+    /// expert `e` each row of `indices` names, through the same gathered matmuls.
+    pub fn add_to_experts(
+        &self,
+        x: &Array,
+        y: Array,
+        indices: &Array,
+        sorted: bool,
+    ) -> Result<Array> {
+        let z = ops::gather_mm(x, &self.a, None, indices, sorted)?;
+        let z = ops::gather_mm(&z, &self.b, None, indices, sorted)?;
+        self.add_scaled(x, y, &z)
+    }
+
+    fn add_scaled(&self, x: &Array, y: Array, z: &Array) -> Result<Array> {
+        y.add(
+            weak_scale(self.scale, z)?
+                .multiply(z)?
+                .as_dtype(x.dtype())?,
+        )
+    }
+}
+
+/// A Python float times an array takes the array's dtype (MLX's weak scalars).
+fn weak_scale(scale: f32, like: &Array) -> Result<Array> {
+    Array::from_f32(scale).as_dtype(like.dtype())
+}
+
+/// DoRA's row scale `m / ||W + (scale b^T) a^T||` (L2 norm of each output row), as mlx-lm's
+/// `DoRALinear` computes it; without a stored `m`, mlx-lm's default, the base rows' norms in
+/// float32.
+fn dora_norm_scale(
+    linear: &Linear,
+    a: &Array,
+    b: &Array,
+    scale: f32,
+    m: Option<Array>,
+) -> Result<Array> {
+    let row_norms = |w: &Array| {
+        norm_l2(
+            w,
+            NormOptions {
+                axes: Axes::Axis(1),
+                keep_dims: false,
+            },
+        )
+    };
+    let w = linear.dense_weight()?;
+    let m = match m {
+        Some(m) => m,
+        None => row_norms(&w.as_dtype(Dtype::Float32)?)?,
+    };
+    let delta = weak_scale(scale, b)?.multiply(b.t())?.matmul(a.t())?;
+    let norm_scale = m.divide(row_norms(&w.add(delta)?)?)?;
+    norm_scale.eval()?;
+    Ok(norm_scale)
+}
+
+/// One adapted layer as the file holds it.
+#[derive(Default)]
+struct Update {
+    /// `(in, r)`.
+    a: Option<Array>,
+    /// `(r, out)`.
+    b: Option<Array>,
+    /// DoRA's magnitude, `(out,)`.
+    m: Option<Array>,
 }
 
 /// An adapter read from disk, not yet attached.
 pub struct Adapter {
-    /// `layer name -> (a (in, r), b (r, out))`.
-    layers: BTreeMap<String, (Array, Array)>,
+    layers: BTreeMap<String, Update>,
     scale: f32,
+    dora: bool,
 }
 
 type LoadResult<T> = std::result::Result<T, EngineError>;
@@ -143,10 +238,12 @@ impl Adapter {
 
     fn load_mlx_lm(dir: &Path, config: &Value) -> LoadResult<Self> {
         let kind = config["fine_tune_type"].as_str().unwrap_or("lora");
-        if kind != "lora" {
+        if kind != "lora" && kind != "dora" {
             return Err(unsupported(
                 dir,
-                format!("fine_tune_type `{kind}` is not supported; only lora adapters are"),
+                format!(
+                    "fine_tune_type `{kind}` is not supported; only lora and dora adapters are"
+                ),
             ));
         }
         // Required, as mlx-lm requires it (its `alpha` is not this).
@@ -157,12 +254,18 @@ impl Adapter {
             )
         })? as f32;
         let tensors = read_tensors(dir, "adapters.safetensors")?;
-        let layers = pair_up(dir, tensors, |name, t| match name.rsplit_once('.')? {
-            (layer, "lora_a") => Some((layer.to_owned(), Half::A, t)),
-            (layer, "lora_b") => Some((layer.to_owned(), Half::B, t)),
+        let layers = sort_out(dir, tensors, |name, t| match name.rsplit_once('.')? {
+            (layer, "lora_a") => Some((layer.to_owned(), Part::A, t)),
+            (layer, "lora_b") => Some((layer.to_owned(), Part::B, t)),
+            (layer, "m") => Some((layer.to_owned(), Part::M, t)),
             _ => None,
         })?;
-        Ok(Self { layers, scale })
+        let dora = kind == "dora";
+        Ok(Self {
+            layers,
+            scale,
+            dora,
+        })
     }
 
     fn load_peft(dir: &Path, config: &Value) -> LoadResult<Self> {
@@ -172,9 +275,6 @@ impl Adapter {
                 dir,
                 format!("peft_type `{peft_type}` is not supported; only LORA is"),
             ));
-        }
-        if config["use_dora"].as_bool() == Some(true) {
-            return Err(unsupported(dir, "DoRA (`use_dora`) is not supported"));
         }
         for key in ["rank_pattern", "alpha_pattern", "modules_to_save"] {
             let set = match &config[key] {
@@ -196,29 +296,38 @@ impl Adapter {
         } as f32;
         let tensors = read_tensors(dir, "adapter_model.safetensors")?;
         // PEFT stores A `(r, in)` and B `(out, r)`: the transposes of mlx-lm's a and b.
-        let layers = pair_up(dir, tensors, |name, t| {
+        let layers = sort_out(dir, tensors, |name, t| {
             let inner = name.strip_prefix("base_model.model.").unwrap_or(name);
-            match inner.strip_suffix(".lora_A.weight") {
-                Some(layer) => Some((layer.to_owned(), Half::A, t.t())),
-                None => Some((
-                    inner.strip_suffix(".lora_B.weight")?.to_owned(),
-                    Half::B,
-                    t.t(),
-                )),
-            }
+            let (layer, part) = [
+                (".lora_A.weight", Part::A),
+                (".lora_B.weight", Part::B),
+                (".lora_magnitude_vector", Part::M),
+            ]
+            .into_iter()
+            .find_map(|(suffix, part)| Some((inner.strip_suffix(suffix)?, part)))?;
+            let t = match part {
+                Part::M => t,
+                _ => t.t(),
+            };
+            Some((layer.to_owned(), part, t))
         })?;
-        Ok(Self { layers, scale })
+        let dora = config["use_dora"].as_bool() == Some(true);
+        Ok(Self {
+            layers,
+            scale,
+            dora,
+        })
     }
 
     /// Adds the updates to `linears` (the model's, by checkpoint name); returns the switch.
     pub fn attach(
-        self,
+        mut self,
         dir: &Path,
         linears: Vec<(String, &mut Linear)>,
     ) -> LoadResult<AdapterSwitch> {
         let switch = AdapterSwitch::new();
         let mut linears: BTreeMap<String, &mut Linear> = linears.into_iter().collect();
-        for (name, (a, b)) in self.layers {
+        while let Some((name, update)) = self.layers.pop_first() {
             // The embedding is a table lookup here, not a matmul a low-rank update could join.
             if name == "model.embed_tokens" {
                 return Err(unsupported(
@@ -232,48 +341,96 @@ impl Adapter {
                     format!("it adapts `{name}`, which this model does not have"),
                 )
             })?;
-            // A mixture of experts' projections hold one matrix per expert.
-            if linear.weight.ndim() != 2 {
-                return Err(unsupported(
-                    dir,
-                    format!(
-                        "LoRA on the experts of a mixture of experts (`{name}`) is not supported"
-                    ),
-                ));
-            }
-            let (out_dims, in_dims) = linear_dims(linear);
-            let fits = a.ndim() == 2
-                && b.ndim() == 2
-                && a.dim(0) == in_dims
-                && b.shape() == [a.dim(1), out_dims];
-            if !fits {
-                return Err(invalid(
-                    dir,
-                    format!(
-                        "`{name}`: LoRA shapes {:?} x {:?} do not fit a {in_dims} -> {out_dims} layer \
-                         (is this adapter for another model?)",
-                        a.shape(),
-                        b.shape()
-                    ),
-                ));
-            }
-            linear.lora = Some(Lora {
-                a,
-                b,
-                scale: self.scale,
-                switch: switch.clone(),
-            });
+            linear.lora = Some(Box::new(
+                self.update_of(dir, &name, linear, update, &switch)?,
+            ));
         }
         Ok(switch)
     }
-}
 
-/// `(out, in)` of a linear layer, unpacking quantized weights.
-fn linear_dims(linear: &Linear) -> (i32, i32) {
-    let (out, packed) = (linear.weight.dim(0), linear.weight.dim(1));
-    match &linear.quantized {
-        Some(q) => (out, packed * 32 / q.bits),
-        None => (out, packed),
+    /// `linear`'s update from the file's tensors, checked against the layer.
+    fn update_of(
+        &self,
+        dir: &Path,
+        name: &str,
+        linear: &Linear,
+        update: Update,
+        switch: &AdapterSwitch,
+    ) -> LoadResult<Lora> {
+        let (a, b, m) = match update {
+            Update {
+                a: Some(a),
+                b: Some(b),
+                m,
+            } => (a, b, m),
+            Update { a: None, .. } => {
+                return Err(invalid(dir, format!("`{name}` has no LoRA `a` matrix")))
+            }
+            Update { b: None, .. } => {
+                return Err(invalid(dir, format!("`{name}` has no LoRA `b` matrix")))
+            }
+        };
+        if m.is_some() && !self.dora {
+            return Err(invalid(
+                dir,
+                format!(
+                    "`{name}` has a DoRA magnitude but adapter_config.json does not ask for \
+                     DoRA (`fine_tune_type: dora` or `use_dora: true`)"
+                ),
+            ));
+        }
+        // A mixture of experts' projections hold one matrix per expert: mlx-lm's file has
+        // `lora_a (experts, r, in)`, `lora_b (experts, out, r)`, used swapped.
+        let experts = linear.weight.ndim() == 3;
+        if experts && self.dora {
+            return Err(unsupported(
+                dir,
+                format!(
+                    "DoRA on the experts of a mixture of experts (`{name}`) is not supported \
+                     (mlx-lm does not support it either)"
+                ),
+            ));
+        }
+        let (a, b) = match experts {
+            true => (
+                a.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
+                b.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
+            ),
+            false => (a, b),
+        };
+        // `(out, in)`; `dims` reads stacked experts' weights as `(experts, in)`.
+        let (out_dims, in_dims) = (linear.weight.dim(-2), linear.dims().1);
+        let lead = &linear.weight.shape()[..linear.weight.ndim() - 2];
+        let rank = a.shape().last().copied().unwrap_or(0);
+        let fits = a.shape() == [lead, &[in_dims, rank]].concat()
+            && b.shape() == [lead, &[rank, out_dims]].concat()
+            && m.as_ref().is_none_or(|m| m.shape() == [out_dims]);
+        if !fits {
+            let m_shape = m.as_ref().map(|m| m.shape().to_vec());
+            return Err(invalid(
+                dir,
+                format!(
+                    "`{name}`: adapter shapes a {:?}, b {:?}, magnitude {m_shape:?} do not fit a \
+                     {in_dims} -> {out_dims} layer (is this adapter for another model?)",
+                    a.shape(),
+                    b.shape()
+                ),
+            ));
+        }
+        let dora = match self.dora {
+            true => Some(
+                dora_norm_scale(linear, &a, &b, self.scale, m)
+                    .map_err(|e| invalid(dir, format!("`{name}`: {e}")))?,
+            ),
+            false => None,
+        };
+        Ok(Lora {
+            a,
+            b,
+            scale: self.scale,
+            dora,
+            switch: switch.clone(),
+        })
     }
 }
 
@@ -292,44 +449,35 @@ fn read_tensors(dir: &Path, file: &str) -> LoadResult<HashMap<String, Array>> {
     Ok(tensors)
 }
 
-/// Which matrix of a layer's update a tensor is.
-enum Half {
+/// Which part of a layer's update a tensor is.
+enum Part {
     A,
     B,
+    /// DoRA's magnitude.
+    M,
 }
 
-/// Sorts an adapter file's tensors into `layer -> (a, b)`; `half` tells each tensor's layer
-/// and half (`None`: not a LoRA weight, refused).
-fn pair_up(
+/// Sorts an adapter file's tensors by layer; `part` tells each tensor's layer and part
+/// (`None`: not an adapter weight, refused).
+fn sort_out(
     dir: &Path,
     tensors: HashMap<String, Array>,
-    half: impl Fn(&str, Array) -> Option<(String, Half, Array)>,
-) -> LoadResult<BTreeMap<String, (Array, Array)>> {
-    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
+    part: impl Fn(&str, Array) -> Option<(String, Part, Array)>,
+) -> LoadResult<BTreeMap<String, Update>> {
+    let mut out: BTreeMap<String, Update> = BTreeMap::new();
     for (name, t) in tensors {
-        match half(&name, t) {
-            Some((layer, Half::A, t)) => a.insert(layer, t),
-            Some((layer, Half::B, t)) => b.insert(layer, t),
-            None => {
-                return Err(unsupported(
-                    dir,
-                    format!("tensor `{name}` is not a LoRA weight"),
-                ))
-            }
+        let Some((layer, part, t)) = part(&name, t) else {
+            return Err(unsupported(
+                dir,
+                format!("tensor `{name}` is not a LoRA or DoRA weight"),
+            ));
         };
-    }
-    let mut out = BTreeMap::new();
-    for (layer, a) in a {
-        let b = b
-            .remove(&layer)
-            .ok_or_else(|| invalid(dir, format!("`{layer}` has a LoRA `a` matrix but no `b`")))?;
-        out.insert(layer, (a, b));
-    }
-    if let Some(layer) = b.keys().next() {
-        return Err(invalid(
-            dir,
-            format!("`{layer}` has a LoRA `b` matrix but no `a`"),
-        ));
+        let update = out.entry(layer).or_default();
+        match part {
+            Part::A => update.a = Some(t),
+            Part::B => update.b = Some(t),
+            Part::M => update.m = Some(t),
+        }
     }
     if out.is_empty() {
         return Err(invalid(dir, "it holds no LoRA weights"));

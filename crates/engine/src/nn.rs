@@ -19,21 +19,20 @@ pub struct Linear {
     pub weight: Array,
     pub bias: Option<Array>,
     pub quantized: Option<Quantized>,
-    /// A LoRA adapter's low-rank update, added to the output while its switch is on.
-    pub lora: Option<Lora>,
+    /// A LoRA or DoRA adapter's update, applied while its switch is on.
+    pub lora: Option<Box<Lora>>,
 }
 
 impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let y = self.forward_base(x)?;
         match &self.lora {
-            Some(lora) => lora.add_to(x, y),
-            None => Ok(y),
+            Some(lora) if lora.is_on() => lora.forward(self, x),
+            _ => self.forward_base(x),
         }
     }
 
     /// `x W^T + b` without the adapter.
-    fn forward_base(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn forward_base(&self, x: &Array) -> Result<Array> {
         let y = match &self.quantized {
             Some(q) => q.matmul(x, &self.weight, true)?,
             None => {
@@ -46,6 +45,14 @@ impl Linear {
         match &self.bias {
             Some(b) => y.add(b),
             None => Ok(y),
+        }
+    }
+
+    /// The weight as a dense `(out, in)` matrix, dequantized if it is quantized.
+    pub fn dense_weight(&self) -> Result<Array> {
+        match &self.quantized {
+            Some(q) => q.dequantize(&self.weight),
+            None => Ok(self.weight.clone()),
         }
     }
 

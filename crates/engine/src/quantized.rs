@@ -123,16 +123,22 @@ impl Quantized {
 
     /// The rows `ids` of the packed table `w`, dequantized (a quantized embedding lookup).
     pub fn dequantize_rows(&self, w: &Array, ids: &Array) -> Result<Array> {
-        let rows = w.take_axis(ids, 0)?;
-        let scales = self.scales.take_axis(ids, 0)?;
-        let biases = self
-            .biases
-            .as_ref()
-            .map(|b| b.take_axis(ids, 0))
-            .transpose()?;
+        let biases = self.biases.as_ref().map(|b| b.take_axis(ids, 0));
+        self.dequantize_parts(
+            &w.take_axis(ids, 0)?,
+            &self.scales.take_axis(ids, 0)?,
+            biases.transpose()?.as_ref(),
+        )
+    }
+
+    /// The whole packed `w`, dequantized (mlx's `dequantize`).
+    pub fn dequantize(&self, w: &Array) -> Result<Array> {
+        self.dequantize_parts(w, &self.scales, self.biases.as_ref())
+    }
+
+    fn dequantize_parts(&self, w: &Array, scales: &Array, biases: Option<&Array>) -> Result<Array> {
         if self.mode == QuantMode::Affine {
-            let biases = biases.as_ref();
-            return ops::dequantize(&rows, &scales, biases, self.group_size, self.bits);
+            return ops::dequantize(w, scales, biases, self.group_size, self.bits);
         }
         let no_dtype = mlx_sys::mlx_optional_dtype {
             value: mlx_sys::mlx_dtype__MLX_FLOAT32,
@@ -141,11 +147,9 @@ impl Quantized {
         self.call("dequantize", |res, s| unsafe {
             mlx_sys::mlx_dequantize(
                 res,
-                rows.as_ptr(),
+                w.as_ptr(),
                 scales.as_ptr(),
-                biases
-                    .as_ref()
-                    .map_or(mlx_sys::mlx_array_new(), |b| b.as_ptr()),
+                biases.map_or(mlx_sys::mlx_array_new(), |b| b.as_ptr()),
                 self.group_size_opt(),
                 self.bits_opt(),
                 self.mode.name().as_ptr(),

@@ -122,17 +122,22 @@ impl MoeSpec {
 pub struct SwitchLinear(pub Linear);
 
 impl SwitchLinear {
-    /// `x @ W[e].T (+ b[e])` for the expert `e` each row of `indices` names; `x` broadcasts
-    /// against `indices` over the batch axes (all but the last two).
+    /// `x @ W[e].T (+ b[e])` for the expert `e` each row of `indices` names, plus a LoRA
+    /// adapter's update while it is on; `x` broadcasts against `indices` over the batch axes
+    /// (all but the last two).
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         let l = &self.0;
         let y = match &l.quantized {
             Some(q) => q.gather_matmul(x, &l.weight, indices, sorted)?,
             None => ops::gather_mm(x, l.weight.swap_axes(-1, -2)?, None, indices, sorted)?,
         };
-        match &l.bias {
-            Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?),
-            None => Ok(y),
+        let y = match &l.bias {
+            Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?)?,
+            None => y,
+        };
+        match &l.lora {
+            Some(lora) if lora.is_on() => lora.add_to_experts(x, y, indices, sorted),
+            _ => Ok(y),
         }
     }
 

@@ -1,5 +1,6 @@
 //! A tiny random Mixtral in Hugging Face's per-expert layout: stacked once at load, quantized
-//! on load as mlx-lm quantizes a checkpoint, and refused as a LoRA target.
+//! on load as mlx-lm quantizes a checkpoint, LoRA on its experts switched on and off, DoRA
+//! there refused.
 
 use std::collections::HashMap;
 
@@ -254,24 +255,48 @@ fn dense_bfloat16_experts_are_refused_on_the_cpu_only() {
     assert_eq!(logits(model.as_ref(), 40).dtype(), mlx_rs::Dtype::Bfloat16);
 }
 
+const EXPERT_LAYER: &str = "model.layers.0.block_sparse_moe.switch_mlp.up_proj";
+
+/// Writes an mlx-lm adapter of `fine_tune_type` on [`EXPERT_LAYER`] (rank 4, stacked per
+/// expert) into `dir` and attaches it to `model`.
+fn attach_expert_adapter(
+    model: &mut dyn LanguageModel,
+    dir: &std::path::Path,
+    fine_tune_type: &str,
+) -> Result<crate::lora::AdapterSwitch, EngineError> {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = json!({"fine_tune_type": fine_tune_type, "lora_parameters": {"scale": 2.0}});
+    std::fs::write(dir.join("adapter_config.json"), config.to_string()).unwrap();
+    let layer = EXPERT_LAYER;
+    let tensors = [
+        (format!("{layer}.lora_a"), random(&[EXPERTS, 4, 64])),
+        (format!("{layer}.lora_b"), random(&[EXPERTS, 64, 4])),
+    ];
+    Array::save_safetensors(tensors, None, dir.join("adapters.safetensors")).unwrap();
+    let result = Adapter::load(dir).unwrap().attach(dir, model.linears_mut());
+    std::fs::remove_dir_all(dir).unwrap();
+    result
+}
+
 #[test]
-fn lora_on_the_experts_is_refused_by_name() {
+fn lora_on_the_experts_changes_the_logits_until_switched_off() {
     let _lock = mlx_test_lock();
     let mut model = load(&config(), hf_tensors());
+    let base = logits(model.as_ref(), 40);
     let dir = std::env::temp_dir().join(format!("moe-lora-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = json!({"fine_tune_type": "lora", "lora_parameters": {"scale": 2.0}});
-    std::fs::write(dir.join("adapter_config.json"), config.to_string()).unwrap();
-    let layer = "model.layers.0.block_sparse_moe.switch_mlp.up_proj";
-    let tensors = [
-        (format!("{layer}.lora_a"), random(&[64, 4])),
-        (format!("{layer}.lora_b"), random(&[4, 64])),
-    ];
-    let file = dir.join("adapters.safetensors");
-    Array::save_safetensors(tensors, None, &file).unwrap();
-    let result = Adapter::load(&dir)
-        .unwrap()
-        .attach(&dir, model.linears_mut());
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert_refused(result, LoadErrorKind::UnsupportedArchitecture, layer);
+    let switch = attach_expert_adapter(model.as_mut(), &dir, "lora").unwrap();
+    let adapted = logits(model.as_ref(), 40);
+    assert!(!adapted.eq_values(&base).unwrap());
+    switch.set(false);
+    let off = logits(model.as_ref(), 40);
+    assert!(off.eq_values(&base).unwrap());
+}
+
+#[test]
+fn dora_on_the_experts_is_refused_by_name() {
+    let _lock = mlx_test_lock();
+    let mut model = load(&config(), hf_tensors());
+    let dir = std::env::temp_dir().join(format!("moe-dora-{}", std::process::id()));
+    let result = attach_expert_adapter(model.as_mut(), &dir, "dora");
+    assert_refused(result, LoadErrorKind::UnsupportedArchitecture, EXPERT_LAYER);
 }
