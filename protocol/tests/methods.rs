@@ -342,6 +342,8 @@ fn results_use_the_contracts_names() {
             completion_tokens: 2,
             total_tokens: 3,
             cached_tokens: 0,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
         },
         timings: Timings::default(),
         tool_calls: Vec::new(),
@@ -349,6 +351,13 @@ fn results_use_the_contracts_names() {
     let v = serde_json::to_value(&generate).unwrap();
     assert_eq!(v["finish_reason"], "stop_sequence");
     assert!(v.get("tool_calls").is_none(), "absent when there are none");
+    assert_eq!(v["usage"]["drafted_tokens"], 0);
+    // A host that predates speculative decoding's counts still parses usage.
+    let old: Usage = serde_json::from_value(serde_json::json!(
+        {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3, "cached_tokens": 0}
+    ))
+    .unwrap();
+    assert_eq!(old.accepted_tokens, 0);
     let timing_keys: Vec<&str> = v["timings"]
         .as_object()
         .unwrap()
