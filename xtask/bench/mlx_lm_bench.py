@@ -8,13 +8,15 @@ Answer (one JSON line on stdout): prompt and decode speed as `stream_generate` r
 (`prompt_tps`, `generation_tps`), the time to the first token (chat template and tokenization
 included, as the worker's `ttft_ms` includes them), MLX's peak memory since start (as
 `stream_generate`'s `peak_memory`, and the worker's `status`, count it), and which BLAS the process
-has mapped (to show whether an OpenBLAS preload took effect).
+has mapped (to show whether an OpenBLAS preload took effect). The ready line also gives MLX's
+active memory right after the load (the weights as held).
 """
 
 import json
 import sys
 import time
 
+import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
@@ -61,7 +63,8 @@ def run(model, tokenizer, request):
 
 def main():
     model, tokenizer = load(sys.argv[1])
-    print(json.dumps({"ready": True, "blas": blas_libraries()}), flush=True)
+    ready = {"ready": True, "blas": blas_libraries(), "active_memory_bytes": mx.get_active_memory()}
+    print(json.dumps(ready), flush=True)
     for line in sys.stdin:
         if line.strip():
             print(json.dumps(run(model, tokenizer, json.loads(line))), flush=True)
