@@ -15,10 +15,17 @@ active memory right after the load (the weights as held).
 import json
 import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "parity"))
+import mlx_compat  # noqa: E402
+
+# mlx-lm 0.32.2's quantized MoE layers on MLX 0.32.2 (`bench --moe`; docs/decisions/moe.md).
+mlx_compat.install()
 
 
 def blas_libraries():
