@@ -7,6 +7,7 @@
 mod gated_delta;
 mod gemma3_text;
 mod gemma4_text;
+mod glm4_moe;
 mod gpt_oss;
 mod llama;
 mod ministral3;
@@ -121,6 +122,7 @@ pub fn build(
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
         "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
+        "glm4_moe" => Ok(Box::new(glm4_moe::load(config, weights)?)),
         "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         "ministral3" => Ok(Box::new(ministral3::load(config, weights)?)),
