@@ -88,6 +88,7 @@ pub trait LanguageModel {
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3_text",
     "gemma4_text",
+    "glm4_moe",
     "gpt_oss",
     "llama",
     "ministral3",
