@@ -100,7 +100,8 @@ FAMILY_BASE = {
         "swiglu_limit": 7.0,
     },
     # GLM-4-MoE: layer 0 dense (first_k_dense_replace), layers 1-2 sparse: 8 experts in 4 groups,
-    # the best 2 groups used, top 2, a shared expert; q/k/v biases, half of each head rotated.
+    # the best 2 groups used, top 2 (the router's correction bias, zero at init, needs "drawn"),
+    # a shared expert; q/k/v biases, half of each head rotated.
     "glm4_moe": {
         "architectures": ["Glm4MoeForCausalLM"],
         "num_hidden_layers": 3,
