@@ -34,7 +34,13 @@ pub fn run(opts: &Options, prompts: &[BenchPrompt]) -> anyhow::Result<()> {
     let fixtures = parity::make_fixtures(&path)?;
     for model in &file.models {
         eprintln!("bench --moe: {}", model.name);
-        compare(opts, &fixtures.join(&model.name), &model.title, &prompts, max)?;
+        compare(
+            opts,
+            &fixtures.join(&model.name),
+            &model.title,
+            &prompts,
+            max,
+        )?;
     }
     Ok(())
 }

@@ -80,7 +80,13 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
                 Some(_) => Shared::Plain,
                 None => Shared::None,
             },
-            ..MoeSpec::switch_glu("mlp", experts, args.num_experts_per_tok, routing, PROJECTIONS)
+            ..MoeSpec::switch_glu(
+                "mlp",
+                experts,
+                args.num_experts_per_tok,
+                routing,
+                PROJECTIONS,
+            )
         };
         for layer in spec.layers.iter_mut().skip(args.first_k_dense_replace) {
             layer.mlp = MlpSpec::Moe(moe.clone());

@@ -344,8 +344,7 @@ impl SparseMoe {
                 topk_group,
                 ..
             } => {
-                if n_group < 1 || experts % n_group != 0 || topk_group < 1 || topk_group > n_group
-                {
+                if n_group < 1 || experts % n_group != 0 || topk_group < 1 || topk_group > n_group {
                     return Err(invalid(format!(
                         "config.json: {experts} experts in {n_group} groups, the best                          {topk_group} used (need groups that divide the experts, 1 <=                          topk_group <= n_group)"
                     )));
@@ -419,7 +418,10 @@ impl SparseMoe {
                 norm_topk_prob,
                 scaling,
             } => {
-                let bias = self.correction_bias.as_ref().expect("loaded with this routing");
+                let bias = self
+                    .correction_bias
+                    .as_ref()
+                    .expect("loaded with this routing");
                 let probs = ops::sigmoid(logits.as_dtype(Dtype::Float32)?)?;
                 let mut chosen = probs.add(bias)?;
                 let dropped = n_group - topk_group;
