@@ -336,10 +336,6 @@ fn glm4_moe_drops_the_mtp_layer_and_keeps_its_router_float() {
     drop(linears);
     let out = logits(model.as_ref(), 70);
     assert_eq!(out.shape(), [1, 70, 128]);
-    assert!(out
-        .sum(None)
-        .unwrap()
-        .item_exact::<f32>()
-        .unwrap()
-        .is_finite());
+    let total = out.sum(None).unwrap().item_exact::<f32>();
+    assert!(total.is_finite());
 }
