@@ -8,16 +8,25 @@ Answer (one JSON line on stdout): prompt and decode speed as `stream_generate` r
 (`prompt_tps`, `generation_tps`), the time to the first token (chat template and tokenization
 included, as the worker's `ttft_ms` includes them), MLX's peak memory since start (as
 `stream_generate`'s `peak_memory`, and the worker's `status`, count it), and which BLAS the process
-has mapped (to show whether an OpenBLAS preload took effect); the text and how many tokens the
-draft model proposed that were accepted (`from_draft`), with a draft model.
+has mapped (to show whether an OpenBLAS preload took effect). The ready line also gives MLX's
+active memory right after the load (the weights as held). With a draft model, answers also carry
+the text and how many tokens the draft model proposed that were accepted (`from_draft`).
 """
 
 import json
 import sys
 import time
+from pathlib import Path
 
+import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "parity"))
+import mlx_compat  # noqa: E402
+
+# mlx-lm 0.32.2's quantized MoE layers on MLX 0.32.2 (`bench --moe`; docs/decisions/moe.md).
+mlx_compat.install()
 
 
 def blas_libraries():
@@ -73,7 +82,8 @@ def run(model, tokenizer, request, draft_model):
 def main():
     model, tokenizer = load(sys.argv[1])
     draft_model = load(sys.argv[2])[0] if len(sys.argv) > 2 else None
-    print(json.dumps({"ready": True, "blas": blas_libraries()}), flush=True)
+    ready = {"ready": True, "blas": blas_libraries(), "active_memory_bytes": mx.get_active_memory()}
+    print(json.dumps(ready), flush=True)
     for line in sys.stdin:
         if line.strip():
             print(json.dumps(run(model, tokenizer, json.loads(line), draft_model)), flush=True)

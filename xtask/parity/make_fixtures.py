@@ -100,6 +100,29 @@ FAMILY_BASE = {
         "max_position_embeddings": 131072,
         "swiglu_limit": 7.0,
     },
+    # GLM-4-MoE: layer 0 dense (first_k_dense_replace), layers 1-2 sparse: 8 experts in 4 groups,
+    # the best 2 groups used, top 2 (the router's correction bias, zero at init, needs "drawn"),
+    # a shared expert; q/k/v biases, half of each head rotated.
+    "glm4_moe": {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 32,
+        "partial_rotary_factor": 0.5,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "attention_bias": True,
+        "use_qk_norm": False,
+        "tie_word_embeddings": False,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 4,
+        "topk_group": 2,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 64,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+    },
     # Hybrid attention: gated delta-net layers (0, 2) beside full-attention ones (1, 3), 2 key
     # heads read by 4 value heads, 8 of 32 head features rotated; MoE with a shared expert.
     "qwen3_next": {
@@ -380,10 +403,12 @@ def build(spec, out):
         )
     )
 
-    # Attention sinks (GPT-OSS) start at zero: drawn at random so that they count.
+    # Attention sinks (GPT-OSS) and the parameters named in "drawn" (GLM-4-MoE's router
+    # correction bias) start at zero: drawn at random so that they count.
+    drawn = [".sinks"] + spec.get("drawn", [])
     model.update(
         tree_map_with_path(
-            lambda path, p: mx.random.normal(p.shape) if path.endswith(".sinks") else p,
+            lambda path, p: mx.random.normal(p.shape) if any(path.endswith(d) for d in drawn) else p,
             model.parameters(),
         )
     )

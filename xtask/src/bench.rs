@@ -52,9 +52,9 @@ pub struct Options {
     /// Measured rounds; each side reports the median.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
-    /// Tokens generated per run (default: xtask/bench/prompts.json's).
+    /// Tokens generated per run (default: xtask/bench/prompts.json's, or moe.json's).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    max_new_tokens: Option<u32>,
+    pub(crate) max_new_tokens: Option<u32>,
     /// Only mlx-lm (to test this harness without the worker).
     #[arg(long)]
     skip_worker: bool,
@@ -76,6 +76,10 @@ pub struct Options {
     /// With --speculative: also this model drafting (a directory), worker vs mlx-lm.
     #[arg(long)]
     draft_model: Option<PathBuf>,
+    /// Instead: mixtures of experts and a hybrid (delta-net) model of wide random weights built
+    /// by mlx-lm's classes (`xtask/bench/moe.json`), the same comparison.
+    #[arg(long)]
+    moe: bool,
 }
 
 /// One measured generation, from either side.
@@ -102,6 +106,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         return crate::bench_vision::run(opts.runs, opts.max_new_tokens);
     }
     let file = prompts()?;
+    if opts.moe {
+        return crate::bench_moe::run(opts, &file.prompts);
+    }
     let max_new_tokens = opts.max_new_tokens.unwrap_or(file.max_new_tokens);
     let model = setup::default_model_dir()
         .context("the benchmark model is missing: run `cargo xtask setup`")?;
@@ -117,6 +124,24 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             draft_model: opts.draft_model.clone(),
         });
     }
+    compare(
+        opts,
+        &model,
+        "SmolLM2-135M-Instruct (float32)",
+        &file.prompts,
+        max_new_tokens,
+    )
+}
+
+/// The worker, stock mlx-lm and (unless `--no-openblas`) mlx-lm + OpenBLAS on `model`: every
+/// prompt once per round on each side, then one table per prompt.
+pub(crate) fn compare(
+    opts: &Options,
+    model: &Path,
+    title: &str,
+    prompts: &[BenchPrompt],
+    max_new_tokens: u32,
+) -> anyhow::Result<()> {
     let python = venv::reference_python()?;
     if opts.openblas && !Path::new(OPENBLAS).is_file() {
         bail!(
@@ -129,11 +154,11 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         None
     } else {
         let bin = worker_bin::build_release()?;
-        Some(runtime.block_on(Worker::start(&bin, &model))?)
+        Some(runtime.block_on(Worker::start(&bin, model))?)
     };
-    let mut stock = MlxLm::start(&python, &model, None, None)?;
+    let mut stock = MlxLm::start(&python, model, None, None)?;
     let mut openblas = if opts.openblas {
-        let p = MlxLm::start(&python, &model, None, Some(OPENBLAS))?;
+        let p = MlxLm::start(&python, model, None, Some(OPENBLAS))?;
         if !p.blas.iter().any(|l| l.starts_with("libopenblas")) {
             bail!(
                 "the OpenBLAS preload did not take effect (mapped BLAS: {:?})",
@@ -170,20 +195,28 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     // Warm-up: the first generation of a process pays for one-off setup on every side.
     eprintln!("bench: warm-up");
     for &side in &sides {
-        measure(side, &file.prompts[0], 8)?;
+        measure(side, &prompts[0], 8)?;
     }
 
     // samples[prompt][side] = one sample per round.
-    let mut samples = vec![vec![Vec::new(); sides.len()]; file.prompts.len()];
+    let mut samples = vec![vec![Vec::new(); sides.len()]; prompts.len()];
     for round in 1..=opts.runs {
         eprintln!("bench: round {round}/{}", opts.runs);
-        for (p, prompt) in file.prompts.iter().enumerate() {
+        for (p, prompt) in prompts.iter().enumerate() {
             for (s, &side) in sides.iter().enumerate() {
                 samples[p][s].push(measure(side, prompt, max_new_tokens)?);
             }
         }
     }
 
+    let loaded = |bytes: u64| format!("{:.1} MB", bytes as f64 / 1e6);
+    let mut after_load = vec![format!("mlx-lm {}", loaded(stock.loaded_bytes))];
+    if let Some(w) = &worker {
+        after_load.insert(0, format!("worker {}", loaded(w.loaded_bytes)));
+    }
+    if let Some(o) = &openblas {
+        after_load.push(format!("mlx-lm+OpenBLAS {}", loaded(o.loaded_bytes)));
+    }
     if let Some(w) = worker {
         runtime.block_on(w.client.shutdown()).ok();
     }
@@ -192,11 +225,15 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 
     println!();
     println!(
-        "SmolLM2-135M-Instruct (float32), greedy, {max_new_tokens} new tokens, median of {} runs; \
+        "{title}, greedy, {max_new_tokens} new tokens, median of {} runs; \
          ratio = worker advantage (worker/mlx-lm for tok/s, mlx-lm/worker for ms and bytes)",
         opts.runs
     );
-    for (p, prompt) in file.prompts.iter().enumerate() {
+    println!(
+        "MLX active memory after load (the weights): {}",
+        after_load.join(", ")
+    );
+    for (p, prompt) in prompts.iter().enumerate() {
         print_table(prompt, &sides, &samples[p], max_new_tokens);
     }
     Ok(())
@@ -317,6 +354,8 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
 /// The release worker over the protocol, with the model loaded.
 pub(crate) struct Worker {
     pub client: Client,
+    /// MLX's active memory right after the load: the weights as held.
+    pub loaded_bytes: u64,
 }
 
 impl Worker {
@@ -345,7 +384,14 @@ impl Worker {
                     client.stderr_tail()
                 )
             })?;
-        Ok(Self { client })
+        let status = client
+            .call::<protocol::methods::Status>(&StatusParams::default())
+            .await
+            .context("worker: status")?;
+        Ok(Self {
+            client,
+            loaded_bytes: status.memory.active_bytes,
+        })
     }
 
     /// `params` generated from an empty prompt cache.
@@ -427,6 +473,8 @@ pub(crate) struct MlxLm {
     stdout: BufReader<ChildStdout>,
     /// BLAS libraries the process has mapped.
     blas: Vec<String>,
+    /// MLX's active memory right after the load.
+    loaded_bytes: u64,
 }
 
 impl MlxLm {
@@ -460,9 +508,11 @@ impl MlxLm {
             stdin,
             stdout,
             blas: Vec::new(),
+            loaded_bytes: 0,
         };
         let ready = me.read_answer()?;
         me.blas = serde_json::from_value(ready["blas"].clone()).unwrap_or_default();
+        me.loaded_bytes = ready["active_memory_bytes"].as_u64().unwrap_or(0);
         Ok(me)
     }
 

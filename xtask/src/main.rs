@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_constrained;
+mod bench_moe;
 mod bench_speculative;
 mod bench_vision;
 mod check_import;
@@ -62,8 +63,9 @@ enum Cmd {
     /// Greedy tokens and prompt ids against mlx-lm 0.32.2 on the same MLX build
     /// (xtask/parity/cases.json); exits non-zero on any mismatch.
     Parity(parity::Options),
-    /// The release mlx-worker beside mlx-lm (stock and with OpenBLAS) on SmolLM2: prefill and
-    /// decode tok/s, ttft, peak memory; medians and ratios.
+    /// The release mlx-worker beside mlx-lm (stock and with OpenBLAS) on SmolLM2 (`--moe`: wide
+    /// MoE and hybrid models; `--vision`, `--constrained`): prefill and decode tok/s, ttft, peak
+    /// memory; medians and ratios.
     Bench(bench::Options),
     /// The end-to-end dispatcher fuzzer (tests/fuzz) for --lines lines in release, over --runs
     /// seeds from --seed: the real worker over real pipes, every answer checked by the contract.

@@ -7,6 +7,7 @@
 mod gated_delta;
 mod gemma3_text;
 mod gemma4_text;
+mod glm4_moe;
 mod gpt_oss;
 mod llama;
 mod ministral3;
@@ -87,6 +88,7 @@ pub trait LanguageModel {
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3_text",
     "gemma4_text",
+    "glm4_moe",
     "gpt_oss",
     "llama",
     "ministral3",
@@ -121,6 +123,7 @@ pub fn build(
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
         "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
+        "glm4_moe" => Ok(Box::new(glm4_moe::load(config, weights)?)),
         "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         "ministral3" => Ok(Box::new(ministral3::load(config, weights)?)),

@@ -5,7 +5,7 @@
 //! a time. Hugging Face checkpoints store one matrix per expert: they are stacked at load
 //! (mlx-lm's `sanitize`), and the per-expert tensors dropped, so every weight is held once.
 
-use mlx_rs::{ops, Array};
+use mlx_rs::{ops, Array, Dtype};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
@@ -22,7 +22,7 @@ fn invalid(detail: String) -> EngineError {
 
 /// How the router's logits become experts and their weights, as each family's mlx-lm file
 /// computes it (softmaxes are `precise`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Routing {
     /// Softmax over every expert, the top k of the probabilities (`argpartition(p, -k)[-k:]`),
     /// renormalised to sum to 1 when `norm_topk_prob` (Qwen3-MoE).
@@ -33,6 +33,27 @@ pub enum Routing {
     TopKSoftmax,
     /// The same, top k taken as `argpartition(logits, -k)[-k:]` (GPT-OSS).
     TopKTailSoftmax,
+    /// Sigmoid scores (float32) plus the router's learned `e_score_correction_bias` choose the
+    /// experts (`argpartition(-s, k - 1)[:k]`), only within the best `topk_group` of `n_group`
+    /// groups (a group's worth: the sum of its two best; the others' scores zeroed); the
+    /// uncorrected scores weigh them, renormalised when `norm_topk_prob` (and k > 1), times
+    /// `scaling` (GLM-4-MoE's `noaux_tc`).
+    GroupedSigmoid {
+        n_group: i32,
+        topk_group: i32,
+        norm_topk_prob: bool,
+        scaling: f32,
+    },
+}
+
+/// A dense expert every token also goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shared {
+    None,
+    /// `shared_expert`, weighed by a sigmoid of its own gate `shared_expert_gate` (Qwen3-Next).
+    Gated,
+    /// `shared_experts`, added as it is (GLM-4-MoE).
+    Plain,
 }
 
 /// The experts' projections as most Hugging Face checkpoints name them.
@@ -57,9 +78,8 @@ pub struct MoeSpec {
     /// The per-expert names of the gate, up and down projections in Hugging Face checkpoints
     /// (`experts.N.<name>`): `gate_proj`, `up_proj`, `down_proj`, or Mixtral's `w1`, `w3`, `w2`.
     pub expert_names: [&'static str; 3],
-    /// Also a dense SwiGLU expert every token goes through, weighed by its own sigmoid gate
-    /// (`shared_expert`, `shared_expert_gate`: Qwen3-Next).
-    pub shared_expert: bool,
+    /// Also a dense SwiGLU expert every token goes through.
+    pub shared: Shared,
 }
 
 impl MoeSpec {
@@ -67,7 +87,10 @@ impl MoeSpec {
     /// with a shared expert Qwen3-Next's and Qwen3.5's.
     pub fn qwen3(num_experts: i32, top_k: i32, norm_topk_prob: bool, shared_expert: bool) -> Self {
         Self {
-            shared_expert,
+            shared: match shared_expert {
+                true => Shared::Gated,
+                false => Shared::None,
+            },
             ..Self::switch_glu(
                 "mlp",
                 num_experts,
@@ -111,7 +134,7 @@ impl MoeSpec {
             top_k,
             routing,
             expert_names,
-            shared_expert: false,
+            shared: Shared::None,
         }
     }
 }
@@ -222,33 +245,45 @@ impl SwitchGlu {
     }
 }
 
-/// The expert every token goes through: `sigmoid(gate(x)) * mlp(x)`, added to the routed
-/// experts' sum.
+/// The expert every token goes through, `mlp(x)` or `sigmoid(gate(x)) * mlp(x)`, added to the
+/// routed experts' sum.
 #[derive(Debug)]
 pub struct SharedExpert {
+    /// `shared_expert` or `shared_experts`.
+    name: &'static str,
     pub mlp: GatedMlp,
     /// `hidden -> 1`.
-    pub gate: Linear,
+    pub gate: Option<Linear>,
 }
 
 impl SharedExpert {
-    fn load(weights: &mut Weights, prefix: &str) -> LoadResult<Self> {
-        let mut linear = |name: &str| weights.linear(&format!("{prefix}.{name}"));
-        Ok(Self {
-            mlp: GatedMlp {
-                gate_up: GateUp::Split {
-                    gate_proj: linear("shared_expert.gate_proj")?,
-                    up_proj: linear("shared_expert.up_proj")?,
-                },
-                down_proj: linear("shared_expert.down_proj")?,
-                activation: Activation::Silu,
+    fn load(weights: &mut Weights, prefix: &str, kind: Shared) -> LoadResult<Option<Self>> {
+        let name = match kind {
+            Shared::None => return Ok(None),
+            Shared::Gated => "shared_expert",
+            Shared::Plain => "shared_experts",
+        };
+        let mut linear = |part: &str| weights.linear(&format!("{prefix}.{name}.{part}"));
+        let mlp = GatedMlp {
+            gate_up: GateUp::Split {
+                gate_proj: linear("gate_proj")?,
+                up_proj: linear("up_proj")?,
             },
-            gate: linear("shared_expert_gate")?,
-        })
+            down_proj: linear("down_proj")?,
+            activation: Activation::Silu,
+        };
+        let gate = match kind {
+            Shared::Gated => Some(weights.linear(&format!("{prefix}.shared_expert_gate"))?),
+            _ => None,
+        };
+        Ok(Some(Self { name, mlp, gate }))
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        ops::sigmoid(self.gate.forward(x)?)?.multiply(self.mlp.forward(x)?)
+        match &self.gate {
+            Some(gate) => ops::sigmoid(gate.forward(x)?)?.multiply(self.mlp.forward(x)?),
+            None => self.mlp.forward(x),
+        }
     }
 }
 
@@ -262,6 +297,8 @@ pub struct SparseMoe {
     pub switch_mlp: SwitchGlu,
     pub top_k: i32,
     pub routing: Routing,
+    /// The router's `e_score_correction_bias` (`(E,)`), for [`Routing::GroupedSigmoid`].
+    correction_bias: Option<Array>,
     pub shared_expert: Option<Box<SharedExpert>>,
 }
 
@@ -305,9 +342,26 @@ impl SparseMoe {
                  names"
             )));
         }
-        let shared_expert = match spec.shared_expert {
-            true => Some(Box::new(SharedExpert::load(weights, prefix)?)),
-            false => None,
+        let shared_expert = SharedExpert::load(weights, prefix, spec.shared)?.map(Box::new);
+        let correction_bias = match spec.routing {
+            Routing::GroupedSigmoid {
+                n_group,
+                topk_group,
+                ..
+            } => {
+                if n_group < 1 || experts % n_group != 0 || topk_group < 1 || topk_group > n_group {
+                    return Err(invalid(format!(
+                        "config.json: {experts} experts in {n_group} groups, the best                          {topk_group} used (need groups that divide the experts, 1 <=                          topk_group <= n_group)"
+                    )));
+                }
+                let name = format!("{prefix}.{}.e_score_correction_bias", spec.router);
+                let bias = weights.take(&name)?;
+                if bias.shape() != [experts] {
+                    return Err(invalid(format!("`{name}` is not one score per expert")));
+                }
+                Some(bias)
+            }
+            _ => None,
         };
         Ok(Self {
             gate,
@@ -315,6 +369,7 @@ impl SparseMoe {
             switch_mlp,
             top_k: spec.top_k,
             routing: spec.routing,
+            correction_bias,
             shared_expert,
         })
     }
@@ -362,6 +417,33 @@ impl SparseMoe {
                 let scores = softmax(&logits.take_along_axis(&indices, -1)?)?;
                 Ok((indices, scores))
             }
+            Routing::GroupedSigmoid {
+                n_group,
+                topk_group,
+                norm_topk_prob,
+                scaling,
+            } => {
+                let bias = self
+                    .correction_bias
+                    .as_ref()
+                    .expect("loaded with this routing");
+                let probs = ops::sigmoid(logits.as_dtype(Dtype::Float32)?)?;
+                let mut chosen = probs.add(bias)?;
+                let dropped = n_group - topk_group;
+                if n_group > 1 && dropped > 0 {
+                    let e = chosen.dim(-1);
+                    let grouped = ops::unflatten(&chosen, -1, &[n_group, e / n_group])?;
+                    let worth = ops::indexing::topk_axis(&grouped, 2, -1)?.sum_axis(-1, true)?;
+                    let order = ops::argpartition_axis(&worth, dropped - 1, -2)?;
+                    let worst = order.split_at_indices(&[dropped], -2)?.swap_remove(0);
+                    let zero = Array::from_f32(0.0);
+                    chosen = grouped.put_along_axis(&worst, &zero, -2)?.flatten(-2, -1)?;
+                }
+                let indices = first_k_of_negated(&chosen, k)?;
+                let scores = probs.take_along_axis(&indices, -1)?;
+                let scores = renormalise(scores, norm_topk_prob && k > 1)?;
+                Ok((indices, scores.multiply(Array::from_f32(scaling))?))
+            }
         }
     }
 
@@ -371,15 +453,20 @@ impl SparseMoe {
         let (router, stacked) = self.names;
         let s = &mut self.switch_mlp;
         let mut out = vec![
-            (router.to_owned(), &mut self.gate),
             (format!("{stacked}.gate_proj"), &mut s.gate_proj.0),
             (format!("{stacked}.up_proj"), &mut s.up_proj.0),
             (format!("{stacked}.down_proj"), &mut s.down_proj.0),
         ];
+        // GLM-4-MoE's router is a plain matrix in mlx-lm (`MoEGate`), never quantized.
+        if !matches!(self.routing, Routing::GroupedSigmoid { .. }) {
+            out.insert(0, (router.to_owned(), &mut self.gate));
+        }
         if let Some(shared) = &mut self.shared_expert {
-            out.push(("shared_expert_gate".to_owned(), &mut shared.gate));
+            if let Some(gate) = &mut shared.gate {
+                out.push(("shared_expert_gate".to_owned(), gate));
+            }
             for (name, linear) in shared.mlp.linears_mut() {
-                out.push((format!("shared_expert.{name}"), linear));
+                out.push((format!("{}.{name}", shared.name), linear));
             }
         }
         out

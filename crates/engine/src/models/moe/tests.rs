@@ -300,3 +300,67 @@ fn dora_on_the_experts_is_refused_by_name() {
     let result = attach_expert_adapter(model.as_mut(), &dir, "dora");
     assert_refused(result, LoadErrorKind::UnsupportedArchitecture, EXPERT_LAYER);
 }
+
+/// GLM-4-MoE in Hugging Face's layout with its multi-token-prediction layer: that layer is
+/// dropped, and `load_in_4bit` quantizes the experts but leaves the router (mlx-lm's `MoEGate`,
+/// which `mlx_lm.convert` never quantizes) and its correction bias as they are.
+#[test]
+fn glm4_moe_drops_the_mtp_layer_and_keeps_its_router_float() {
+    let _lock = mlx_test_lock();
+    let config = json!({
+        "model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+        "max_position_embeddings": 256, "use_qk_norm": false, "vocab_size": 128,
+        "n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+        "n_shared_experts": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+        "first_k_dense_replace": 1,
+    });
+    let mut t = HashMap::new();
+    t.insert("model.embed_tokens.weight".into(), random(&[128, 64]));
+    t.insert("lm_head.weight".into(), random(&[128, 64]));
+    t.insert("model.norm.weight".into(), random(&[64]));
+    // Layer 2 is the MTP layer: config.json says 2 layers.
+    for l in 0..3 {
+        let p = format!("model.layers.{l}");
+        let mut put = |name: &str, shape: &[i32]| t.insert(format!("{p}.{name}"), random(shape));
+        put("input_layernorm.weight", &[64]);
+        put("post_attention_layernorm.weight", &[64]);
+        for (proj, out) in [("q_proj", 64), ("k_proj", 32), ("v_proj", 32)] {
+            put(&format!("self_attn.{proj}.weight"), &[out, 64]);
+            put(&format!("self_attn.{proj}.bias"), &[out]);
+        }
+        put("self_attn.o_proj.weight", &[64, 64]);
+        let mlps = match l {
+            0 => vec!["mlp".to_owned()],
+            _ => {
+                put("mlp.gate.weight", &[EXPERTS, 64]);
+                put("mlp.gate.e_score_correction_bias", &[EXPERTS]);
+                let experts = (0..EXPERTS).map(|e| format!("mlp.experts.{e}"));
+                experts.chain(["mlp.shared_experts".to_owned()]).collect()
+            }
+        };
+        for mlp in mlps {
+            put(&format!("{mlp}.gate_proj.weight"), &[64, 64]);
+            put(&format!("{mlp}.up_proj.weight"), &[64, 64]);
+            put(&format!("{mlp}.down_proj.weight"), &[64, 64]);
+        }
+    }
+    let mut model = load(&config, t);
+    quantize_in_4bit(model.as_mut()).unwrap();
+    let linears = model.linears_mut();
+    assert!(linears
+        .iter()
+        .all(|(n, _)| !n.starts_with("model.layers.2.")));
+    assert!(linears.iter().all(|(n, _)| !n.ends_with("mlp.gate")));
+    let (_, experts) = linears
+        .iter()
+        .find(|(n, _)| n == "model.layers.1.mlp.switch_mlp.up_proj")
+        .expect("stacked experts");
+    assert!(experts.quantized.is_some());
+    drop(linears);
+    let out = logits(model.as_ref(), 70);
+    assert_eq!(out.shape(), [1, 70, 128]);
+    let total = out.sum(None).unwrap().item_exact::<f32>();
+    assert!(total.is_finite());
+}
