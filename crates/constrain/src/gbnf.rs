@@ -29,6 +29,11 @@ pub(crate) fn to_lark(gbnf: &str) -> Result<String, String> {
                 (Tok::Name(_), Some(Tok::Define))
             )
         {
+            if tokens[i] == Tok::Define {
+                return Err(format!(
+                    "`::=` in rule {name} must follow a rule name (`name ::= ...`)"
+                ));
+            }
             lark.push(' ');
             lark.push_str(&tokens[i].lark());
             i += 1;
@@ -72,7 +77,7 @@ impl Tok {
     fn lark(&self) -> String {
         match self {
             Tok::Name(n) => rule_name(n),
-            Tok::Define => unreachable!("rules are split at `::=`"),
+            Tok::Define => unreachable!("`to_lark` refuses a `::=` inside a rule"),
             Tok::Literal(text) => serde_json::Value::from(text.as_str()).to_string(),
             Tok::Class(class) => format!("/{}/", class.replace('/', "\\/")),
             Tok::Any => "/(.|\\n)/".into(),

@@ -313,4 +313,14 @@ item ::= " " [a-z]+ ( "!" | "?" )?
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a grammar without root compiled"),
     }
+    // Found by `fuzz/constraint`: a `::=` after something other than a rule name panicked.
+    let stray = Constraint::Gbnf("root ::= \"a\" [a-z] ::= \"b\"".into());
+    match Guide::new(&vocab, &stray, None) {
+        Err(ConstraintError::Invalid { field, reason }) => {
+            assert_eq!(field, "grammar");
+            assert!(reason.contains("must follow a rule name"), "{reason}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a stray `::=` compiled"),
+    }
 }
