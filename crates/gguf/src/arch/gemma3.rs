@@ -12,8 +12,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    config_with, hf_name, object, required_names, rope_scaling, BlockTable, Hyperparameters,
-    TensorTarget, Transform, ATTENTION, DENSE_MLP, QK_NORMS,
+    config_with, hf_name, object, rope_scaling, BlockTable, Hyperparameters, TensorTarget,
+    Transform, ATTENTION, DENSE_MLP, QK_NORMS,
 };
 
 /// Gemma's four block norms: before and after attention, before and after the MLP (checked
@@ -29,7 +29,7 @@ const NORMS: [(&str, &str); 4] = [
 ];
 
 /// The block tensors of a Gemma 3 layer.
-const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QK_NORMS, &DENSE_MLP, &NORMS];
+pub(super) const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QK_NORMS, &DENSE_MLP, &NORMS];
 
 /// One global-attention layer in every this many (llama.cpp sets the same pattern for gemma3;
 /// GGUF has no key for it).
@@ -83,10 +83,6 @@ pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarg
         false => Transform::None,
     };
     Some(TensorTarget { hf_name, transform })
-}
-
-pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
-    required_names(hp.num_layers, &BLOCK)
 }
 
 #[cfg(test)]
@@ -151,6 +147,11 @@ mod tests {
             ))
         );
         assert_eq!(t("blk.2.attn_q.weight"), None, "layer out of range");
-        assert_eq!(required_tensors(&hp).len(), 2 + 2 * 13);
+        assert_eq!(
+            super::super::Architecture::Gemma3
+                .required_tensors(&hp)
+                .len(),
+            2 + 2 * 13
+        );
     }
 }

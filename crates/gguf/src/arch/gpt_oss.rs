@@ -11,10 +11,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{
-    config_with, object, renamed, required_names, BlockTable, Hyperparameters, TensorTarget,
-    ATTENTION,
-};
+use super::{config_with, object, BlockTable, Hyperparameters, ATTENTION};
 
 /// Attention biases, sinks and norms, router and experts.
 const GPT_OSS: [(&str, &str); 15] = [
@@ -39,7 +36,7 @@ const GPT_OSS: [(&str, &str); 15] = [
 ];
 
 /// The block tensors of a GPT-OSS layer.
-const BLOCK: [&BlockTable; 2] = [&ATTENTION, &GPT_OSS];
+pub(super) const BLOCK: [&BlockTable; 2] = [&ATTENTION, &GPT_OSS];
 
 /// llama.cpp's SwiGLU clamp for gpt-oss (the released config's `swiglu_limit`).
 const SWIGLU_LIMIT: f64 = 7.0;
@@ -84,12 +81,4 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
         "attention_bias": true,
     })));
     config
-}
-
-pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarget> {
-    renamed(gguf_name, hp, &BLOCK)
-}
-
-pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
-    required_names(hp.num_layers, &BLOCK)
 }

@@ -7,8 +7,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    config_with, hf_name, object, required_names, BlockTable, Hyperparameters, TensorTarget,
-    Transform, ATTENTION, DENSE_MLP, PRE_NORMS,
+    config_with, hf_name, object, BlockTable, Hyperparameters, TensorTarget, Transform, ATTENTION,
+    DENSE_MLP, PRE_NORMS,
 };
 
 /// The block tensors of a Llama layer.
@@ -34,7 +34,7 @@ const MIXTRAL_EXPERTS: [(&str, &str); 4] = [
 /// The block tensors of a Mixtral layer.
 const MIXTRAL_BLOCK: [&BlockTable; 3] = [&ATTENTION, &MIXTRAL_EXPERTS, &PRE_NORMS];
 
-fn block(hp: &Hyperparameters) -> &'static [&'static BlockTable] {
+pub(super) fn block(hp: &Hyperparameters) -> &'static [&'static BlockTable] {
     match hp.experts {
         Some(_) => &MIXTRAL_BLOCK,
         None => &BLOCK,
@@ -80,8 +80,4 @@ pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarg
         _ => Transform::None,
     };
     Some(TensorTarget { hf_name, transform })
-}
-
-pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
-    required_names(hp.num_layers, block(hp))
 }

@@ -112,29 +112,31 @@ impl Architecture {
         }
     }
 
-    /// Where a GGUF tensor goes, or `None` if the architecture has no place for it.
+    /// Where a GGUF tensor goes, or `None` if the architecture has no place for it: renamed by
+    /// the block table, values changed on the way only for Llama's q/k and Gemma's norms.
     pub fn target(self, gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarget> {
         match self {
             Self::Llama => llama::target(gguf_name, hp),
             Self::Gemma3 => gemma3::target(gguf_name, hp),
-            Self::Qwen2 => qwen2::target(gguf_name, hp),
-            Self::Qwen3 => qwen3::target(gguf_name, hp),
-            Self::Qwen3Moe => qwen3_moe::target(gguf_name, hp),
-            Self::Phi3 => phi3::target(gguf_name, hp),
-            Self::GptOss => gpt_oss::target(gguf_name, hp),
+            _ => renamed(gguf_name, hp, self.block(hp)),
         }
     }
 
     /// The Hugging Face tensors a complete checkpoint has (without the output head).
     pub fn required_tensors(self, hp: &Hyperparameters) -> Vec<String> {
+        required_names(hp.num_layers, self.block(hp))
+    }
+
+    /// The GGUF block tensors of one layer and their Hugging Face names.
+    fn block(self, hp: &Hyperparameters) -> &'static [&'static BlockTable] {
         match self {
-            Self::Llama => llama::required_tensors(hp),
-            Self::Gemma3 => gemma3::required_tensors(hp),
-            Self::Qwen2 => qwen2::required_tensors(hp),
-            Self::Qwen3 => qwen3::required_tensors(hp),
-            Self::Qwen3Moe => qwen3_moe::required_tensors(hp),
-            Self::Phi3 => phi3::required_tensors(hp),
-            Self::GptOss => gpt_oss::required_tensors(hp),
+            Self::Llama => llama::block(hp),
+            Self::Gemma3 => &gemma3::BLOCK,
+            Self::Qwen2 => &qwen2::BLOCK,
+            Self::Qwen3 => &qwen3::BLOCK,
+            Self::Qwen3Moe => &qwen3_moe::BLOCK,
+            Self::Phi3 => &phi3::BLOCK,
+            Self::GptOss => &gpt_oss::BLOCK,
         }
     }
 }

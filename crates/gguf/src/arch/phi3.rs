@@ -9,10 +9,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{
-    config_with, object, renamed, required_names, BlockTable, Hyperparameters, TensorTarget,
-    PRE_NORMS,
-};
+use super::{config_with, object, BlockTable, Hyperparameters, PRE_NORMS};
 
 /// Phi-3's fused projections.
 const FUSED: [(&str, &str); 4] = [
@@ -23,7 +20,7 @@ const FUSED: [(&str, &str); 4] = [
 ];
 
 /// The block tensors of a Phi-3 layer.
-const BLOCK: [&BlockTable; 2] = [&FUSED, &PRE_NORMS];
+pub(super) const BLOCK: [&BlockTable; 2] = [&FUSED, &PRE_NORMS];
 
 pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
     let mut config = config_with(
@@ -41,14 +38,6 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
         "rope_scaling": null,
     })));
     config
-}
-
-pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarget> {
-    renamed(gguf_name, hp, &BLOCK)
-}
-
-pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
-    required_names(hp.num_layers, &BLOCK)
 }
 
 #[cfg(test)]
@@ -74,7 +63,11 @@ mod tests {
         let config = config(&hp);
         assert_eq!(config["partial_rotary_factor"], 0.75);
         assert_eq!(config["original_max_position_embeddings"], 4096);
-        let t = |name: &str| target(name, &hp).map(|t| t.hf_name);
+        let t = |name: &str| {
+            super::super::Architecture::Phi3
+                .target(name, &hp)
+                .map(|t| t.hf_name)
+        };
         assert_eq!(
             t("blk.0.attn_qkv.weight").as_deref(),
             Some("model.layers.0.self_attn.qkv_proj.weight")
@@ -84,6 +77,9 @@ mod tests {
             Some("model.layers.0.mlp.gate_up_proj.weight")
         );
         assert_eq!(t("rope_factors_long.weight"), None, "LongRoPE is refused");
-        assert_eq!(required_tensors(&hp).len(), 2 + 6);
+        assert_eq!(
+            super::super::Architecture::Phi3.required_tensors(&hp).len(),
+            2 + 6
+        );
     }
 }

@@ -6,8 +6,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    config_with, object, renamed, required_names, rope_scaling, BlockTable, Hyperparameters,
-    TensorTarget, ATTENTION, DENSE_MLP, PRE_NORMS,
+    config_with, object, rope_scaling, BlockTable, Hyperparameters, ATTENTION, DENSE_MLP, PRE_NORMS,
 };
 
 /// The q/k/v biases (Qwen2 has none on the output projection).
@@ -18,7 +17,7 @@ const QKV_BIASES: [(&str, &str); 3] = [
 ];
 
 /// The block tensors of a Qwen2 layer.
-const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QKV_BIASES, &DENSE_MLP, &PRE_NORMS];
+pub(super) const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QKV_BIASES, &DENSE_MLP, &PRE_NORMS];
 
 pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
     let mut config = config_with(
@@ -31,12 +30,4 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
     );
     config.extend(object(json!({ "rope_scaling": rope_scaling(hp) })));
     config
-}
-
-pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarget> {
-    renamed(gguf_name, hp, &BLOCK)
-}
-
-pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
-    required_names(hp.num_layers, &BLOCK)
 }

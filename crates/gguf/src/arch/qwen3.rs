@@ -8,12 +8,12 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    config_with, object, renamed, required_names, rope_scaling, BlockTable, Hyperparameters,
-    TensorTarget, ATTENTION, DENSE_MLP, PRE_NORMS, QK_NORMS,
+    config_with, object, rope_scaling, BlockTable, Hyperparameters, ATTENTION, DENSE_MLP,
+    PRE_NORMS, QK_NORMS,
 };
 
 /// The block tensors of a Qwen3 layer.
-const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QK_NORMS, &DENSE_MLP, &PRE_NORMS];
+pub(super) const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QK_NORMS, &DENSE_MLP, &PRE_NORMS];
 
 pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
     let mut config = config_with(
@@ -29,12 +29,4 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
         "attention_bias": false,
     })));
     config
-}
-
-pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarget> {
-    renamed(gguf_name, hp, &BLOCK)
-}
-
-pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
-    required_names(hp.num_layers, &BLOCK)
 }

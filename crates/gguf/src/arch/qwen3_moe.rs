@@ -12,8 +12,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    config_with, object, renamed, required_names, rope_scaling, BlockTable, Hyperparameters,
-    TensorTarget, ATTENTION, PRE_NORMS, QK_NORMS,
+    config_with, object, rope_scaling, BlockTable, Hyperparameters, ATTENTION, PRE_NORMS, QK_NORMS,
 };
 
 /// The router and the stacked experts.
@@ -25,7 +24,7 @@ const EXPERTS: [(&str, &str); 4] = [
 ];
 
 /// The block tensors of a Qwen3-MoE layer.
-const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QK_NORMS, &EXPERTS, &PRE_NORMS];
+pub(super) const BLOCK: [&BlockTable; 4] = [&ATTENTION, &QK_NORMS, &EXPERTS, &PRE_NORMS];
 
 pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
     let mut config = config_with(
@@ -48,14 +47,6 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
         "attention_bias": false,
     })));
     config
-}
-
-pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarget> {
-    renamed(gguf_name, hp, &BLOCK)
-}
-
-pub(super) fn required_tensors(hp: &Hyperparameters) -> Vec<String> {
-    required_names(hp.num_layers, &BLOCK)
 }
 
 #[cfg(test)]
@@ -102,7 +93,11 @@ mod tests {
             ..hp.clone()
         };
         assert_eq!(super::config(&unnormalized)["norm_topk_prob"], false);
-        let t = |name: &str| target(name, &hp).map(|t| t.hf_name);
+        let t = |name: &str| {
+            super::super::Architecture::Qwen3Moe
+                .target(name, &hp)
+                .map(|t| t.hf_name)
+        };
         assert_eq!(
             t("blk.1.ffn_down_exps.weight").as_deref(),
             Some("model.layers.1.mlp.switch_mlp.down_proj.weight")
@@ -112,7 +107,12 @@ mod tests {
             Some("model.layers.0.mlp.gate.weight")
         );
         assert_eq!(t("blk.0.ffn_gate.weight"), None, "no dense MLP");
-        assert_eq!(required_tensors(&hp).len(), 2 + 2 * 12);
+        assert_eq!(
+            super::super::Architecture::Qwen3Moe
+                .required_tensors(&hp)
+                .len(),
+            2 + 2 * 12
+        );
     }
 
     #[test]
