@@ -304,23 +304,20 @@ item ::= " " [a-z]+ ( "!" | "?" )?
         "at most three"
     );
     assert!(!admits(&tok, &vocab, &gbnf, "items: Tea\n"));
-    let bad = Constraint::Gbnf("item ::= \"x\"\n".into());
-    match Guide::new(&vocab, &bad, None) {
-        Err(ConstraintError::Invalid { field, reason }) => {
-            assert_eq!(field, "grammar");
-            assert!(reason.contains("root"), "{reason}");
-        }
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("a grammar without root compiled"),
-    }
+    let (field, reason) = refusal(&vocab, "item ::= \"x\"\n");
+    assert_eq!(field, "grammar");
+    assert!(reason.contains("root"), "{reason}");
     // Found by `fuzz/constraint`: a `::=` after something other than a rule name panicked.
-    let stray = Constraint::Gbnf("root ::= \"a\" [a-z] ::= \"b\"".into());
-    match Guide::new(&vocab, &stray, None) {
-        Err(ConstraintError::Invalid { field, reason }) => {
-            assert_eq!(field, "grammar");
-            assert!(reason.contains("must follow a rule name"), "{reason}");
-        }
+    let (field, reason) = refusal(&vocab, "root ::= \"a\" [a-z] ::= \"b\"");
+    assert_eq!(field, "grammar");
+    assert!(reason.contains("must follow a rule name"), "{reason}");
+}
+
+/// The field and reason a GBNF grammar that must not compile is refused with.
+fn refusal(vocab: &Vocabulary, gbnf: &str) -> (&'static str, String) {
+    match Guide::new(vocab, &Constraint::Gbnf(gbnf.into()), None) {
+        Err(ConstraintError::Invalid { field, reason }) => (field, reason),
         Err(e) => panic!("{e}"),
-        Ok(_) => panic!("a stray `::=` compiled"),
+        Ok(_) => panic!("{gbnf:?} compiled"),
     }
 }
