@@ -1,18 +1,19 @@
 //! The engine: resident models, and the calls the worker makes on its MLX thread.
 
-use std::{sync::Arc, time::Instant};
+use std::{rc::Rc, sync::Arc, time::Instant};
 
 use text::ModelTokenizer;
 
 use crate::{
     constrained::{self, Markup, ToolUse},
     device,
-    error::EngineError,
+    distributed::Group,
+    error::{EngineError, LoadErrorKind},
     generate::{generate, GenerationContext, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
     load,
     lora::AdapterSwitch,
     memory,
-    models::{self, LanguageModel},
+    models::{self, LanguageModel, Placement},
     prompt,
     prompt_cache::{PromptCache, DEFAULT_PROMPT_CACHE_BYTES},
     request::*,
@@ -46,6 +47,8 @@ pub struct Engine {
     device: DeviceInfo,
     /// The byte budget of the active model's prompt cache.
     prompt_cache_bytes: u64,
+    /// The group of ranks this engine runs in step with, if the worker runs as one.
+    group: Option<Rc<Group>>,
 }
 
 /// What a successful `load` gives back.
@@ -55,6 +58,21 @@ pub struct Loaded {
     pub tokenizer: Arc<ModelTokenizer>,
     /// Whether the model was already resident and kept (no `force`).
     pub reused: bool,
+}
+
+/// What this rank holds of a model: its layers and the bytes of its weights.
+fn rank_share(model: &mut dyn LanguageModel) -> serde_json::Value {
+    let layers = match model.placement() {
+        Some((_, layers)) => layers,
+        None => 0..model.num_layers(),
+    };
+    let weight_bytes: usize = model
+        .linears_mut()
+        .iter()
+        .flat_map(|(_, l)| l.arrays())
+        .map(|a| a.nbytes())
+        .sum();
+    serde_json::json!({ "layers": [layers.start, layers.end], "weight_bytes": weight_bytes })
 }
 
 impl Drop for Engine {
@@ -83,7 +101,29 @@ impl Engine {
             models: Vec::new(),
             device,
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
+            group: None,
         }
+    }
+
+    /// Runs in step with the other ranks of `group`: every rank gets the same calls in the same
+    /// order (the worker's rank 0 shares them), and models may be split over them.
+    pub fn with_group(mut self, group: Group) -> Self {
+        self.group = Some(Rc::new(group));
+        self
+    }
+
+    /// The group, if the engine runs in one.
+    pub fn group(&self) -> Option<&Group> {
+        self.group.as_deref()
+    }
+
+    /// The group as `initialize` describes it.
+    pub fn group_info(&self) -> Option<GroupInfo> {
+        self.group.as_ref().map(|g| GroupInfo {
+            backend: g.backend().name().to_owned(),
+            size: g.size(),
+            rank: g.rank(),
+        })
     }
 
     /// Bounds the bytes of KV caches the active model keeps for later prompts.
@@ -144,10 +184,55 @@ impl Engine {
                 return Ok(loaded);
             }
         }
+        let placement = self.placement(req)?;
+        let built = self.build(req, placement, progress, cancel);
+        let resident = self.agree(built)?;
+        let (info, tokenizer) = (resident.info.clone(), resident.tokenizer.clone());
+        self.models.retain(|r| r.info.model_id != model_id);
+        self.models.push(resident);
+        load::report(progress, LoadStage::Ready, 1, "");
+        Ok(Loaded {
+            info,
+            tokenizer,
+            reused: false,
+        })
+    }
+
+    /// How `req` splits the model over the group, if it asks to.
+    fn placement(&self, req: &LoadRequest) -> Result<Option<Placement>, EngineError> {
+        let Some(mode) = req.parallel else {
+            return Ok(None);
+        };
+        let Some(group) = &self.group else {
+            return Err(load::refuse_parallel(
+                "this worker runs alone: start it as a group of ranks (`mlx.launch`, `cargo \
+                 xtask launch`) to split a model over them",
+            ));
+        };
+        if req.adapter.is_some() {
+            return Err(load::refuse_parallel(
+                "a model split over ranks takes no adapter yet: fuse the adapter into the \
+                 weights (mlx_lm.fuse) or load without `parallel`",
+            ));
+        }
+        Ok(Some(Placement {
+            group: group.clone(),
+            mode,
+        }))
+    }
+
+    /// This rank's resident for `req`, not yet in `models`: the steps of `load.rs`.
+    fn build(
+        &self,
+        req: &LoadRequest,
+        placement: Option<Placement>,
+        progress: &mut dyn FnMut(LoadProgress),
+        cancel: &CancelToken,
+    ) -> Result<Resident, EngineError> {
         let files = load::resolve(req, progress, cancel)?;
         let (config, tokenizer) = load::read(&files, req, progress, cancel)?;
         memory::apply_limits(&self.device);
-        let mut built = load::build(&files, &config, req, progress)?;
+        let mut built = load::build(&files, &config, req, placement, progress)?;
         let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
         load::check_experts_run_on(built.model.as_mut(), self.device.backend)?;
         if req.draft_model.is_some() && built.vision.is_some() {
@@ -158,14 +243,11 @@ impl Engine {
         }
         let draft = load::draft(req, &tokenizer, progress, cancel)?;
         let info = load::describe(req, &files, &config, &tokenizer, &built);
-        let (model, vision) = (built.model, built.vision);
-        let tokenizer = Arc::new(tokenizer);
-        self.models.retain(|r| r.info.model_id != model_id);
-        self.models.push(Resident {
-            info: info.clone(),
-            model,
-            vision,
-            tokenizer: tokenizer.clone(),
+        Ok(Resident {
+            info,
+            model: built.model,
+            vision: built.vision,
+            tokenizer: Arc::new(tokenizer),
             load: LoadRequest {
                 hf_token: None,
                 force: false,
@@ -175,13 +257,52 @@ impl Engine {
             draft,
             prompt_cache: PromptCache::new(self.prompt_cache_bytes),
             vocabulary: None,
-        });
-        load::report(progress, LoadStage::Ready, 1, "");
-        Ok(Loaded {
-            info,
-            tokenizer,
-            reused: false,
         })
+    }
+
+    /// In a group, every rank's load must succeed or none keeps it: the ranks tell each other
+    /// how theirs went (and what each holds of a split model) before any makes it resident.
+    fn agree(&self, local: Result<Resident, EngineError>) -> Result<Resident, EngineError> {
+        let Some(group) = &self.group else {
+            return local;
+        };
+        let mut local = local;
+        let share = match &mut local {
+            Ok(r) => rank_share(r.model.as_mut()),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        let shares = group
+            .gather_bytes(share.to_string().as_bytes())
+            .map_err(|e| load::refuse_parallel(format!("the ranks could not agree: {e}")))?;
+        let shares: Vec<serde_json::Value> = shares
+            .iter()
+            .map(|b| serde_json::from_slice(b).unwrap_or_default())
+            .collect();
+        let mut resident = local?;
+        if let Some((rank, error)) = shares
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| Some((i, s.get("error")?.as_str()?)))
+        {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!("rank {rank} of the group could not load the model: {error}"),
+            ));
+        }
+        if let Some(mode) = resident.load.parallel {
+            let ranks = shares.iter().map(|s| RankShare {
+                layers: (
+                    s["layers"][0].as_u64().unwrap_or(0) as usize,
+                    s["layers"][1].as_u64().unwrap_or(0) as usize,
+                ),
+                weight_bytes: s["weight_bytes"].as_u64().unwrap_or(0),
+            });
+            resident.info.parallel = Some(ParallelInfo {
+                mode,
+                ranks: ranks.collect(),
+            });
+        }
+        Ok(resident)
     }
 
     /// Generates a completion with a resident model.
@@ -258,6 +379,7 @@ impl Engine {
             },
             markup,
             started,
+            group: self.group.as_deref(),
         };
         let cache = &mut resident.prompt_cache;
         let mut result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel);

@@ -11,6 +11,7 @@ use text::{StopMatcher, StreamingDetokenizer};
 
 use crate::{
     constrained::Markup,
+    distributed::Group,
     kv_cache::KvCache,
     models::LanguageModel,
     prompt::{PromptEmbeds, PromptInputs},
@@ -54,6 +55,19 @@ pub(crate) struct GenerationContext<'a> {
     pub markup: Option<Markup>,
     /// When the request arrived (time to first token counts from it).
     pub started: Instant,
+    /// The worker's group of ranks, which all run this generation in step.
+    pub group: Option<&'a Group>,
+}
+
+impl GenerationContext<'_> {
+    /// Whether to stop here. In a group, rank 0's answer on every rank: each rank runs the
+    /// same steps, so they all ask at the same points and meet at the same collectives.
+    pub fn cancelled(&self, cancel: &CancelToken) -> Result<bool> {
+        match self.group {
+            Some(group) => Ok(group.any(cancel.is_cancelled())?),
+            None => Ok(cancel.is_cancelled()),
+        }
+    }
 }
 
 mod speculative;
@@ -310,7 +324,7 @@ fn run(
     let prefill_start = Instant::now();
     let mut embeds = match (ctx.vision, &prompt.images) {
         (Some(vision), Some(_)) => {
-            if cancel.is_cancelled() {
+            if ctx.cancelled(cancel)? {
                 return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
             }
             Some(crate::prompt::merged_embeddings(
@@ -322,7 +336,7 @@ fn run(
     // Prefill: all but the last prompt token, in chunks, checking for cancellation between them.
     let mut rest = &prompt_ids[reused..];
     while rest.len() > 1 {
-        if cancel.is_cancelled() {
+        if ctx.cancelled(cancel)? {
             return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
         }
         let n = ctx.prefill_chunk.min(rest.len() - 1);
@@ -372,7 +386,9 @@ fn run(
     let finish = loop {
         // Unconstrained, step n+1 is queued whole before token n is read. Constrained, only its
         // forward pass is: its mask needs token n, and is computed while that pass runs.
-        let next = if n < req.max_new_tokens && !cancel.is_cancelled() {
+        // Asked once per step: both uses below must see the same answer on every rank.
+        let cancelled = ctx.cancelled(cancel)?;
+        let next = if n < req.max_new_tokens && !cancelled {
             let next = dec.logits(&step.token, None)?;
             if dec.guide.is_some() {
                 transforms::async_eval([&next])?;
@@ -391,7 +407,7 @@ fn run(
             timings.ttft_ms = ms(ctx.started);
             decode_start = Instant::now();
         }
-        if cancel.is_cancelled() {
+        if cancelled {
             break FinishReason::Cancelled;
         }
         if n == req.max_new_tokens {

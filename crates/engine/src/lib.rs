@@ -9,6 +9,7 @@
 mod cancel;
 mod constrained;
 mod device;
+mod distributed;
 mod engine;
 mod error;
 mod generate;
@@ -28,6 +29,7 @@ mod vision;
 mod weights;
 
 pub use cancel::CancelToken;
+pub use distributed::{Backend as DistributedBackend, Group};
 pub use engine::{Engine, Loaded};
 pub use error::{EngineError, LoadErrorKind};
 pub use prompt_cache::DEFAULT_PROMPT_CACHE_BYTES;

@@ -13,7 +13,7 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     kv_cache::KV_GROUP_SIZE,
     lora::{self, Adapter, AdapterSwitch},
-    models::{self, LanguageModel},
+    models::{self, LanguageModel, Placement},
     request::*,
     vision::{self, VisionModel},
     weights::Weights,
@@ -101,11 +101,13 @@ pub(crate) fn read(
     Ok((config, tokenizer))
 }
 
-/// The weights (cast to `req.dtype` when asked) in the family's model.
+/// The weights (cast to `req.dtype` when asked) in the family's model; with a `placement`,
+/// only this rank's share of it.
 pub(crate) fn build(
     files: &Files,
     config: &Value,
     req: &LoadRequest,
+    placement: Option<Placement>,
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<Built, EngineError> {
     report(progress, LoadStage::Weights, 0, "");
@@ -117,11 +119,26 @@ pub(crate) fn build(
         .float_dtype()
         .map(from_mlx)
         .unwrap_or(WeightDtype::Float32);
-    check_fits(&weights, req.load_in_4bit)?;
+    let ranks = placement.as_ref().map_or(1, |p| p.group.size() as u64);
+    check_fits(&weights, req.load_in_4bit, ranks)?;
     let num_parameters = weights.num_parameters();
     let (vision, text_config) = vision::split(&files.path, config, &mut weights)?;
+    let split = placement.is_some();
+    if split && vision.is_some() {
+        return Err(refuse_parallel(
+            "vision-language models are not split over ranks yet: load it without `parallel`",
+        ));
+    }
+    weights.set_placement(placement);
+    let model = models::build(&text_config, weights)?;
+    if split && model.placement().is_none() {
+        return Err(refuse_parallel(format!(
+            "`{}` models are not built on the shared decoder and cannot be split",
+            text_config["model_type"].as_str().unwrap_or_default()
+        )));
+    }
     Ok(Built {
-        model: models::build(&text_config, weights)?,
+        model,
         vision,
         dtype,
         num_parameters,
@@ -130,12 +147,20 @@ pub(crate) fn build(
     })
 }
 
+pub(crate) fn refuse_parallel(reason: impl Into<String>) -> EngineError {
+    EngineError::InvalidParams {
+        field: "parallel".into(),
+        reason: reason.into(),
+    }
+}
+
 /// Refuses weights larger than MLX's memory limit before any is read (MLX reads them lazily):
 /// the bytes they take as they will be held, a quarter of that under `load_in_4bit` (16-bit
 /// weights to 4 bits). Other residents do not count: the host may unload them, and a model
-/// reloaded under its own id replaces itself.
-fn check_fits(weights: &Weights, load_in_4bit: bool) -> Result<(), EngineError> {
-    let needed = weights.nbytes() / if load_in_4bit { 4 } else { 1 };
+/// reloaded under its own id replaces itself. A model split over `ranks` needs about its
+/// share on each.
+fn check_fits(weights: &Weights, load_in_4bit: bool, ranks: u64) -> Result<(), EngineError> {
+    let needed = weights.nbytes() / if load_in_4bit { 4 } else { 1 } / ranks;
     match crate::memory::limit_bytes() {
         Some(limit) if needed > limit => Err(EngineError::load(
             LoadErrorKind::OutOfMemory,
@@ -220,7 +245,7 @@ pub(crate) fn draft(
             "{name}'s tokenizer is not the model's (token ids differ): a draft model must share              the model's vocabulary, e.g. a smaller model of the same family"
         )));
     }
-    let mut built = build(&files, &config, &req, progress)?;
+    let mut built = build(&files, &config, &req, None, progress)?;
     if built.vision.is_some() {
         return Err(refuse(format!(
             "{name} is a vision-language model: a draft model must be a text model"
@@ -307,6 +332,7 @@ pub(crate) fn describe(
         kv_bits_requested: req.kv_bits,
         kv_bits: req.kv_bits.filter(|_| built.kv_bits_refused.is_none()),
         kv_bits_reason: built.kv_bits_refused.clone(),
+        parallel: None,
         chat_template_source: match tokenizer.chat_template_source() {
             // The importer carried the GGUF's own template into tokenizer_config.json.
             text::ChatTemplateSource::TokenizerConfig if files.is_gguf => {

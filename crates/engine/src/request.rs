@@ -38,6 +38,8 @@ pub struct LoadRequest {
     pub kv_bits: Option<u8>,
     /// A model with the same tokenizer loaded beside it, for [`Speculative::DraftModel`].
     pub draft_model: Option<String>,
+    /// Split over the ranks of the worker's group (only when it runs as one).
+    pub parallel: Option<Parallel>,
     /// Reload even if resident.
     pub force: bool,
 }
@@ -55,6 +57,7 @@ impl LoadRequest {
             && self.adapter == other.adapter
             && self.kv_bits == other.kv_bits
             && self.draft_model == other.draft_model
+            && self.parallel == other.parallel
     }
 }
 
@@ -94,6 +97,42 @@ pub struct ModelInfo {
     pub kv_bits_requested: Option<u8>,
     pub kv_bits: Option<u8>,
     pub kv_bits_reason: Option<String>,
+    /// How the model is split over the group's ranks, and what each holds.
+    pub parallel: Option<ParallelInfo>,
+}
+
+/// How a model is split over the ranks of a group (mlx-lm's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parallel {
+    /// Each rank holds a part of every layer's heads and MLP columns.
+    Tensor,
+    /// Each rank holds a run of whole layers.
+    Pipeline,
+}
+
+/// A split model: its mode and each rank's share, by rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParallelInfo {
+    pub mode: Parallel,
+    pub ranks: Vec<RankShare>,
+}
+
+/// What one rank holds of a split model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankShare {
+    /// The layers it runs, `[start, end)`.
+    pub layers: (usize, usize),
+    /// The bytes of the weights it holds.
+    pub weight_bytes: u64,
+}
+
+/// The worker's group of ranks, when it runs as one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// MLX's name of the backend (`ring`, `jaccl`, `nccl`, `mpi`).
+    pub backend: String,
+    pub size: usize,
+    pub rank: usize,
 }
 
 /// MLX memory, in bytes.

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    models::Placement,
     nn::{Embedding, LayerNorm, Linear, QuantMode, Quantized, RmsNorm},
 };
 
@@ -20,6 +21,8 @@ pub struct Weights {
     /// What was cut off these names by [`Weights::split_off`]: config.json's per-layer
     /// quantization overrides name layers by their full checkpoint path.
     path_prefix: String,
+    /// This rank's share when the model is split over a group; the shared decoder takes it.
+    placement: Option<Placement>,
 }
 
 type LoadResult<T> = Result<T, EngineError>;
@@ -68,6 +71,7 @@ impl Weights {
             tensors,
             quantization: quantization(config),
             path_prefix: String::new(),
+            placement: None,
         })
     }
 
@@ -78,6 +82,7 @@ impl Weights {
             tensors,
             quantization: quantization(config),
             path_prefix: String::new(),
+            placement: None,
         }
     }
 
@@ -195,6 +200,21 @@ impl Weights {
         })
     }
 
+    /// Splits the model these weights build over a group ([`Placement`]).
+    pub fn set_placement(&mut self, placement: Option<Placement>) {
+        self.placement = placement;
+    }
+
+    /// The placement, for the decoder that builds the split model.
+    pub fn take_placement(&mut self) -> Option<Placement> {
+        self.placement.take()
+    }
+
+    /// Drops every tensor under `prefix` unread (a layer another rank runs).
+    pub fn drop_prefixed(&mut self, prefix: &str) {
+        self.tensors.retain(|name, _| !name.starts_with(prefix));
+    }
+
     /// Renames every tensor that starts with `from` to start with `to` instead (checkpoint
     /// layouts that put a model's parts under other prefixes).
     pub fn rename_prefix(&mut self, from: &str, to: &str) {
@@ -211,6 +231,7 @@ impl Weights {
             tensors,
             quantization: self.quantization.clone(),
             path_prefix: format!("{}{prefix}", self.path_prefix),
+            placement: None,
         }
     }
 

@@ -2,14 +2,16 @@
 //! mapping; engine errors are mapped in `errors.rs`.
 
 use mlx_engine::{
-    text, Constraint, GenerateRequest, HfToken, LoadRequest, Prompt, SamplerParams, WeightDtype,
+    text, Constraint, GenerateRequest, HfToken, LoadRequest, Parallel, Prompt, SamplerParams,
+    WeightDtype,
 };
 use protocol::methods::{
     Backend, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo, Dtype,
-    FinishReason, FunctionCall, FunctionKind, GenerateParams, GenerateResult, KvQuantization,
-    LoadParams, LoadStage, MemoryInfo, MessageContent, MlxInfo, ModelInfo, Quantization,
-    ResidentModel, ResponseFormat, SpecialTokens, SpeculativeMethod, Timings, TokenLogprob,
-    ToolCallOut, ToolChoice, ToolChoiceMode, TopLogprob, Usage,
+    FinishReason, FunctionCall, FunctionKind, GenerateParams, GenerateResult, GroupInfo,
+    KvQuantization, LoadParams, LoadStage, MemoryInfo, MessageContent, MlxInfo, ModelInfo,
+    ParallelInfo, ParallelMode, Quantization, RankShare, ResidentModel, ResponseFormat,
+    SpecialTokens, SpeculativeMethod, Timings, TokenLogprob, ToolCallOut, ToolChoice,
+    ToolChoiceMode, TopLogprob, Usage,
 };
 use protocol::ResponseError;
 use serde_json::{json, Map, Value};
@@ -32,6 +34,10 @@ pub fn load_request(p: &LoadParams) -> Result<LoadRequest, ResponseError> {
         adapter: p.adapter.clone(),
         kv_bits: p.kv_bits,
         draft_model: p.draft_model.clone(),
+        parallel: p.parallel.map(|m| match m {
+            ParallelMode::Tensor => Parallel::Tensor,
+            ParallelMode::Pipeline => Parallel::Pipeline,
+        }),
         force: p.force,
     })
 }
@@ -347,6 +353,35 @@ pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
             applied: info.kv_bits,
             reason: info.kv_bits_reason.clone(),
         },
+        parallel: info.parallel.as_ref().map(parallel_info),
+    }
+}
+
+fn parallel_info(p: &mlx_engine::ParallelInfo) -> ParallelInfo {
+    ParallelInfo {
+        mode: match p.mode {
+            Parallel::Tensor => ParallelMode::Tensor,
+            Parallel::Pipeline => ParallelMode::Pipeline,
+        },
+        ranks: p
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, r)| RankShare {
+                rank: rank as u32,
+                layers: [r.layers.0 as u64, r.layers.1 as u64],
+                weight_bytes: r.weight_bytes,
+            })
+            .collect(),
+    }
+}
+
+/// `initialize`'s and `status`'s `group`.
+pub fn group_info(g: &mlx_engine::GroupInfo) -> GroupInfo {
+    GroupInfo {
+        backend: g.backend.clone(),
+        size: g.size as u32,
+        rank: g.rank as u32,
     }
 }
 

@@ -397,6 +397,7 @@ impl Dispatcher {
                     gguf: info.gguf,
                     max_queue: self.max_queue,
                 },
+                group: info.group.clone(),
             };
             self.answer(Response::ok(id, result));
         }
@@ -422,6 +423,7 @@ impl Dispatcher {
             memory: residents.memory.clone(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             requests_served: self.served,
+            group: self.info.as_ref().and_then(|i| i.group.clone()),
         }
     }
 

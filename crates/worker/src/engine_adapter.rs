@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_engine::text::ModelTokenizer;
-use mlx_engine::{CancelToken, Engine};
+use mlx_engine::{CancelToken, Engine, Group};
 use protocol::methods::{
-    Channel, GenerateParams, GenerateResult, LoadParams, LoadResult, LoadStage, MlxInfo,
+    Channel, GenerateParams, GenerateResult, GroupInfo, LoadParams, LoadResult, LoadStage, MlxInfo,
     ResetResult, TokenLogprob, UnloadParams, UnloadResult,
 };
 use protocol::ResponseError;
@@ -30,6 +30,8 @@ pub struct EngineInfo {
     pub lora: bool,
     /// GGUF files supported.
     pub gguf: bool,
+    /// The group of ranks this worker is rank 0 of, if any.
+    pub group: Option<GroupInfo>,
 }
 
 /// The engine and the tokenizers of its resident models.
@@ -40,11 +42,21 @@ pub struct EngineAdapter {
 
 impl EngineAdapter {
     /// Starts MLX; each model keeps up to `prompt_cache_bytes` of KV caches for later prompts.
-    pub fn new(prompt_cache_bytes: u64) -> Self {
+    /// In a `group`, every rank's adapter gets the same calls (`group.rs`).
+    pub fn new(prompt_cache_bytes: u64, group: Option<Group>) -> Self {
+        let engine = Engine::new().with_prompt_cache_bytes(prompt_cache_bytes);
         Self {
-            engine: Engine::new().with_prompt_cache_bytes(prompt_cache_bytes),
+            engine: match group {
+                Some(group) => engine.with_group(group),
+                None => engine,
+            },
             tokenizers: HashMap::new(),
         }
+    }
+
+    /// The group of ranks, if the worker runs as one.
+    pub fn group(&self) -> Option<&Group> {
+        self.engine.group()
     }
 
     /// What `initialize` reports.
@@ -58,6 +70,7 @@ impl EngineAdapter {
             vision: !Engine::vision_architectures().is_empty(),
             lora: true,
             gguf: true,
+            group: self.engine.group_info().map(|g| convert::group_info(&g)),
         }
     }
 

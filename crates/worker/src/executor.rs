@@ -5,7 +5,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc as std_mpsc;
 
-use mlx_engine::CancelToken;
+use mlx_engine::{CancelToken, Group};
 use protocol::methods::{
     GenerateDelta, GenerateDeltaNotification, GenerateParams, LoadParams, LoadProgress,
     LoadProgressNotification, NotificationMethod, UnloadParams, WorkerState,
@@ -14,6 +14,7 @@ use protocol::{Notification, RequestId, Response, ResponseError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine_adapter::{EngineAdapter, EngineInfo};
+use crate::group::{self, Shared};
 use crate::residents::{Residents, SharedResidents};
 use crate::transport::Outbox;
 
@@ -118,7 +119,13 @@ fn run(
     residents: SharedResidents,
     prompt_cache_bytes: u64,
 ) {
-    let mut engine = match catch_unwind(|| EngineAdapter::new(prompt_cache_bytes)) {
+    // Rank 0 of a group joins it here: the group, like every MLX object, lives on this thread.
+    let group = match Group::from_env() {
+        Ok(group) => group,
+        Err(reason) => return fail_all(reason, commands, outbox, events),
+    };
+    let start = AssertUnwindSafe(|| EngineAdapter::new(prompt_cache_bytes, group));
+    let mut engine = match catch_unwind(start) {
         Ok(engine) => engine,
         Err(panic) => {
             let reason = format!("MLX panicked while starting: {}", panic_message(&*panic));
@@ -130,15 +137,25 @@ fn run(
 
     while let Ok(Command::Run(job)) = commands.recv() {
         let id = job.id.clone();
-        let response = catch_unwind(AssertUnwindSafe(|| execute(&mut engine, job, &outbox)))
-            .unwrap_or_else(|panic| {
-                let what = panic_message(&*panic);
-                tracing::error!("the engine panicked: {what}");
-                Response::err(
-                    Some(id.clone()),
-                    ResponseError::internal(format!("the engine panicked: {what}")),
-                )
-            });
+        let shared = match engine.group() {
+            Some(g) => group::share(g, &Shared::of(&job.work)),
+            None => Ok(()),
+        };
+        let response = match shared {
+            Ok(()) => catch_unwind(AssertUnwindSafe(|| execute(&mut engine, job, &outbox))),
+            Err(broken) => Ok(Response::err(
+                Some(id.clone()),
+                ResponseError::internal(broken),
+            )),
+        };
+        let response = response.unwrap_or_else(|panic| {
+            let what = panic_message(&*panic);
+            tracing::error!("the engine panicked: {what}");
+            Response::err(
+                Some(id.clone()),
+                ResponseError::internal(format!("the engine panicked: {what}")),
+            )
+        });
         // Before the response goes out, so that a host that reads it and asks `status` or
         // `tokenize` at once finds the models as the response left them.
         *residents.lock().expect("residents lock") = Residents {
@@ -149,6 +166,9 @@ fn run(
         let _ = events.send(ExecutorEvent::Done(id));
     }
     tracing::debug!("freeing the engine");
+    if let Some(g) = engine.group() {
+        let _ = group::share(g, &Shared::Quit);
+    }
     engine.free();
 }
 

@@ -12,6 +12,7 @@ mod dispatcher;
 mod engine_adapter;
 mod errors;
 mod executor;
+mod group;
 mod queue;
 mod residents;
 mod transport;
@@ -32,6 +33,10 @@ const MAX_BLOCKING_THREADS: usize = 8;
 fn main() {
     let cli = cli::Cli::parse();
     init_logging();
+    if group::is_follower() {
+        // Ranks other than 0 speak no protocol: they run what rank 0 shares (`group.rs`).
+        std::process::exit(group::follow(cli.prompt_cache_bytes));
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         max_queue = cli.max_queue,

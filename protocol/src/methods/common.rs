@@ -133,6 +133,50 @@ pub struct ModelInfo {
     pub special_tokens: SpecialTokens,
     /// The KV cache's quantization (`kv_bits`).
     pub kv_quantization: KvQuantization,
+    /// How the model is split over the worker's group of ranks; absent when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelInfo>,
+}
+
+/// How a model is split over the ranks of a group (`load`'s `parallel`; mlx-lm's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ParallelMode {
+    /// Every rank holds all layers with a share of each one's attention heads and MLP columns.
+    Tensor,
+    /// Every rank holds a run of whole layers; activations pass from rank to rank.
+    Pipeline,
+}
+
+/// A split model: the mode and what each rank holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ParallelInfo {
+    /// How it is split.
+    pub mode: ParallelMode,
+    /// Each rank's share, by rank.
+    pub ranks: Vec<RankShare>,
+}
+
+/// What one rank holds of a split model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RankShare {
+    /// The rank.
+    pub rank: u32,
+    /// The layers it runs: `[start, end)`.
+    pub layers: [u64; 2],
+    /// Bytes of the weights it holds (its linear layers and embedding).
+    pub weight_bytes: u64,
+}
+
+/// The worker's group of ranks (started by `mlx.launch` or `cargo xtask launch`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GroupInfo {
+    /// MLX's distributed backend: `ring`, `jaccl`, `nccl` or `mpi`.
+    pub backend: String,
+    /// Number of ranks.
+    pub size: u32,
+    /// This process's rank (the one that speaks JSON-RPC is 0).
+    pub rank: u32,
 }
 
 /// One chat message: `{role, content}`.

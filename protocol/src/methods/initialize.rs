@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::method;
+use super::{method, GroupInfo};
 
 /// The protocol version this crate speaks.
 pub const PROTOCOL_VERSION: &str = "1";
@@ -98,4 +98,7 @@ pub struct InitializeResult {
     pub mlx: MlxInfo,
     /// What the worker supports.
     pub capabilities: Capabilities,
+    /// The group of ranks the worker runs as; absent for one process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupInfo>,
 }

@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{notification, Dtype, MemoryInfo, Method, ModelInfo};
+use super::{notification, Dtype, MemoryInfo, Method, ModelInfo, ParallelMode};
 use crate::envelope::RequestId;
 use crate::error::ResponseError;
 use crate::params::with_defaults;
@@ -88,6 +88,10 @@ pub struct LoadParams {
     /// loaded beside this one for `speculative: {"method": "draft_model"}` on `generate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_model: Option<String>,
+    /// Split the model over the worker's group of ranks: `"tensor"` or `"pipeline"`. Only when
+    /// the worker runs as a group (`initialize`'s `group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelMode>,
     /// Reload even if this model is already resident.
     #[serde(default)]
     pub force: bool,

@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{method, MemoryInfo, ModelInfo};
+use super::{method, GroupInfo, MemoryInfo, ModelInfo};
 
 method!(
     /// `status`: the worker's state, models, queue and memory.
@@ -66,4 +66,7 @@ pub struct StatusResult {
     pub uptime_ms: u64,
     /// Requests answered so far.
     pub requests_served: u64,
+    /// The group of ranks the worker runs as; absent for one process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupInfo>,
 }

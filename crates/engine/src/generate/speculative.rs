@@ -10,7 +10,7 @@
 
 use mlx_rs::{ops, transforms, Array};
 
-use super::{Decoder, Output, Result, Step, CLEAR_CACHE_EVERY};
+use super::{Decoder, GenerationContext, Output, Result, Step, CLEAR_CACHE_EVERY};
 use crate::{
     kv_cache::KvCache,
     models::LanguageModel,
@@ -78,7 +78,7 @@ impl<'a> Drafter<'a> {
                     caches,
                     unfed: Vec::new(),
                 };
-                draft.prefill(prompt, dec.ctx.prefill_chunk, cancel)?;
+                draft.prefill(prompt, dec.ctx, cancel)?;
                 (Source::Model(draft), num_draft_tokens)
             }
         };
@@ -132,10 +132,15 @@ fn lookup(h: &[u32], limit: usize) -> Vec<u32> {
 
 impl DraftModel<'_> {
     /// Runs all of `prompt` but its last token, in chunks, checking for cancellation.
-    fn prefill(&mut self, prompt: &[u32], chunk: usize, cancel: &CancelToken) -> Result<()> {
+    fn prefill(
+        &mut self,
+        prompt: &[u32],
+        ctx: &GenerationContext<'_>,
+        cancel: &CancelToken,
+    ) -> Result<()> {
         let (rest, last) = prompt.split_at(prompt.len() - 1);
-        for part in rest.chunks(chunk) {
-            if cancel.is_cancelled() {
+        for part in rest.chunks(ctx.prefill_chunk) {
+            if ctx.cancelled(cancel)? {
                 break;
             }
             let input = Array::from_slice(part, &[1, part.len() as i32]);
@@ -237,7 +242,7 @@ pub(super) fn decode(
     let (mut n, mut since_clear) = (0usize, 0usize);
     loop {
         for step in &pending {
-            if cancel.is_cancelled() {
+            if dec.ctx.cancelled(cancel)? {
                 return Ok((FinishReason::Cancelled, n));
             }
             if n == req.max_new_tokens {
@@ -251,7 +256,7 @@ pub(super) fn decode(
         // The last token is taken but not yet run.
         let last = *dec.sampled.last().expect("a token was taken");
         drafter.taken(accepted, last);
-        if cancel.is_cancelled() {
+        if dec.ctx.cancelled(cancel)? {
             return Ok((FinishReason::Cancelled, n));
         }
         if n == req.max_new_tokens {

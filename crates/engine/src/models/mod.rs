@@ -16,6 +16,7 @@ mod mixtral;
 mod moe;
 mod olmo2;
 mod olmoe;
+mod parallel;
 mod phi3;
 mod qwen2;
 mod qwen2_5_vl_text;
@@ -26,6 +27,8 @@ mod qwen3_next;
 mod qwen3_vl_text;
 mod smollm3;
 mod transformer;
+
+pub use parallel::Placement;
 
 use mlx_rs::Array;
 use serde_json::Value;
@@ -82,6 +85,10 @@ pub trait LanguageModel {
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)>;
     /// Context length the model was trained for, if config.json says.
     fn max_position_embeddings(&self) -> Option<usize>;
+    /// How this rank holds its part of a model split over a group, and the layers it runs.
+    fn placement(&self) -> Option<(&Placement, std::ops::Range<usize>)> {
+        None
+    }
 }
 
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.

@@ -8,22 +8,27 @@
 //! As in mlx-lm's model files, each forward pass builds one attention mask per kind of layer
 //! (full attention, and each sliding window) and hands every layer the mask of its kind.
 
+use std::rc::Rc;
+
 use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
+    distributed::Group,
     error::{EngineError, LoadErrorKind},
     kv_cache::{KvCache, Mask, StateCache},
     models::{
         gated_delta::{GatedDeltaNet, GatedDeltaSpec},
         moe::{MoeSpec, SparseMoe},
+        parallel::{self, Placement, Reduce},
         LanguageModel,
     },
     nn::{
         Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, QkNorm,
         QkNormOver, Qkv, Result, RmsNorm, Rope, RotaryAngles, SharedKv,
     },
+    request::Parallel,
     rope::{rope_from_config, MRope},
     weights::Weights,
 };
@@ -384,6 +389,14 @@ struct Block {
     kv_from: Option<usize>,
     /// Later layers attend to this one's keys and values.
     shares_kv: bool,
+    /// Under tensor parallel: the sums of the attention's and the MLP's partial outputs.
+    tensor: Option<TensorReduce>,
+}
+
+/// A tensor-parallel block's two sums over the group (`models/parallel.rs`).
+struct TensorReduce {
+    attention: Reduce,
+    mlp: Reduce,
 }
 
 /// Gemma 4's per-layer input gate: `h + norm(projection(gelu_approx(gate(h)) * input))`.
@@ -433,7 +446,10 @@ impl Block {
             (Mixer::SelfAttn(a), LayerKv::Cache(cache)) => {
                 let (out, shared) = a.forward(x, mask, cache, angles, self.shares_kv)?;
                 kept = shared;
-                Ok(out)
+                match &self.tensor {
+                    Some(t) => t.attention.apply(out),
+                    None => Ok(out),
+                }
             }
             (Mixer::SelfAttn(a), LayerKv::Shared(shared)) => a.forward_shared(x, mask, shared),
             (Mixer::LinearAttn(l), LayerKv::Cache(KvCache::State(state))) => l.forward(x, state),
@@ -453,6 +469,15 @@ impl Block {
         Ok((out, kept))
     }
 
+    /// The MLP's output (summed over the group under tensor parallel).
+    fn mlp_forward(&self, x: &Array) -> Result<Array> {
+        let out = self.mlp.forward(x)?;
+        match &self.tensor {
+            Some(t) => t.mlp.apply(out),
+            None => Ok(out),
+        }
+    }
+
     /// Attention and MLP with their norms and residuals, as the norm layout places them.
     fn sublayers(
         &self,
@@ -466,7 +491,7 @@ impl Block {
                 post_attention_layernorm,
             } => {
                 let h = family.residual(x, &attn(&input_layernorm.forward(x)?)?)?;
-                let r = self.mlp.forward(&post_attention_layernorm.forward(&h)?)?;
+                let r = self.mlp_forward(&post_attention_layernorm.forward(&h)?)?;
                 family.residual(&h, &r)
             }
             Norms::Sandwich {
@@ -477,7 +502,7 @@ impl Block {
             } => {
                 let r = attn(&input_layernorm.forward(x)?)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
-                let r = self.mlp.forward(&pre_feedforward_layernorm.forward(&h)?)?;
+                let r = self.mlp_forward(&pre_feedforward_layernorm.forward(&h)?)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }
             Norms::PostNorm {
@@ -486,7 +511,7 @@ impl Block {
             } => {
                 let r = attn(x)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
-                let r = self.mlp.forward(&h)?;
+                let r = self.mlp_forward(&h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }
         }
@@ -506,6 +531,10 @@ pub struct Decoder<F: Family = Llama> {
     max_position_embeddings: Option<usize>,
     /// Multimodal RoPE in place of every layer's own (Qwen-VL): positions are given per token.
     mrope: Option<MRope>,
+    /// This rank's share of a model split over a group.
+    placement: Option<Placement>,
+    /// The checkpoint index of `layers[0]` (a pipeline stage's first layer; else 0).
+    first_layer: usize,
 }
 
 fn norm(
@@ -621,6 +650,7 @@ fn load_block(
         per_layer_gate,
         kv_from: spec.kv_from,
         shares_kv: false,
+        tensor: None,
     })
 }
 
@@ -792,19 +822,31 @@ fn check_kv_sharing(layers: &mut [Block]) -> LoadResult<()> {
 impl<F: Family> Decoder<F> {
     /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
     pub fn load(mut weights: Weights, spec: DecoderSpec, family: F) -> LoadResult<Self> {
+        let placement = weights.take_placement();
+        let owned = stage(placement.as_ref(), &spec.layers)?;
         // Linear-attention layers are a kind of their own (their cache gives no mask).
         let kind = |l: &LayerSpec| match l.attention {
             AttentionKind::Softmax { .. } => Some(l.shape.window),
             AttentionKind::GatedDelta(_) => None,
         };
-        let (mask_sources, layer_kinds) = mask_kinds(spec.layers.iter().map(kind));
+        let own_specs = spec.layers[owned.clone()].iter();
+        let (mask_sources, layer_kinds) = mask_kinds(own_specs.map(kind));
         let embed_tokens = weights.embedding("model.embed_tokens")?;
         let hidden = embed_tokens.table.dims().1;
-        let mut layers = Vec::with_capacity(spec.layers.len());
-        for ((i, layer), kind) in spec.layers.into_iter().enumerate().zip(layer_kinds) {
+        let mut layers = Vec::with_capacity(owned.len());
+        let mut kinds = layer_kinds.into_iter();
+        for (i, layer) in spec.layers.into_iter().enumerate() {
             let p = format!("model.layers.{i}");
-            let block = load_block(&mut weights, &p, layer, &family, kind)?;
+            if !owned.contains(&i) {
+                weights.drop_prefixed(&format!("{p}."));
+                continue;
+            }
+            let kind = kinds.next().expect("one kind per owned layer");
+            let mut block = load_block(&mut weights, &p, layer, &family, kind)?;
             check_shapes(&block, &p, hidden)?;
+            if let Some(pl) = placement.as_ref().filter(|pl| pl.mode == Parallel::Tensor) {
+                shard_block(&mut block, &pl.group, &p)?;
+            }
             layers.push(block);
         }
         check_kv_sharing(&mut layers)?;
@@ -820,6 +862,8 @@ impl<F: Family> Decoder<F> {
             max_position_embeddings: spec.max_position_embeddings,
             family,
             mrope: None,
+            placement,
+            first_layer: owned.start,
         })
     }
 
@@ -874,6 +918,13 @@ impl<F: Family> Decoder<F> {
             }
             (None, None) => None,
         };
+        let pipeline = self
+            .placement
+            .as_ref()
+            .filter(|p| p.mode == Parallel::Pipeline);
+        if let Some(p) = pipeline {
+            h = parallel::receive(p, h)?;
+        }
         // Keys and values of this pass that later layers share (mlx-lm's `intermediates`).
         let mut kept: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
         for (i, layer) in self.layers.iter().enumerate() {
@@ -897,6 +948,9 @@ impl<F: Family> Decoder<F> {
             if let Some(rows) = deepstack.get(i) {
                 h = h.add(rows)?;
             }
+        }
+        if let Some(p) = pipeline {
+            h = parallel::hand_on(p, h)?;
         }
         let h = self.norm.forward(&h)?;
         let logits = match &self.lm_head {
@@ -1008,7 +1062,7 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 Mixer::SelfAttn(a) => ("self_attn", a.linears_mut()),
                 Mixer::LinearAttn(a) => ("linear_attn", a.linears_mut()),
             };
-            let p = format!("model.layers.{i}");
+            let p = format!("model.layers.{}", i + self.first_layer);
             out.extend(
                 attn.into_iter()
                     .map(|(n, linear)| (format!("{p}.{name}.{n}"), linear)),
@@ -1034,6 +1088,97 @@ impl<F: Family> LanguageModel for Decoder<F> {
     fn max_position_embeddings(&self) -> Option<usize> {
         self.max_position_embeddings
     }
+
+    fn placement(&self) -> Option<(&Placement, std::ops::Range<usize>)> {
+        let layers = self.first_layer..self.first_layer + self.layers.len();
+        self.placement.as_ref().map(|p| (p, layers))
+    }
+}
+
+/// The layers this rank builds: a pipeline stage's, else all. A pipeline hands the hidden
+/// state between ranks only: layers that reach into other layers (KV sharing, per-layer
+/// inputs) stay on one rank.
+fn stage(
+    placement: Option<&Placement>,
+    layers: &[LayerSpec],
+) -> LoadResult<std::ops::Range<usize>> {
+    let Some(p) = placement.filter(|p| p.mode == Parallel::Pipeline) else {
+        return Ok(0..layers.len());
+    };
+    parallel::check_stage(p, layers.len())?;
+    if layers
+        .iter()
+        .any(|l| l.kv_from.is_some() || l.per_layer_input)
+    {
+        return Err(parallel::refuse(
+            "this model's layers read other layers' keys or per-layer inputs, which a \
+             pipeline does not hand between ranks",
+        ));
+    }
+    Ok(p.stage(layers.len()))
+}
+
+/// Splits a block's heads and MLP columns over the group (tensor parallel, as mlx-lm's
+/// `shard` methods): softmax attention with separate q/k/v and a dense gated MLP with
+/// separate gate/up only; the rest is refused, never run unsplit.
+fn shard_block(block: &mut Block, group: &Rc<Group>, p: &str) -> LoadResult<()> {
+    let refused = |what: &str| {
+        parallel::refuse(format!(
+            "tensor parallel splits attention heads and dense MLPs; `{p}` has {what}: use \
+             parallel \"pipeline\""
+        ))
+    };
+    if block.kv_from.is_some() || block.per_layer_gate.is_some() {
+        return Err(refused("KV sharing or a per-layer input gate"));
+    }
+    let Mixer::SelfAttn(a) = &mut block.mixer else {
+        return Err(refused("linear attention"));
+    };
+    let Mlp::Dense(mlp) = &mut block.mlp else {
+        return Err(refused("a mixture of experts"));
+    };
+    if matches!(a.qk_norm, Some(QkNorm::Whole(..))) {
+        return Err(refused("a query/key norm over all heads at once"));
+    }
+    let n = group.size() as i32;
+    if a.shape.n_heads % n != 0 || a.shape.n_kv_heads % n != 0 {
+        return Err(parallel::refuse(format!(
+            "{} attention heads and {} key/value heads cannot be split over {n} ranks: use a \
+             number of ranks that divides both, or parallel \"pipeline\"",
+            a.shape.n_heads, a.shape.n_kv_heads
+        )));
+    }
+    let Qkv::Split {
+        q_proj,
+        k_proj,
+        v_proj,
+    } = &mut a.qkv
+    else {
+        return Err(refused("fused projections"));
+    };
+    parallel::shard_rows(q_proj, group, &format!("{p}.self_attn.q_proj"))?;
+    parallel::shard_rows(k_proj, group, &format!("{p}.self_attn.k_proj"))?;
+    parallel::shard_rows(v_proj, group, &format!("{p}.self_attn.v_proj"))?;
+    if let Some(sinks) = &a.sinks {
+        a.sinks = Some(parallel::part(
+            sinks,
+            0,
+            group,
+            &format!("{p}.self_attn.sinks"),
+        )?);
+    }
+    a.shape.n_heads /= n;
+    a.shape.n_kv_heads /= n;
+    let attention =
+        parallel::shard_columns(&mut a.o_proj, group, &format!("{p}.self_attn.o_proj"))?;
+    let GateUp::Split { gate_proj, up_proj } = &mut mlp.gate_up else {
+        return Err(refused("a fused gate/up projection"));
+    };
+    parallel::shard_rows(gate_proj, group, &format!("{p}.mlp.gate_proj"))?;
+    parallel::shard_rows(up_proj, group, &format!("{p}.mlp.up_proj"))?;
+    let mlp = parallel::shard_columns(&mut mlp.down_proj, group, &format!("{p}.mlp.down_proj"))?;
+    block.tensor = Some(TensorReduce { attention, mlp });
+    Ok(())
 }
 
 #[cfg(test)]
