@@ -9,6 +9,7 @@ mod faults;
 mod fuzz;
 mod gemma3;
 mod generate;
+mod group;
 mod hub;
 mod lora;
 mod prompt_cache;

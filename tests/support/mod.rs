@@ -86,3 +86,71 @@ pub fn rpc_error<T: std::fmt::Debug>(
         other => panic!("expected error {code}, got {other:?}"),
     }
 }
+
+/// `n` workers joined as one group over MLX's ring backend on loopback, as `cargo xtask
+/// launch` starts them: rank 0 behind a client, the other ranks plain children (killed when
+/// dropped). Set ECHO_WORKER_STDERR=1 to see the followers' logs too.
+pub struct Ranks {
+    pub rank0: Client,
+    pub followers: Vec<std::process::Child>,
+    _hostfile: tempfile::TempPath,
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for f in &mut self.followers {
+            let _ = f.kill();
+            let _ = f.wait();
+        }
+    }
+}
+
+/// Starts a group of `n` ranks (see [`Ranks`]).
+pub fn ranks(n: usize) -> Ranks {
+    // Free loopback ports, released just before the ranks bind them.
+    let listeners: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    let hosts: Vec<Vec<String>> = listeners
+        .iter()
+        .map(|l| vec![l.local_addr().expect("bound").to_string()])
+        .collect();
+    drop(listeners);
+    let mut hostfile = tempfile::NamedTempFile::new().expect("a hostfile");
+    std::io::Write::write_all(
+        &mut hostfile,
+        serde_json::to_string(&hosts).unwrap().as_bytes(),
+    )
+    .expect("write the hostfile");
+    let hostfile = hostfile.into_temp_path();
+    let echo = std::env::var_os("ECHO_WORKER_STDERR").is_some();
+    let followers = (1..n)
+        .map(|rank| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
+                .env("MLX_RANK", rank.to_string())
+                .env("MLX_HOSTFILE", &hostfile)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(match echo {
+                    true => std::process::Stdio::inherit(),
+                    false => std::process::Stdio::null(),
+                })
+                .spawn()
+                .expect("start a follower rank")
+        })
+        .collect();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
+    command
+        .env("MLX_RANK", "0")
+        .env("MLX_HOSTFILE", &hostfile)
+        .env("MLX_WORKER_LOG", "debug");
+    let options = ClientOptions {
+        echo_stderr: echo,
+        ..Default::default()
+    };
+    Ranks {
+        rank0: Client::spawn_command(command, options).expect("start rank 0"),
+        followers,
+        _hostfile: hostfile,
+    }
+}

@@ -1,0 +1,277 @@
+//! End-to-end: the worker as a group of ranks over MLX's ring backend on loopback (CPU), as
+//! `cargo xtask launch` starts it: models split by pipeline and tensor parallel answer exactly
+//! what one process answers; cancel, shutdown and a dead rank.
+
+use std::time::Duration;
+
+use crate::support::{greedy, model_id, ranks, rpc_error, within_for, worker, Ranks};
+use fixtures::{smollm2_dir, vision_fixture};
+use protocol::methods::{
+    FinishReason, GenerateParams, GenerateResult, Initialize, InitializeParams, Load, LoadParams,
+    ParallelMode, Status, StatusParams, Unload, UnloadParams,
+};
+use protocol::{Client, ErrorCode};
+
+/// Several processes share two slow cores.
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn questions() -> Vec<GenerateParams> {
+    vec![
+        greedy("What is the capital of France?", 40),
+        greedy("Write a short poem about the sea and the wind.", 40),
+    ]
+}
+
+/// Loads `model` (split as `parallel` asks) and answers each question.
+async fn answers(
+    w: &Client,
+    model: &str,
+    parallel: Option<ParallelMode>,
+    questions: &[GenerateParams],
+) -> Result<Vec<GenerateResult>, protocol::ClientError> {
+    let mut params = LoadParams::new(model);
+    params.parallel = parallel;
+    within_for(LIMIT, w.call::<Load>(&params)).await?;
+    let mut out = Vec::new();
+    for q in questions {
+        out.push(within_for(LIMIT, w.generate(q).unwrap().finish()).await?);
+    }
+    within_for(LIMIT, w.call::<Unload>(&UnloadParams::default())).await?;
+    Ok(out)
+}
+
+fn same_answers(alone: &[GenerateResult], split: &[GenerateResult], what: &str) {
+    for (a, s) in alone.iter().zip(split) {
+        assert_eq!(a.text, s.text, "{what}");
+        assert_eq!(
+            a.usage.completion_tokens, s.usage.completion_tokens,
+            "{what}"
+        );
+        assert_eq!(a.finish_reason, s.finish_reason, "{what}");
+    }
+}
+
+/// The split model's description: what each rank holds, and that together they hold it once
+/// (each rank less than the whole: the embedding and head are on every rank).
+async fn check_split(g: &Ranks, model: &str, mode: ParallelMode, whole_bytes: u64) {
+    let mut params = LoadParams::new(model);
+    params.parallel = Some(mode);
+    let loaded = within_for(LIMIT, g.rank0.call::<Load>(&params))
+        .await
+        .unwrap();
+    let split = loaded.info.parallel.expect("a split model says how");
+    assert_eq!(split.mode, mode);
+    assert_eq!(split.ranks.len(), g.followers.len() + 1);
+    for r in &split.ranks {
+        assert!(
+            r.weight_bytes < whole_bytes * 3 / 4,
+            "{r:?} of {whole_bytes}"
+        );
+    }
+    if mode == ParallelMode::Pipeline {
+        let layers: Vec<_> = split.ranks.iter().map(|r| r.layers).collect();
+        assert_eq!(layers, [[0, 15], [15, 30]]);
+    }
+    let status = within_for(LIMIT, g.rank0.call::<Status>(&StatusParams::default()))
+        .await
+        .unwrap();
+    assert_eq!(status.models[0].info.parallel.as_ref().unwrap().mode, mode);
+    let group = status.group.expect("status names the group");
+    assert_eq!((group.backend.as_str(), group.rank), ("ring", 0));
+}
+
+#[tokio::test]
+async fn smollm2_split_over_ranks_answers_as_one_process() {
+    let Some(dir) = smollm2_dir() else { return };
+    let model = model_id(&dir);
+    let alone = worker(&[]);
+    let questions = questions();
+    let expected = answers(&alone, &model, None, &questions).await.unwrap();
+    let whole = within_for(LIMIT, alone.call::<Load>(&LoadParams::new(&model)))
+        .await
+        .unwrap()
+        .memory
+        .active_bytes;
+
+    // Pipeline over two ranks: 15 of the 30 layers each.
+    let g = ranks(2);
+    let init = within_for(
+        LIMIT,
+        g.rank0.call::<Initialize>(&InitializeParams::default()),
+    )
+    .await
+    .unwrap();
+    let group = init.group.expect("initialize names the group");
+    assert_eq!(
+        (group.backend.as_str(), group.size, group.rank),
+        ("ring", 2, 0)
+    );
+    let split = answers(&g.rank0, &model, Some(ParallelMode::Pipeline), &questions).await;
+    same_answers(&expected, &split.unwrap(), "pipeline over 2 ranks");
+    check_split(&g, &model, ParallelMode::Pipeline, whole).await;
+    // Tensor parallel over two ranks cannot split SmolLM2's 9 heads: refused, and the group
+    // goes on serving.
+    let mut params = LoadParams::new(&model);
+    params.parallel = Some(ParallelMode::Tensor);
+    let refused = rpc_error(
+        within_for(LIMIT, g.rank0.call::<Load>(&params)).await,
+        ErrorCode::InvalidParams,
+    );
+    assert!(refused.message.contains("heads"), "{}", refused.message);
+    let again = within_for(LIMIT, g.rank0.generate(&questions[0]).unwrap().finish()).await;
+    assert_eq!(again.unwrap().text, expected[0].text);
+    within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
+
+    // Tensor parallel over three ranks: 3 of the 9 heads and a third of each MLP each.
+    let g = ranks(3);
+    let split = answers(&g.rank0, &model, Some(ParallelMode::Tensor), &questions).await;
+    same_answers(&expected, &split.unwrap(), "tensor over 3 ranks");
+    check_split(&g, &model, ParallelMode::Tensor, whole).await;
+    within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
+}
+
+/// The tiny family fixtures (`cargo xtask parity` builds them with mlx-lm's classes): each
+/// family split by pipeline answers as one process does; tensor parallel where the family's
+/// layers split (dense attention and MLPs), a clear refusal where they do not.
+#[tokio::test]
+async fn family_fixtures_split_over_two_ranks_answer_as_one_process() {
+    let pipeline = [
+        "tiny-qwen3",
+        "tiny-q4",
+        "tiny-gemma3-window",
+        "tiny-phi3-q4",
+        "tiny-qwen3-moe-q4",
+        "tiny-gpt-oss",
+        "tiny-qwen3-next",
+    ];
+    let tensor = ["tiny-qwen3", "tiny-mistral", "tiny-untied"];
+    let refused = ["tiny-qwen3-moe", "tiny-phi3", "tiny-qwen3-next"];
+    let Some(_) = vision_fixture(pipeline[0]) else {
+        return;
+    };
+    let questions = vec![greedy("Hello there, who are you?", 24)];
+    let alone = worker(&[]);
+    let g = ranks(2);
+    let cases = pipeline
+        .iter()
+        .map(|m| (m, ParallelMode::Pipeline))
+        .chain(tensor.iter().map(|m| (m, ParallelMode::Tensor)));
+    for (name, mode) in cases {
+        let model = model_id(&vision_fixture(name).unwrap());
+        let expected = answers(&alone, &model, None, &questions).await.unwrap();
+        let split = answers(&g.rank0, &model, Some(mode), &questions).await;
+        let split = split.unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"));
+        same_answers(&expected, &split, &format!("{name} {mode:?}"));
+    }
+    for name in refused {
+        let mut params = LoadParams::new(model_id(&vision_fixture(name).unwrap()));
+        params.parallel = Some(ParallelMode::Tensor);
+        let e = rpc_error(
+            within_for(LIMIT, g.rank0.call::<Load>(&params)).await,
+            ErrorCode::InvalidParams,
+        );
+        assert!(e.message.contains("pipeline"), "{name}: {}", e.message);
+    }
+    within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_group_cancels_in_step_and_answers_errors_once_a_rank_dies() {
+    let Some(dir) = smollm2_dir() else { return };
+    let mut g = ranks(2);
+    let mut params = LoadParams::new(model_id(&dir));
+    params.parallel = Some(ParallelMode::Pipeline);
+    within_for(LIMIT, g.rank0.call::<Load>(&params))
+        .await
+        .unwrap();
+
+    // Cancelled in the middle of the decode: every rank stops at the same step.
+    let mut long = g
+        .rank0
+        .generate(&greedy("Tell me a very long story.", 2000))
+        .unwrap();
+    within_for(LIMIT, long.next_delta())
+        .await
+        .expect("a first delta");
+    within_for(LIMIT, g.rank0.cancel(long.id())).await.unwrap();
+    let cancelled = within_for(LIMIT, long.finish()).await.unwrap();
+    assert_eq!(cancelled.finish_reason, FinishReason::Cancelled);
+    // ... and in the middle of a prefill (a prompt of several chunks).
+    let story = "The old lighthouse keeper counted the ships every night. ".repeat(120);
+    let prefill = g.rank0.generate(&greedy(&story, 20)).unwrap();
+    within_for(LIMIT, g.rank0.cancel(prefill.id()))
+        .await
+        .unwrap();
+    let cancelled = within_for(LIMIT, prefill.finish()).await.unwrap();
+    assert_eq!(cancelled.finish_reason, FinishReason::Cancelled);
+    // The ranks are still in step.
+    let answer = within_for(
+        LIMIT,
+        g.rank0
+            .generate(&greedy("What is 2 + 2?", 8))
+            .unwrap()
+            .finish(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.usage.completion_tokens, 8);
+
+    // A rank dies: rank 0 answers errors, quickly, and goes on answering the host.
+    let mut dead = g.followers.remove(0);
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    let failed = within_for(
+        Duration::from_secs(20),
+        g.rank0
+            .generate(&greedy("What is 2 + 2?", 8))
+            .unwrap()
+            .finish(),
+    )
+    .await;
+    let e = rpc_error(failed, ErrorCode::InternalError);
+    assert!(e.message.contains("rank"), "{}", e.message);
+    let status = within_for(LIMIT, g.rank0.call::<Status>(&StatusParams::default())).await;
+    assert!(status.is_ok());
+    within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_ends_every_rank() {
+    let mut g = ranks(3);
+    within_for(
+        LIMIT,
+        g.rank0.call::<Initialize>(&InitializeParams::default()),
+    )
+    .await
+    .unwrap();
+    let status = within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
+    assert!(status.success());
+    for f in &mut g.followers {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(exit) = f.try_wait().unwrap() {
+                assert!(exit.success(), "{exit:?}");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a follower outlived rank 0"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[tokio::test]
+async fn parallel_without_a_group_is_refused() {
+    let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
+    let w = worker(&[]);
+    let mut params = LoadParams::new(model_id(dir.path()));
+    params.parallel = Some(ParallelMode::Pipeline);
+    let e = rpc_error(
+        within_for(LIMIT, w.call::<Load>(&params)).await,
+        ErrorCode::InvalidParams,
+    );
+    assert!(e.message.contains("group of ranks"), "{}", e.message);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
