@@ -275,3 +275,50 @@ async fn parallel_without_a_group_is_refused() {
     assert!(e.message.contains("group of ranks"), "{}", e.message);
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_rank_that_stops_answering_breaks_the_group_within_its_timeout() {
+    let dir = crate::support::tiny_model(&fixtures::TinyLlama::default());
+    let g = crate::support::ranks_with(2, &["--group-timeout-secs", "3"]);
+    let mut params = LoadParams::new(model_id(dir.path()));
+    params.parallel = Some(ParallelMode::Pipeline);
+    within_for(LIMIT, g.rank0.call::<Load>(&params))
+        .await
+        .unwrap();
+    let first = within_for(LIMIT, g.rank0.generate(&greedy("Hi", 4)).unwrap().finish()).await;
+    assert_eq!(first.unwrap().usage.completion_tokens, 4);
+
+    // Stopped, not dead: its sockets stay open, so only the timeout can tell.
+    let follower = g.followers[0].id().to_string();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &follower])
+            .status();
+        assert!(status.unwrap().success());
+    };
+    signal("-STOP");
+    let started = std::time::Instant::now();
+    let stuck = within_for(
+        Duration::from_secs(30),
+        g.rank0.generate(&greedy("Hi", 200)).unwrap().finish(),
+    )
+    .await;
+    let e = rpc_error(stuck, ErrorCode::InternalError);
+    assert!(e.message.contains("stopped answering"), "{}", e.message);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    // From then on the group is broken: answered at once, and the host is still heard.
+    let again = within_for(
+        Duration::from_secs(5),
+        g.rank0.generate(&greedy("Hi", 4)).unwrap().finish(),
+    )
+    .await;
+    rpc_error(again, ErrorCode::InternalError);
+    let status = within_for(LIMIT, g.rank0.call::<Status>(&StatusParams::default())).await;
+    assert!(status.is_ok());
+    signal("-CONT");
+    within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
+}

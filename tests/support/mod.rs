@@ -107,6 +107,11 @@ impl Drop for Ranks {
 
 /// Starts a group of `n` ranks (see [`Ranks`]).
 pub fn ranks(n: usize) -> Ranks {
+    ranks_with(n, &[])
+}
+
+/// Starts a group of `n` ranks, each with `args`.
+pub fn ranks_with(n: usize, args: &[&str]) -> Ranks {
     // Free loopback ports, released just before the ranks bind them.
     let listeners: Vec<_> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
@@ -127,6 +132,7 @@ pub fn ranks(n: usize) -> Ranks {
     let followers = (1..n)
         .map(|rank| {
             std::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"))
+                .args(args)
                 .env("MLX_RANK", rank.to_string())
                 .env("MLX_HOSTFILE", &hostfile)
                 .stdin(std::process::Stdio::null())
@@ -141,6 +147,7 @@ pub fn ranks(n: usize) -> Ranks {
         .collect();
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
     command
+        .args(args)
         .env("MLX_RANK", "0")
         .env("MLX_HOSTFILE", &hostfile)
         .env("MLX_WORKER_LOG", "debug");

@@ -12,6 +12,7 @@ mod check_import;
 mod check_macos;
 mod demo;
 mod deny;
+mod launch;
 mod long_runs;
 mod parity;
 mod pytest;
@@ -73,6 +74,9 @@ enum Cmd {
     /// The soak (tests/soak.rs) for --generations generations in release: mixed requests,
     /// cancels, LoRA switches, loads and unloads; prints the drift of memory, RSS, fds, threads.
     Soak(long_runs::SoakOptions),
+    /// A local group of --ranks workers over MLX's ring backend on loopback, as `mlx.launch`
+    /// starts one: rank 0 speaks JSON-RPC on this terminal; `-- <args>` go to every rank.
+    Launch(launch::Options),
     /// The Python package's tests (protocol/python): pip install it into the venv, then pytest
     /// against the worker `cargo test` builds (or MLX_WORKER_BIN) and the real models.
     Pytest,
@@ -98,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Bench(opts)) => bench::run(&opts),
         Some(Cmd::Fuzz(opts)) => long_runs::fuzz(&opts),
         Some(Cmd::Soak(opts)) => long_runs::soak(&opts),
+        Some(Cmd::Launch(opts)) => launch::run(&opts),
         Some(Cmd::Pytest) => pytest::run(None),
         None | Some(Cmd::Help) => {
             use clap::CommandFactory;

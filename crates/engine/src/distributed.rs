@@ -7,6 +7,11 @@
 //! MPI launcher's `OMPI_COMM_WORLD_SIZE` mpi. Without any of them the worker is one process.
 
 use std::ffi::CStr;
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use mlx_rs::{error::Exception, Array, Dtype};
 
@@ -64,6 +69,14 @@ pub struct Group {
     backend: Backend,
     rank: usize,
     size: usize,
+    /// When the ranks last answered each other (ms since the Unix epoch): set by the
+    /// collectives the engine waits on between steps ([`Group::any`], sharing, gathering).
+    heard: Arc<AtomicU64>,
+}
+
+fn now_ms() -> u64 {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
 }
 
 impl std::fmt::Debug for Group {
@@ -113,6 +126,7 @@ impl Group {
             backend,
             rank: rank as usize,
             size: size as usize,
+            heard: Arc::new(AtomicU64::new(now_ms())),
         };
         Ok((group.size > 1).then_some(group))
     }
@@ -127,6 +141,17 @@ impl Group {
 
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// When the ranks last answered each other, in ms since the Unix epoch; shared with other
+    /// threads, which may [`touch`](Group::touch) it too (a watchdog's clock).
+    pub fn heard(&self) -> Arc<AtomicU64> {
+        self.heard.clone()
+    }
+
+    /// Restarts the clock of [`Group::heard`] (a new request begins).
+    pub fn touch(&self) {
+        self.heard.store(now_ms(), Ordering::Release);
     }
 
     /// The sum of `x` over all ranks, on every rank.
@@ -162,6 +187,7 @@ impl Group {
     pub fn any(&self, flag: bool) -> Result<bool> {
         let sum = self.all_sum(&Array::from_slice(&[flag as i32], &[1]))?;
         sum.eval()?;
+        self.touch();
         Ok(sum.as_slice::<i32>()[0] > 0)
     }
 
@@ -184,6 +210,7 @@ impl Group {
         };
         let all = self.all_sum(&mine)?;
         all.eval()?;
+        self.touch();
         Ok(all.as_slice::<u8>().to_vec())
     }
 
@@ -197,6 +224,7 @@ impl Group {
         padded.resize(longest, 0);
         let all = self.all_gather(&Array::from_slice(&padded, &[longest as i32]))?;
         all.eval()?;
+        self.touch();
         let all = all.as_slice::<u8>();
         let part = |(i, &n): (usize, &usize)| all[i * longest..i * longest + n].to_vec();
         Ok(lens.iter().enumerate().map(part).collect())

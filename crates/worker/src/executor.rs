@@ -3,7 +3,8 @@
 //! response), then tells the dispatcher it is free.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc as std_mpsc;
+use std::sync::{mpsc as std_mpsc, Arc};
+use std::time::Duration;
 
 use mlx_engine::{CancelToken, Group};
 use protocol::methods::{
@@ -17,6 +18,7 @@ use crate::engine_adapter::{EngineAdapter, EngineInfo};
 use crate::group::{self, Shared};
 use crate::residents::{Residents, SharedResidents};
 use crate::transport::Outbox;
+use crate::watchdog::{self, Stall};
 
 /// Work that must run on the MLX thread, in arrival order.
 #[derive(Debug)]
@@ -71,6 +73,10 @@ enum Command {
 pub struct Executor {
     commands: std_mpsc::Sender<Command>,
     stopped: Option<oneshot::Receiver<()>>,
+    /// Whether the group broke (`watchdog.rs`); then jobs are answered here.
+    stall: Arc<Stall>,
+    outbox: Outbox,
+    events: mpsc::UnboundedSender<ExecutorEvent>,
 }
 
 impl Executor {
@@ -80,24 +86,42 @@ impl Executor {
         events: mpsc::UnboundedSender<ExecutorEvent>,
         residents: SharedResidents,
         prompt_cache_bytes: u64,
+        group_timeout: Duration,
     ) -> Executor {
         let (commands, command_rx) = std_mpsc::channel();
         let (stopped_tx, stopped) = oneshot::channel();
+        let stall = Arc::new(Stall::default());
+        let thread = Thread {
+            outbox: outbox.clone(),
+            events: events.clone(),
+            residents,
+            stall: stall.clone(),
+        };
         std::thread::Builder::new()
             .name("mlx".into())
             .spawn(move || {
-                run(command_rx, outbox, events, residents, prompt_cache_bytes);
+                run(command_rx, thread, prompt_cache_bytes, group_timeout);
                 let _ = stopped_tx.send(());
             })
             .expect("spawn the MLX thread");
         Executor {
             commands,
             stopped: Some(stopped),
+            stall,
+            outbox,
+            events,
         }
     }
 
-    /// Hands a job to the MLX thread; call only when it is free.
+    /// Hands a job to the MLX thread; call only when it is free. Once the group is broken the
+    /// job is answered here with why.
     pub fn run(&self, job: Job) {
+        if let Some(reason) = self.stall.broken() {
+            let error = ResponseError::internal(reason.to_owned());
+            self.outbox.send(Response::err(Some(job.id.clone()), error));
+            let _ = self.events.send(ExecutorEvent::Done(job.id));
+            return;
+        }
         let _ = self.commands.send(Command::Run(job));
     }
 
@@ -112,13 +136,26 @@ impl Executor {
     }
 }
 
-fn run(
-    commands: std_mpsc::Receiver<Command>,
+/// What the MLX thread answers through.
+struct Thread {
     outbox: Outbox,
     events: mpsc::UnboundedSender<ExecutorEvent>,
     residents: SharedResidents,
+    stall: Arc<Stall>,
+}
+
+fn run(
+    commands: std_mpsc::Receiver<Command>,
+    thread: Thread,
     prompt_cache_bytes: u64,
+    group_timeout: Duration,
 ) {
+    let Thread {
+        outbox,
+        events,
+        residents,
+        stall,
+    } = thread;
     // Rank 0 of a group joins it here: the group, like every MLX object, lives on this thread.
     let group = match Group::from_env() {
         Ok(group) => group,
@@ -132,17 +169,27 @@ fn run(
             return fail_all(reason, commands, outbox, events);
         }
     };
+    if let Some(g) = engine.group() {
+        let (stall, heard, out, ev) = (stall.clone(), g.heard(), outbox.clone(), events.clone());
+        watchdog::spawn(stall, heard, group_timeout, out, ev);
+    }
     let _ = events.send(ExecutorEvent::Ready(engine.info()));
     *residents.lock().expect("residents lock") = engine.residents();
 
     while let Ok(Command::Run(job)) = commands.recv() {
         let id = job.id.clone();
+        stall.start(id.clone());
         let shared = match engine.group() {
-            Some(g) => group::share(g, &Shared::of(&job.work)),
+            Some(g) => {
+                g.touch();
+                group::share(g, &Shared::of(&job.work))
+            }
             None => Ok(()),
         };
         let response = match shared {
-            Ok(()) => catch_unwind(AssertUnwindSafe(|| execute(&mut engine, job, &outbox))),
+            Ok(()) => catch_unwind(AssertUnwindSafe(|| {
+                execute(&mut engine, job, &outbox, &stall)
+            })),
             Err(broken) => Ok(Response::err(
                 Some(id.clone()),
                 ResponseError::internal(broken),
@@ -156,6 +203,10 @@ fn run(
                 ResponseError::internal(format!("the engine panicked: {what}")),
             )
         });
+        if !stall.finish() {
+            // The watchdog answered it: the group is broken.
+            continue;
+        }
         // Before the response goes out, so that a host that reads it and asks `status` or
         // `tokenize` at once finds the models as the response left them.
         *residents.lock().expect("residents lock") = Residents {
@@ -199,12 +250,17 @@ fn fail_all(
     }
 }
 
-fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox) -> Response {
+/// Runs `job`; its notifications stop once the watchdog has answered it (`stall`).
+fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox, stall: &Stall) -> Response {
     let id = job.id;
+    let quiet = || stall.broken().is_some();
     let result = match job.work {
         Work::Load(params) => {
             let cancelled = || job.cancel.is_cancelled();
             let mut progress = |stage, done, total, message| {
+                if quiet() {
+                    return;
+                }
                 outbox.send_paced(
                     Notification::new(
                         LoadProgressNotification::NAME,
@@ -227,6 +283,9 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox) -> Response {
             let mut index = 0;
             let cancelled = || job.cancel.is_cancelled();
             let mut on_delta = |text: String, tokens, channel| {
+                if quiet() {
+                    return;
+                }
                 outbox.send_paced(
                     Notification::new(
                         GenerateDeltaNotification::NAME,

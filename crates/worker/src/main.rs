@@ -16,6 +16,7 @@ mod group;
 mod queue;
 mod residents;
 mod transport;
+mod watchdog;
 
 use std::time::Duration;
 
@@ -69,6 +70,7 @@ async fn serve(cli: cli::Cli) {
         events_tx,
         residents.clone(),
         cli.prompt_cache_bytes,
+        Duration::from_secs(cli.group_timeout_secs),
     );
     let inbound = transport::spawn_reader(cli.max_line_bytes, outbox.clone());
     Dispatcher::new(outbox, executor, residents, cli.max_queue)

@@ -27,8 +27,7 @@ class ProgramInfo(TypedDict):
     version: str
 
 
-class InitializeResult(TypedDict):
-    """Result of `initialize`."""
+class _InitializeResultRequired(TypedDict):
     #: The protocol version the worker speaks ([`PROTOCOL_VERSION`]).
     protocol_version: str
     #: The worker's name and version.
@@ -37,6 +36,12 @@ class InitializeResult(TypedDict):
     mlx: MlxInfo
     #: What the worker supports.
     capabilities: Capabilities
+
+
+class InitializeResult(_InitializeResultRequired, total=False):
+    """Result of `initialize`."""
+    #: The group of ranks the worker runs as; absent for one process.
+    group: GroupInfo | None
 
 
 class MlxInfo(TypedDict):
@@ -80,6 +85,16 @@ class Capabilities(TypedDict):
     max_queue: int
 
 
+class GroupInfo(TypedDict):
+    """The worker's group of ranks (started by `mlx.launch` or `cargo xtask launch`)."""
+    #: MLX's distributed backend: `ring`, `jaccl`, `nccl` or `mpi`.
+    backend: str
+    #: Number of ranks.
+    size: int
+    #: This process's rank (the one that speaks JSON-RPC is 0).
+    rank: int
+
+
 class _LoadParamsRequired(TypedDict):
     #: A Hugging Face repo id (`org/name`), a local model directory, or a `.gguf` file.
     model: str
@@ -118,6 +133,9 @@ class LoadParams(_LoadParamsRequired, total=False):
     #: A smaller model with the same tokenizer (directory, `.gguf` or repo id, same `hf_token`),
     #: loaded beside this one for `speculative: {"method": "draft_model"}` on `generate`.
     draft_model: str | None
+    #: Split the model over the worker's group of ranks: `"tensor"` or `"pipeline"`. Only when
+    #: the worker runs as a group (`initialize`'s `group`).
+    parallel: ParallelMode | None
     #: Reload even if this model is already resident.
     #: default: false
     force: bool
@@ -134,6 +152,10 @@ Dtype = Literal['bfloat16', 'float16', 'float32']
 #: never puts one into a response, a notification, a log line or the environment. Its bytes are
 #: overwritten with zeros when it is dropped.
 Secret = str
+
+
+#: How a model is split over the ranks of a group (`load`'s `parallel`; mlx-lm's names).
+ParallelMode = Literal['tensor', 'pipeline']
 
 
 class LoadResult(TypedDict):
@@ -184,6 +206,8 @@ class ModelInfo(_ModelInfoRequired, total=False):
     """What the worker knows about a loaded model."""
     #: The weights' quantization; `null` when unquantized.
     quantization: Quantization | None
+    #: How the model is split over the worker's group of ranks; absent when it is not.
+    parallel: ParallelInfo | None
 
 
 class Quantization(TypedDict):
@@ -232,6 +256,24 @@ class KvQuantization(TypedDict, total=False):
     applied: int | None
     #: Why `applied` differs from `requested`; `null` when they agree.
     reason: str | None
+
+
+class ParallelInfo(TypedDict):
+    """A split model: the mode and what each rank holds."""
+    #: How it is split.
+    mode: ParallelMode
+    #: Each rank's share, by rank.
+    ranks: list[RankShare]
+
+
+class RankShare(TypedDict):
+    """What one rank holds of a split model."""
+    #: The rank.
+    rank: int
+    #: The layers it runs: `[start, end)`.
+    layers: list[int]
+    #: Bytes of the weights it holds (its linear layers and embedding).
+    weight_bytes: int
 
 
 class MemoryInfo(TypedDict):
@@ -605,6 +647,8 @@ class StatusResult(_StatusResultRequired, total=False):
     """Result of `status`."""
     #: The active model's id; `null` when none is loaded.
     active_model: str | None
+    #: The group of ranks the worker runs as; absent for one process.
+    group: GroupInfo | None
 
 
 #: What the worker is doing.
@@ -649,6 +693,8 @@ class ResidentModel(_ResidentModelRequired, total=False):
     """A resident model: its id and its [`ModelInfo`] members side by side."""
     #: The weights' quantization; `null` when unquantized.
     quantization: Quantization | None
+    #: How the model is split over the worker's group of ranks; absent when it is not.
+    parallel: ParallelInfo | None
 
 
 class QueueInfo(TypedDict):
