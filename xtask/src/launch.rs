@@ -61,7 +61,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 }
 
 /// The hostfile: one free loopback port per rank, in rank order.
-fn hosts(n: usize) -> anyhow::Result<String> {
+pub(crate) fn hosts(n: usize) -> anyhow::Result<String> {
     let listeners = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()
@@ -75,7 +75,7 @@ fn hosts(n: usize) -> anyhow::Result<String> {
 
 /// Followers exit once rank 0 has (its `shutdown`, or the group's transport closing); any
 /// still running after a few seconds are killed.
-fn stop(followers: &mut [Child]) {
+pub(crate) fn stop(followers: &mut [Child]) {
     let deadline = Instant::now() + Duration::from_secs(5);
     for f in followers {
         while f.try_wait().ok().flatten().is_none() && Instant::now() < deadline {

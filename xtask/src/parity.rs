@@ -71,7 +71,11 @@ struct Answer {
     /// mlx-lm only: the BLAS libraries mapped into its process.
     #[serde(default)]
     blas: Vec<String>,
+    #[serde(default)]
     cases: Vec<AnswerCase>,
+    /// Ours, split over ranks: why this model cannot be split so.
+    #[serde(default)]
+    refused: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +113,13 @@ pub struct Options {
     /// Another cases file.
     #[arg(long, default_value_os_t = workspace_root().join("xtask/parity/cases.json"))]
     pub(crate) cases: PathBuf,
+    /// Run our side as a group of this many ranks over MLX's ring backend on loopback.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) ranks: usize,
+    /// With --ranks: split each text model by "pipeline" or "tensor" parallel (vision models
+    /// and models that cannot be split so are listed, not compared).
+    #[arg(long, value_parser = ["pipeline", "tensor"])]
+    pub(crate) parallel: Option<String>,
 }
 
 impl Default for Options {
@@ -118,6 +129,8 @@ impl Default for Options {
             models: Vec::new(),
             max_new_tokens: None,
             cases: workspace_root().join("xtask/parity/cases.json"),
+            ranks: 1,
+            parallel: None,
         }
     }
 }
@@ -161,7 +174,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 
     let engine = engine_example()?;
     let mut rows = Vec::new();
+    let mut not_split = Vec::new();
     for spec in selected {
+        if opts.ranks > 1 && spec.vision.is_some() {
+            not_split.push((spec.name.clone(), "a vision model".to_owned()));
+            continue;
+        }
         let (cases, script) = match spec.vision {
             Some(_) => (&vision_cases, "vision_reference.py"),
             None => (&file.cases, "reference.py"),
@@ -212,11 +230,23 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             }
             None => request.clone(),
         };
-        let ours = answer(&mut Command::new(&engine), &ours_request, &dir, cases.len())?;
+        let mut ours_request = ours_request;
+        ours_request["parallel"] = json!(opts.parallel);
+        let ours = match opts.ranks {
+            1 => answer(&mut Command::new(&engine), &ours_request, &dir, cases.len())?,
+            n => answer_as_group(&engine, n, &ours_request, &dir, cases.len())?,
+        };
+        if let Some(reason) = ours.refused {
+            not_split.push((spec.name.clone(), reason));
+            continue;
+        }
         rows.extend(compare(spec, cases, &reference, &ours));
     }
 
     print_table(&rows);
+    for (model, reason) in &not_split {
+        println!("not split: {model}: {reason}");
+    }
     let failed = rows.iter().filter(|r| !r.ok()).count();
     if failed > 0 {
         bail!(
@@ -335,6 +365,39 @@ fn reference(
     answer(&mut command, request, dir, cases)
 }
 
+/// Our side as a group of `ranks` on loopback (`cargo xtask launch`'s hostfile): every rank
+/// reads `request`; rank 0 answers.
+fn answer_as_group(
+    engine: &Path,
+    ranks: usize,
+    request: &Value,
+    dir: &Path,
+    cases: usize,
+) -> anyhow::Result<Answer> {
+    let hostfile = target_dir().join(format!("parity-hosts-{}.json", std::process::id()));
+    std::fs::write(&hostfile, crate::launch::hosts(ranks)?)?;
+    let rank = |r: usize| {
+        let mut c = Command::new(engine);
+        c.env("MLX_RANK", r.to_string()).env("MLX_HOSTFILE", &hostfile);
+        c
+    };
+    let mut followers = Vec::new();
+    for r in 1..ranks {
+        let mut child = rank(r)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting a rank")?;
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin.write_all(request.to_string().as_bytes())?;
+        followers.push(child);
+    }
+    let answer = answer(&mut rank(0), request, dir, cases);
+    crate::launch::stop(&mut followers);
+    let _ = std::fs::remove_file(&hostfile);
+    answer
+}
+
 /// Runs one side with `request` on stdin and reads its answer from stdout.
 fn answer(
     command: &mut Command,
@@ -366,7 +429,7 @@ fn answer(
     }
     let answer: Answer = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("{what} printed no valid answer"))?;
-    if answer.cases.len() != cases {
+    if answer.cases.len() != cases && answer.refused.is_none() {
         bail!(
             "{what} answered {} cases, expected {cases}",
             answer.cases.len()

@@ -5,10 +5,16 @@
 //! "cases": [{"name", "messages"}]}`; answer: `{"cases": [{"name", "prompt_ids", "tokens"}]}`.
 //! Prompt ids come from our chat template and tokenizer; tokens are greedy, every case from
 //! empty caches (as mlx-lm starts each), stopping before EOS.
+//!
+//! Started as a group of ranks (`cargo xtask parity --ranks N --parallel MODE`: every rank
+//! reads the same request and runs the same steps), it splits the model as `"parallel"` asks;
+//! rank 0 answers. A model that cannot be split so answers `{"refused": reason}`.
 
 use std::io::Read;
 
-use mlx_engine::{text, CancelToken, Engine, GenerateRequest, LoadRequest, Prompt};
+use mlx_engine::{
+    text, CancelToken, Engine, EngineError, GenerateRequest, Group, LoadRequest, Parallel, Prompt,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -20,6 +26,9 @@ struct Request {
     chat_template: Option<String>,
     max_new_tokens: usize,
     cases: Vec<Case>,
+    /// `"pipeline"` or `"tensor"`, in a group.
+    #[serde(default)]
+    parallel: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -32,18 +41,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;
     let request: Request = serde_json::from_str(&input)?;
-    let mut engine = Engine::new();
-    engine.load(
+    let mut engine = match Group::from_env()? {
+        Some(group) => Engine::new().with_group(group),
+        None => Engine::new(),
+    };
+    let loaded = engine.load(
         &LoadRequest {
             model: request.model_dir.clone(),
             adapter: request.adapter_dir.clone(),
             kv_bits: request.kv_bits,
             chat_template_override: request.chat_template.clone(),
+            parallel: match request.parallel.as_deref() {
+                Some("tensor") => Some(Parallel::Tensor),
+                Some("pipeline") => Some(Parallel::Pipeline),
+                _ => None,
+            },
             ..Default::default()
         },
         &mut |_| {},
         &CancelToken::new(),
-    )?;
+    );
+    match loaded {
+        Err(EngineError::InvalidParams { field, reason }) if field == "parallel" => {
+            println!("{}", json!({ "refused": reason }));
+            return Ok(());
+        }
+        other => drop(other?),
+    }
     let mut answers = Vec::new();
     for case in request.cases {
         let prompt = Prompt::Chat {
