@@ -322,3 +322,35 @@ async fn a_rank_that_stops_answering_breaks_the_group_within_its_timeout() {
     signal("-CONT");
     within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_load_that_fails_on_one_rank_is_kept_by_none() {
+    // A relative path that only rank 0's working directory holds.
+    let root = tempfile::tempdir().unwrap();
+    fixtures::write_tiny_llama(
+        &root.path().join("only-here"),
+        &fixtures::TinyLlama::default(),
+    )
+    .unwrap();
+    let g = crate::support::ranks_where(2, &[], Some(root.path()));
+    let mut params = LoadParams::new("only-here");
+    params.parallel = Some(ParallelMode::Pipeline);
+    let e = rpc_error(
+        within_for(LIMIT, g.rank0.call::<Load>(&params)).await,
+        ErrorCode::LoadFailed,
+    );
+    assert!(e.message.contains("rank 1"), "{}", e.message);
+    let status = within_for(LIMIT, g.rank0.call::<Status>(&StatusParams::default()))
+        .await
+        .unwrap();
+    assert!(status.models.is_empty(), "{:?}", status.models);
+    // Both ranks can load it by its full path, and still run in step.
+    let mut params = LoadParams::new(model_id(&root.path().join("only-here")));
+    params.parallel = Some(ParallelMode::Pipeline);
+    within_for(LIMIT, g.rank0.call::<Load>(&params))
+        .await
+        .unwrap();
+    let answer = within_for(LIMIT, g.rank0.generate(&greedy("Hi", 4)).unwrap().finish()).await;
+    assert_eq!(answer.unwrap().usage.completion_tokens, 4);
+    within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
+}

@@ -112,6 +112,11 @@ pub fn ranks(n: usize) -> Ranks {
 
 /// Starts a group of `n` ranks, each with `args`.
 pub fn ranks_with(n: usize, args: &[&str]) -> Ranks {
+    ranks_where(n, args, None)
+}
+
+/// Starts a group of `n` ranks, each with `args`, rank 0 in `rank0_dir` when given.
+pub fn ranks_where(n: usize, args: &[&str], rank0_dir: Option<&Path>) -> Ranks {
     // Free loopback ports, released just before the ranks bind them.
     let listeners: Vec<_> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
@@ -146,6 +151,9 @@ pub fn ranks_with(n: usize, args: &[&str]) -> Ranks {
         })
         .collect();
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
+    if let Some(dir) = rank0_dir {
+        command.current_dir(dir);
+    }
     command
         .args(args)
         .env("MLX_RANK", "0")
