@@ -113,7 +113,10 @@ pub fn follow(prompt_cache_bytes: u64) -> i32 {
             Shared::Load(p) => engine.load(&p, &never, &mut |_, _, _, _| {}).map(drop),
             Shared::Generate(p) => engine.generate(&p, &never, &mut |_, _, _| {}).map(drop),
             Shared::Unload(p) => engine.unload(&p).map(drop),
-            Shared::Reset => Ok(drop(engine.reset())),
+            Shared::Reset => {
+                engine.reset();
+                Ok(())
+            }
             Shared::Quit => break,
         };
         if let Err(e) = outcome {
