@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -250,3 +251,23 @@ def test_an_image_reaches_a_vision_model_in_every_form(backend: MLXInferenceBack
     for image in (str(png), data, base64.b64encode(data).decode(), Image.open(png)):
         texts = list(backend.generate_chat_response(question, image=image, temperature=0.0, max_new_tokens=12))
         assert texts and texts[-1] == want, type(image)
+
+
+def test_a_distributed_load_splits_the_model_over_a_group_of_ranks(binary: str, smollm2: str):
+    """Studio's ``mlx_distributed`` + ``mlx_parallel_mode`` on a worker started by mlx.launch
+    (two ranks, ring backend on loopback): the same greedy answer as one process."""
+    launcher = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
+    alone = MLXInferenceBackend(binary)
+    group = MLXInferenceBackend(binary, launch=[launcher, "--backend", "ring", "-n", "2", "--"])
+    try:
+        alone.load_model(config(smollm2), load_in_4bit=False)
+        split = config(smollm2, mlx_distributed=True, mlx_parallel_mode="pipeline")
+        group.load_model(split, load_in_4bit=False)
+        status = group.client.status()
+        assert status["group"]["size"] == 2
+        assert status["models"][0]["parallel"]["mode"] == "pipeline"
+        answers = [greedy_text(b.client, HELLO, 24) for b in (alone, group)]
+        assert answers[0] == answers[1] and answers[0]
+    finally:
+        alone.close()
+        group.close()

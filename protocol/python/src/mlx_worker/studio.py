@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Iterator
 
 from . import _types as t
+from ._core import find_binary
 from .client import Client, Generation
 from .errors import MLXWorkerError, NoModelError, WorkerDiedError
 
@@ -131,9 +132,19 @@ class MLXInferenceBackend:
     underneath (started by the first ``load_model``, replaced after a crash by the next one).
 
     ``binary`` is the worker (else ``$MLX_WORKER_BIN``, else ``mlx-worker`` on PATH).
+    ``launch``, when given, is the command that starts the worker as a group of ranks (the
+    worker and its args follow it), e.g. ``["mlx.launch", "--backend", "ring", "--hosts",
+    "10.0.0.1,10.0.0.2", "--"]``: then a load with ``mlx_distributed`` and
+    ``mlx_parallel_mode`` (Studio's settings) splits the model over the ranks.
     """
 
-    def __init__(self, binary: str | os.PathLike[str] | None = None, *, worker_args: Iterable[str] = ()):
+    def __init__(
+        self,
+        binary: str | os.PathLike[str] | None = None,
+        *,
+        worker_args: Iterable[str] = (),
+        launch: Iterable[str] = (),
+    ):
         self.models: dict[str, dict[str, Any]] = {}
         self.active_model_name: str | None = None
         self.loading_models: set[str] = set()
@@ -145,6 +156,7 @@ class MLXInferenceBackend:
         self.last_generation_result: t.GenerateResult | None = None
         self._binary = binary
         self._worker_args = list(worker_args)
+        self._launch = list(launch)
         self._client: Client | None = None
         # Set once the worker has answered the last generation.
         self._generation_done = threading.Event()
@@ -156,7 +168,11 @@ class MLXInferenceBackend:
     def client(self) -> Client:
         """The worker's client (started on first use)."""
         if self._client is None:
-            self._client = Client(self._binary, args=self._worker_args)
+            if self._launch:
+                worker = [find_binary(self._binary), *self._worker_args]
+                self._client = Client(self._launch[0], args=[*self._launch[1:], *worker])
+            else:
+                self._client = Client(self._binary, args=self._worker_args)
         return self._client
 
     def _forget_models(self) -> None:
@@ -190,7 +206,9 @@ class MLXInferenceBackend:
 
         ``config`` may carry ``is_vision``, ``is_lora``, ``is_gguf`` (hints; the worker detects
         each), ``base_model`` (with ``is_lora``: the adapter's base), ``kv_bits`` /
-        ``mlx_kv_bits`` and ``chat_template_override``. ``hf_token`` goes to the worker's hub
+        ``mlx_kv_bits``, ``chat_template_override``, and ``mlx_distributed`` with
+        ``mlx_parallel_mode`` (``"tensor"`` or ``"pipeline"``: the model split over the ranks of
+        a worker started through ``launch``). ``hf_token`` goes to the worker's hub
         client only, never into ``os.environ``. Raises
         :class:`~mlx_worker.errors.LoadFailedError` (with ``kind``) on failure, leaving the
         models already loaded as they were. ``gpu_ids`` is accepted and ignored (MLX has one
@@ -218,6 +236,8 @@ class MLXInferenceBackend:
             "kv_bits": kv_bits,
             "chat_template_override": chat_template_override,
         }
+        if getattr(config, "mlx_distributed", False) and getattr(config, "mlx_parallel_mode", None):
+            params["parallel"] = config.mlx_parallel_mode
         model = model_name
         base_model = getattr(config, "base_model", None)
         if getattr(config, "is_lora", False) and base_model:
@@ -439,7 +459,7 @@ class Bridge:
     Commands: ``load`` (Studio's load settings: ``model_name``, ``max_seq_length``,
     ``load_in_4bit``, ``hf_token``, ``trust_remote_code``, ``mlx_kv_bits``,
     ``chat_template_override``, ``is_vision``, ``is_lora``, ``base_model``, ``is_gguf``,
-    ``audio_type``), ``generate``, ``cancel``, ``unload``, ``reset``, ``status``, ``shutdown``.
+    ``audio_type``, ``mlx_distributed``, ``mlx_parallel_mode``), ``generate``, ``cancel``, ``unload``, ``reset``, ``status``, ``shutdown``.
     ``cancel`` acts at once (as Studio's shared cancel event); ``unload`` answers the generates
     still queued before it ``gen_done`` with ``cancelled: true``. Anything else is passed to the
     worker as a method (Studio's audio commands are answered with the worker's "audio is not
@@ -522,6 +542,8 @@ class Bridge:
             is_gguf=c.get("is_gguf", False),
             base_model=c.get("base_model"),
             audio_type=c.get("audio_type"),
+            mlx_distributed=c.get("mlx_distributed", False),
+            mlx_parallel_mode=c.get("mlx_parallel_mode"),
         )
 
         def heartbeat(p: t.LoadProgress) -> None:
