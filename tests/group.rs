@@ -142,6 +142,7 @@ async fn family_fixtures_split_over_two_ranks_answer_as_one_process() {
         "tiny-phi3-q4",
         "tiny-qwen3-moe-q4",
         "tiny-gpt-oss",
+        "tiny-gpt-oss-mxfp4",
         "tiny-qwen3-next",
     ];
     let tensor = ["tiny-qwen3", "tiny-mistral", "tiny-untied"];

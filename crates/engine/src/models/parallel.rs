@@ -15,7 +15,7 @@
 
 use std::{ops::Range, rc::Rc};
 
-use mlx_rs::{ops::indexing::IndexOp, Array};
+use mlx_rs::{ops::indexing::IndexOp, Array, Dtype};
 
 use crate::{
     distributed::Group,
@@ -140,33 +140,71 @@ fn refuse_adapter(linear: &Linear, name: &str) -> std::result::Result<(), Engine
 }
 
 /// The pipeline's hand-over before a rank's layers: the previous rank's hidden state (shaped
-/// like `h`), or `h` itself on the first rank.
+/// like `h`), or `h` itself on the first rank. Its dtype comes first: a hidden state may
+/// change dtype on its way through the layers (float32 attention sinks under bfloat16 weights
+/// make it float32), so only the sender knows it.
 pub fn receive(placement: &Placement, h: Array) -> Result<Array> {
-    match placement.group.rank() {
+    let group = &placement.group;
+    match group.rank() {
         0 => Ok(h),
-        r => placement.group.recv_like(&h, r - 1),
+        r => {
+            let code = group.recv_like(&Array::from_slice(&[0i32], &[1]), r - 1)?;
+            let like = h.as_dtype(dtype_of(&code)?)?;
+            let received = group.recv_like(&like, r - 1)?;
+            // Scheduled now, so that it reads the socket before the collective `hand_on` runs
+            // at once (the messages from the previous rank arrive in this order).
+            mlx_rs::transforms::async_eval([&received])?;
+            Ok(received)
+        }
     }
 }
 
-/// The pipeline's hand-over after a rank's layers: sent on to the next rank, and the last
-/// rank's output gathered to every rank.
+/// The pipeline's hand-over after a rank's layers: sent on to the next rank (its dtype first),
+/// and the last rank's output gathered to every rank (its dtype shared first: every rank's
+/// part of the gather must have it).
 pub fn hand_on(placement: &Placement, h: Array) -> Result<Array> {
     let group = &placement.group;
     let (rank, size) = (group.rank(), group.size());
+    let code = |h: &Array| Array::from_slice(&[dtype_code(h.dtype())], &[1]);
     let h = match rank + 1 < size {
         true => {
-            let sent = group.send(&h, rank + 1)?;
             // Scheduled now: a prefill evaluates only the caches, which do not depend on the
-            // send, and the next rank waits for it (mlx-lm ties it to the last cache instead).
+            // sends, and the next rank waits for them (mlx-lm ties its send to the last cache).
+            let sent_code = group.send(&code(&h), rank + 1)?;
+            mlx_rs::transforms::async_eval([&sent_code])?;
+            let sent = group.send(&h, rank + 1)?;
             mlx_rs::transforms::async_eval([&sent])?;
             sent
         }
         false => h,
     };
+    let last_code = match rank + 1 == size {
+        true => code(&h),
+        false => Array::from_slice(&[0i32], &[1]),
+    };
+    let out_dtype = dtype_of(&group.all_sum(&last_code)?)?;
     let b = h.dim(0);
-    let all = group.all_gather(&h)?;
+    let all = group.all_gather(&h.as_dtype(out_dtype)?)?;
     let last = (size as i32 - 1) * b;
     Ok(all.index(last..last + b))
+}
+
+/// A hidden state's dtype as sent between ranks.
+fn dtype_code(dtype: Dtype) -> i32 {
+    match dtype {
+        Dtype::Float16 => 1,
+        Dtype::Bfloat16 => 2,
+        _ => 0,
+    }
+}
+
+fn dtype_of(code: &Array) -> Result<Dtype> {
+    code.eval()?;
+    Ok(match code.as_slice::<i32>()[0] {
+        1 => Dtype::Float16,
+        2 => Dtype::Bfloat16,
+        _ => Dtype::Float32,
+    })
 }
 
 /// Refuses a placement with no layer on some rank.
