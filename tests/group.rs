@@ -12,8 +12,8 @@ use protocol::methods::{
 };
 use protocol::{Client, ErrorCode};
 
-/// Several processes share two slow cores.
-const LIMIT: Duration = Duration::from_secs(120);
+/// Several processes share two slow cores (with other tests running beside them).
+const LIMIT: Duration = Duration::from_secs(300);
 
 fn questions() -> Vec<GenerateParams> {
     vec![
@@ -144,6 +144,7 @@ async fn family_fixtures_split_over_two_ranks_answer_as_one_process() {
         "tiny-gpt-oss",
         "tiny-gpt-oss-mxfp4",
         "tiny-qwen3-next",
+        "tiny-qwen3-5",
     ];
     let tensor = ["tiny-qwen3", "tiny-mistral", "tiny-untied"];
     let refused = ["tiny-qwen3-moe", "tiny-phi3", "tiny-qwen3-next"];

@@ -87,7 +87,10 @@ fn default_rope_parameters() -> Value {
 /// vision tower) dropped.
 pub fn language_model(mut weights: Weights) -> Weights {
     if weights.names().any(|n| n.starts_with("language_model.")) {
-        return weights.split_off("language_model.");
+        let placement = weights.take_placement();
+        let mut language = weights.split_off("language_model.");
+        language.set_placement(placement);
+        return language;
     }
     weights.rename_prefix("model.language_model.", "model.");
     let vision: Vec<String> = weights
