@@ -26,6 +26,8 @@ mod rope;
 mod sampler;
 mod vision;
 mod weights;
+#[cfg(test)]
+mod stream_error_tests;
 
 pub use cancel::CancelToken;
 pub use engine::{Engine, Loaded};

@@ -184,10 +184,13 @@ pub(crate) fn quantize(
         .flat_map(|(_, l)| l.arrays().into_iter().cloned().collect::<Vec<_>>())
         .collect();
     mlx_rs::transforms::eval(arrays.iter()).map_err(|e| {
-        EngineError::load(
-            LoadErrorKind::OutOfMemory,
-            format!("materialising weights: {e}"),
-        )
+        let message = crate::error::mlx_message(e.what());
+        let kind = if message.starts_with("[read]") {
+            LoadErrorKind::InvalidWeights
+        } else {
+            LoadErrorKind::OutOfMemory
+        };
+        EngineError::load(kind, format!("materialising weights: {message}"))
     })?;
     report(progress, LoadStage::Weights, 1, "");
     Ok(adapter)

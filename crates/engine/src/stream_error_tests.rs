@@ -1,0 +1,104 @@
+//! MLX errors thrown on MLX's stream thread, where a task of an `async_eval` graph runs: MLX
+//! 0.32.2 keeps the exception on the stream and throws it at the next wait (or the next task
+//! its main thread queues), so it reaches the reader as a `Result`; `device::synchronize` takes
+//! one that nobody read. Provoked with real failures: a singular matrix's inverse (LAPACK
+//! fails inside the task) and a weight file cut short after load (MLX reads weights lazily).
+
+use mlx_rs::{linalg, transforms, Array, Stream};
+
+use crate::{device, CancelToken, Engine, EngineError, GenerateRequest, LoadRequest, Prompt};
+
+/// The inverse of a singular matrix: it fails in LAPACK, inside a task on the stream thread.
+fn failing_on_the_stream_thread() -> Array {
+    let zeros = Array::zeros::<f32>(&[4, 4]).unwrap();
+    mlx_rs::with_stream(&Stream::cpu(), || linalg::inv(&zeros)).unwrap()
+}
+
+fn six() -> f32 {
+    let a = Array::from_f32(2.0) * Array::from_f32(3.0);
+    a.try_item_exact::<f32>().unwrap()
+}
+
+#[test]
+fn an_error_on_the_stream_thread_reaches_whoever_reads_the_result() {
+    let _mlx = fixtures::mlx_test_lock();
+    let _ = device::synchronize();
+    let x = failing_on_the_stream_thread();
+    // Queuing succeeds: the failure happens later, on the stream thread.
+    transforms::async_eval([&x]).unwrap();
+    let e = x.sum(None).unwrap().try_item_exact::<f32>().unwrap_err();
+    assert!(e.to_string().contains("[Inverse::eval_cpu]"), "{e}");
+    assert_eq!(device::synchronize(), Ok(()));
+    assert_eq!(six(), 6.0);
+}
+
+#[test]
+fn a_failed_step_nobody_read_is_taken_by_synchronize_not_left_for_the_next_request() {
+    let _mlx = fixtures::mlx_test_lock();
+    let _ = device::synchronize();
+    let x = failing_on_the_stream_thread();
+    transforms::async_eval([&x]).unwrap();
+    drop(x);
+    let e = device::synchronize().unwrap_err();
+    assert!(e.what().contains("[Inverse::eval_cpu]"), "{e}");
+    assert_eq!(six(), 6.0);
+}
+
+fn load(engine: &mut Engine, dir: &std::path::Path, force: bool) {
+    let req = LoadRequest {
+        model: dir.display().to_string(),
+        force,
+        ..Default::default()
+    };
+    engine.load(&req, &mut |_| {}, &CancelToken::new()).unwrap();
+}
+
+fn generate(engine: &mut Engine, dir: &std::path::Path) -> Result<Vec<u32>, EngineError> {
+    let mut req = GenerateRequest::greedy(Prompt::Tokens((10..20).collect()), 8);
+    req.model = Some(dir.display().to_string());
+    engine
+        .generate(&req, &mut |_| {}, &CancelToken::new())
+        .map(|c| c.token_ids)
+}
+
+#[test]
+fn weights_unreadable_after_load_fail_the_generation_and_spare_the_other_model() {
+    let _mlx = fixtures::mlx_test_lock();
+    let root = std::env::temp_dir().join(format!("mlx-stream-errors-{}", std::process::id()));
+    let (cut, kept) = (root.join("cut"), root.join("kept"));
+    let spec = |seed| fixtures::TinyLlama {
+        seed,
+        ..Default::default()
+    };
+    fixtures::write_tiny_llama(&cut, &spec(0)).unwrap();
+    fixtures::write_tiny_llama(&kept, &spec(1)).unwrap();
+    let mut engine = Engine::new();
+    load(&mut engine, &cut, false);
+    load(&mut engine, &kept, false);
+    let before = generate(&mut engine, &kept).unwrap();
+
+    // Load read the header and the linear layers; the rest (embeddings, norms) is read at its
+    // first use, on the stream thread, from a file that now ends after its header.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(cut.join("model.safetensors"))
+        .unwrap();
+    file.set_len(4096).unwrap();
+    for _ in 0..2 {
+        match generate(&mut engine, &cut) {
+            Err(EngineError::Generation(message)) => {
+                assert!(message.starts_with("[read] Unable to read"), "{message}");
+                assert!(message.contains("load the model again"), "{message}");
+                assert!(!message.contains(".cpp:"), "{message}");
+            }
+            other => panic!("expected a generation error, got {other:?}"),
+        }
+        assert_eq!(generate(&mut engine, &kept).unwrap(), before);
+    }
+    // Written again and reloaded, it answers.
+    fixtures::write_tiny_llama(&cut, &spec(0)).unwrap();
+    load(&mut engine, &cut, true);
+    assert_eq!(generate(&mut engine, &cut).unwrap().len(), 8);
+    drop(engine);
+    std::fs::remove_dir_all(&root).unwrap();
+}
