@@ -19,15 +19,16 @@ fn six() -> f32 {
     a.try_item_exact::<f32>().unwrap()
 }
 
+/// Whichever comes first meets the error: the reader's wait, or (on MLX's main thread, the
+/// first that used MLX) MLX queuing more work, here the end of `async_eval` itself.
 #[test]
 fn an_error_on_the_stream_thread_reaches_whoever_reads_the_result() {
     let _mlx = fixtures::mlx_test_lock();
     let _ = device::synchronize();
     let x = failing_on_the_stream_thread();
-    // Queuing succeeds: the failure happens later, on the stream thread.
-    transforms::async_eval([&x]).unwrap();
-    let e = x.sum(None).unwrap().try_item_exact::<f32>().unwrap_err();
-    assert!(e.to_string().contains("[Inverse::eval_cpu]"), "{e}");
+    let read = transforms::async_eval([&x]).and_then(|()| x.sum(None)?.eval());
+    let e = read.unwrap_err();
+    assert!(e.what().starts_with("[Inverse::eval_cpu]"), "{e}");
     assert_eq!(device::synchronize(), Ok(()));
     assert_eq!(six(), 6.0);
 }
@@ -37,10 +38,14 @@ fn a_failed_step_nobody_read_is_taken_by_synchronize_not_left_for_the_next_reque
     let _mlx = fixtures::mlx_test_lock();
     let _ = device::synchronize();
     let x = failing_on_the_stream_thread();
-    transforms::async_eval([&x]).unwrap();
+    let queued = transforms::async_eval([&x]);
     drop(x);
-    let e = device::synchronize().unwrap_err();
-    assert!(e.what().contains("[Inverse::eval_cpu]"), "{e}");
+    let settled = device::synchronize();
+    // Once, in one of the two places (the stream keeps an error until one wait takes it).
+    let errors: Vec<_> = [queued, settled].into_iter().filter_map(Result::err).collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].what().starts_with("[Inverse::eval_cpu]"));
+    assert_eq!(device::synchronize(), Ok(()));
     assert_eq!(six(), 6.0);
 }
 
