@@ -312,7 +312,15 @@ mount -t tmpfs -o "size=$3" tmpfs "$2"
 head -c "$4" /dev/zero > "$2/filler"
 exec "$1""#;
     let mut command = tokio::process::Command::new("unshare");
-    command.args(["--user", "--map-root-user", "--mount", "sh", "-c", SCRIPT, "sh"]);
+    command.args([
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "sh",
+        "-c",
+        SCRIPT,
+        "sh",
+    ]);
     command
         .arg(env!("CARGO_BIN_EXE_mlx-worker"))
         .arg(hf_home)
@@ -581,7 +589,11 @@ async fn a_disk_that_fills_up_mid_download_says_what_to_free_and_the_next_load_r
         format!("free at least {} bytes", weights.len() as u64 - written),
         "load again".to_owned(),
     ] {
-        assert!(data.detail.contains(&words), "`{words}` not in {}", data.detail);
+        assert!(
+            data.detail.contains(&words),
+            "`{words}` not in {}",
+            data.detail
+        );
     }
     assert!(
         !cache.join("blobs").join(&blob).exists(),

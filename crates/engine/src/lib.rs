@@ -24,10 +24,10 @@ mod quantized;
 mod request;
 mod rope;
 mod sampler;
-mod vision;
-mod weights;
 #[cfg(test)]
 mod stream_error_tests;
+mod vision;
+mod weights;
 
 pub use cancel::CancelToken;
 pub use engine::{Engine, Loaded};

@@ -151,8 +151,9 @@ fn check_fits(weights: &Weights, load_in_4bit: bool) -> Result<(), EngineError> 
 }
 
 /// Quantize-on-load (`load_in_4bit`: affine, 4 bits, groups of 64, as mlx-lm), the `kv_bits`
-/// check, the adapter attached; then every weight materialised, so that running out of memory
-/// shows here and not in the first generation.
+/// check, the adapter attached; then the linear layers' weights (nearly all the bytes)
+/// materialised, so that running out of memory shows here and not in the first generation.
+/// The rest (embeddings, norms) MLX reads at its first use (docs/traps.md).
 pub(crate) fn quantize(
     built: &mut Built,
     files: &Files,

@@ -42,7 +42,10 @@ fn a_failed_step_nobody_read_is_taken_by_synchronize_not_left_for_the_next_reque
     drop(x);
     let settled = device::synchronize();
     // Once, in one of the two places (the stream keeps an error until one wait takes it).
-    let errors: Vec<_> = [queued, settled].into_iter().filter_map(Result::err).collect();
+    let errors: Vec<_> = [queued, settled]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].what().starts_with("[Inverse::eval_cpu]"));
     assert_eq!(device::synchronize(), Ok(()));

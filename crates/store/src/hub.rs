@@ -177,12 +177,13 @@ pub(crate) fn resolve(
             done: 0,
             sent: None,
         };
-        let path = api_repo
-            .download_with_progress(file, reporter)
-            .map_err(|e| match out_of_space(&e) {
-                Some(io) => no_space(&settings.cache, req.model, file, expected.get(), io),
-                None => failure.of(e, Some(file)),
-            })?;
+        let path =
+            api_repo
+                .download_with_progress(file, reporter)
+                .map_err(|e| match out_of_space(&e) {
+                    Some(io) => no_space(&settings.cache, req.model, file, expected.get(), io),
+                    None => failure.of(e, Some(file)),
+                })?;
         check_complete(&path, expected.get()).map_err(|detail| {
             Error::load(
                 LoadErrorKind::Network,
