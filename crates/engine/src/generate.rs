@@ -337,6 +337,7 @@ fn run(
         transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
         rest = &rest[n..];
         mlx_rs::memory::clear_cache()?;
+        crate::memory::check_headroom(prompt_ids.len() - rest.len())?;
     }
 
     let mut timings = Timings {
@@ -403,6 +404,7 @@ fn run(
         n += 1;
         if n.is_multiple_of(CLEAR_CACHE_EVERY) {
             mlx_rs::memory::clear_cache()?;
+            crate::memory::check_headroom(prompt_ids.len() + n)?;
         }
         step = match next.expect("queued while n < max_new_tokens") {
             Next::Step(next) => next,

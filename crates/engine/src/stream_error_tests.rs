@@ -3,6 +3,9 @@
 //! its main thread queues), so it reaches the reader as a `Result`; `device::synchronize` takes
 //! one that nobody read. Provoked with real failures: a singular matrix's inverse (LAPACK
 //! fails inside the task) and a weight file cut short after load (MLX reads weights lazily).
+//! Shape mismatches never get that far (ops check shapes as the graph is built), and an
+//! allocation MLX cannot get on the CPU is a crash, not an error: a generation is stopped once
+//! MLX's memory passes its limit instead.
 
 use mlx_rs::{linalg, transforms, Array, Stream};
 
@@ -109,4 +112,47 @@ fn weights_unreadable_after_load_fail_the_generation_and_spare_the_other_model()
     assert_eq!(generate(&mut engine, &cut).unwrap().len(), 8);
     drop(engine);
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn a_shape_mismatch_fails_as_the_graph_is_built_before_anything_runs() {
+    let _mlx = fixtures::mlx_test_lock();
+    let a = Array::zeros::<f32>(&[2, 3]).unwrap();
+    let b = Array::zeros::<f32>(&[4, 5]).unwrap();
+    let e = mlx_rs::ops::matmul(&a, &b).unwrap_err();
+    assert!(e.what().contains("[matmul]"), "{e}");
+    assert_eq!(device::synchronize(), Ok(()));
+}
+
+#[test]
+fn a_generation_past_the_memory_limit_stops_with_an_error_and_the_model_goes_on() {
+    let _mlx = fixtures::mlx_test_lock();
+    let dir = std::env::temp_dir().join(format!("mlx-headroom-{}", std::process::id()));
+    fixtures::write_tiny_llama(&dir, &Default::default()).unwrap();
+    let mut engine = Engine::new();
+    load(&mut engine, &dir, false);
+    let req = GenerateRequest::greedy(Prompt::Tokens((0..1200).map(|i| 10 + i % 200).collect()), 4);
+    let before = engine
+        .generate(&req, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+
+    // The limit just above what is in use: the prompt's first chunk of KV cache passes it.
+    engine.reset();
+    let active = mlx_rs::memory::active_memory().unwrap();
+    let limit = mlx_rs::memory::set_memory_limit(active + 1).unwrap();
+    let result = engine.generate(&req, &mut |_| {}, &CancelToken::new());
+    mlx_rs::memory::set_memory_limit(limit).unwrap();
+    match result {
+        Err(EngineError::Generation(message)) => {
+            assert!(message.contains("passed its limit"), "{message}");
+            assert!(message.contains("with 512 tokens"), "{message}");
+        }
+        other => panic!("expected a generation error, got {other:?}"),
+    }
+    let after = engine
+        .generate(&req, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    assert_eq!(after.token_ids, before.token_ids);
+    drop(engine);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
