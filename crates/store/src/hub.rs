@@ -557,6 +557,20 @@ mod tests {
     use crate::HfToken;
 
     #[test]
+    fn a_full_disk_a_quota_or_a_file_size_limit_is_out_of_space_and_nothing_else() {
+        use std::io;
+        // ENOSPC, EDQUOT, EFBIG (Linux numbers), also behind hf-hub's retries.
+        for errno in [28, 122, 27] {
+            let e = ApiError::IoError(io::Error::from_raw_os_error(errno));
+            assert!(out_of_space(&e).is_some(), "{errno}");
+            let retried = ApiError::TooManyRetries(Box::new(e));
+            assert!(out_of_space(&retried).is_some(), "{errno}");
+        }
+        let reset = ApiError::IoError(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert!(out_of_space(&reset).is_none());
+    }
+
+    #[test]
     fn revisions_stay_inside_refs() {
         for ok in [
             "main",
