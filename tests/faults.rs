@@ -5,7 +5,8 @@
 use std::fs;
 use std::path::Path;
 
-use protocol::error::LoadFailedData;
+use fixtures::{write_tiny_llama, TinyLlama};
+use protocol::error::{GenerationFailedData, LoadFailedData};
 use protocol::methods::*;
 use protocol::{ErrorCode, LoadErrorKind};
 use serde_json::{json, Value};
@@ -187,5 +188,56 @@ async fn a_model_larger_than_the_memory_limit_is_refused_before_it_is_read() {
     within(w.generate(&greedy("hi", 4)).unwrap().finish())
         .await
         .unwrap();
+    within(w.shutdown()).await.unwrap();
+}
+
+/// MLX reads a model's embeddings and norms at their first use, on its stream thread (load
+/// materialises the linear layers). A weight file cut short after load makes that read fail
+/// there, inside an `async_eval` graph: the generation fails with -32005 saying what happened,
+/// the other resident model answers as before, and the damaged one loads again once repaired.
+#[tokio::test]
+async fn weights_unreadable_after_load_fail_the_generation_and_the_worker_goes_on() {
+    let (w, dir) = worker_with_tiny_model(&[]).await;
+    let before = within(w.generate(&greedy("hi", 8)).unwrap().finish())
+        .await
+        .unwrap();
+    let spec = TinyLlama {
+        seed: 7,
+        ..Default::default()
+    };
+    let cut = tiny_model(&spec);
+    let load = LoadParams::new(model_id(cut.path()));
+    within(w.call::<Load>(&load)).await.unwrap();
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(cut.path().join("model.safetensors"))
+        .unwrap();
+    file.set_len(4096).unwrap();
+    let on_cut = GenerateParams {
+        model: Some(model_id(cut.path())),
+        ..greedy("hi", 8)
+    };
+    for _ in 0..2 {
+        let e = rpc_error(
+            within(w.generate(&on_cut).unwrap().finish()).await,
+            ErrorCode::GenerationFailed,
+        );
+        let detail = e.data_as::<GenerationFailedData>().unwrap().detail;
+        assert!(detail.contains("[read] Unable to read"), "{detail}");
+        assert!(detail.contains("load the model again"), "{detail}");
+        let other = GenerateParams {
+            model: Some(model_id(dir.path())),
+            ..greedy("hi", 8)
+        };
+        let after = within(w.generate(&other).unwrap().finish()).await.unwrap();
+        assert_eq!(after.text, before.text);
+    }
+    write_tiny_llama(cut.path(), &spec).unwrap();
+    let reload = LoadParams {
+        force: true,
+        ..load
+    };
+    within(w.call::<Load>(&reload)).await.unwrap();
+    within(w.generate(&on_cut).unwrap().finish()).await.unwrap();
     within(w.shutdown()).await.unwrap();
 }

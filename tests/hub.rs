@@ -298,7 +298,43 @@ fn etag(bytes: &[u8]) -> String {
 
 /// The worker with a hub endpoint and HF_HOME, the HF variables of this process cleared.
 fn hub_worker(endpoint: &str, hf_home: &Path, env: &[(&str, &str)]) -> Client {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
+    hub_worker_by(command, endpoint, hf_home, env)
+}
+
+/// The worker on a full disk: in its own user and mount namespaces (no root needed), HF_HOME
+/// is a tmpfs of `size` bytes of which a file `filler` takes `filled`, so writes past the rest
+/// fail with ENOSPC, as on a real full disk. The test sees that tmpfs through
+/// `/proc/<pid>/root`.
+fn full_disk_worker(endpoint: &str, hf_home: &Path, size: u64, filled: u64) -> Client {
+    const SCRIPT: &str = r#"set -e
+mount -t tmpfs -o "size=$3" tmpfs "$2"
+head -c "$4" /dev/zero > "$2/filler"
+exec "$1""#;
+    let mut command = tokio::process::Command::new("unshare");
+    command.args([
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "sh",
+        "-c",
+        SCRIPT,
+        "sh",
+    ]);
+    command
+        .arg(env!("CARGO_BIN_EXE_mlx-worker"))
+        .arg(hf_home)
+        .arg(size.to_string())
+        .arg(filled.to_string());
+    hub_worker_by(command, endpoint, hf_home, &[])
+}
+
+fn hub_worker_by(
+    mut command: tokio::process::Command,
+    endpoint: &str,
+    hf_home: &Path,
+    env: &[(&str, &str)],
+) -> Client {
     command
         .env("MLX_WORKER_LOG", "debug")
         .env("HF_ENDPOINT", endpoint)
@@ -524,6 +560,67 @@ async fn a_server_that_dies_mid_download_leaves_nothing_that_looks_complete() {
     assert!(
         ranges.iter().any(|r| r != "bytes=0-0"),
         "resumed with a range: {ranges:?}"
+    );
+    assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_disk_that_fills_up_mid_download_says_what_to_free_and_the_next_load_resumes() {
+    let repo = tiny_repo(3, None);
+    let weights = repo.files["model.safetensors"].bytes.clone();
+    let blob = etag(&weights);
+    let hub = FakeHub::start(vec![("org/tiny", repo)]);
+    let home = tempfile::tempdir().unwrap();
+    // Room for the configs and tokenizer, not for the weights.
+    let (size, filled) = (1 << 20, (1 << 20) - weights.len() as u64 / 2);
+    let w = full_disk_worker(&hub.url(), home.path(), size, filled);
+    let inside = Path::new(&format!("/proc/{}/root", w.pid().unwrap()))
+        .join(home.path().strip_prefix("/").unwrap());
+
+    let data = load_failure(within(w.call::<Load>(&LoadParams::new("org/tiny"))).await);
+    assert_eq!(data.kind, LoadErrorKind::Network, "{}", data.detail);
+    let cache = repo_cache(&inside, "org/tiny");
+    let part = cache.join("blobs").join(format!("{blob}.part"));
+    let written = std::fs::metadata(&part).unwrap().len();
+    assert!(written < weights.len() as u64);
+    for words in [
+        "no space left on device".to_owned(),
+        "model.safetensors".to_owned(),
+        format!("free at least {} bytes", weights.len() as u64 - written),
+        "load again".to_owned(),
+    ] {
+        assert!(
+            data.detail.contains(&words),
+            "`{words}` not in {}",
+            data.detail
+        );
+    }
+    assert!(
+        !cache.join("blobs").join(&blob).exists(),
+        "a half blob looks complete"
+    );
+    assert!(!cache
+        .join("snapshots")
+        .join(SHA)
+        .join("model.safetensors")
+        .exists());
+
+    // Space freed, the next load resumes from what was written and the model answers.
+    std::fs::remove_file(inside.join("filler")).unwrap();
+    within(w.call::<Load>(&LoadParams::new("org/tiny")))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(cache.join("blobs").join(&blob)).unwrap(),
+        weights
+    );
+    within(w.generate(&greedy("hi", 4)).unwrap().finish())
+        .await
+        .unwrap();
+    let ranges = hub.weight_ranges();
+    assert!(
+        ranges.contains(&format!("bytes={written}-")),
+        "resumed from {written}: {ranges:?}"
     );
     assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
 }

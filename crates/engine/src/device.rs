@@ -99,14 +99,18 @@ fn system_memory() -> u64 {
         .unwrap_or(0)
 }
 
-/// Waits until everything queued on this thread's default stream has run. Arrays queued with
-/// `async_eval` and then dropped are otherwise released later by MLX's stream thread, which
-/// races with process exit (seen here: heap corruption in `exit` after a generation).
-pub fn synchronize() {
-    // SAFETY: no arguments; waits on MLX's own stream.
-    unsafe {
-        mlx_sys::mlx_synchronize_default();
-    }
+/// Waits until everything queued on this thread's default stream has run, and takes the error
+/// MLX's stream thread stored meanwhile, if any. Arrays queued with `async_eval` and then
+/// dropped are otherwise released later by MLX's stream thread, which races with process exit
+/// (seen here: heap corruption in `exit` after a generation). And MLX 0.32.2 catches an exception
+/// thrown by a task on its stream thread and keeps it on the stream (`Scheduler::enqueue` in
+/// `mlx/scheduler.cpp`) until someone waits on work queued after it or MLX's main thread queues
+/// more: a failed step that nobody read would otherwise fail the next request. A tiny
+/// computation queued behind everything and waited on does both (`mlx_synchronize` alone may
+/// throw that error away).
+pub fn synchronize() -> Result<(), mlx_rs::error::Exception> {
+    let probe = mlx_rs::Array::from_int(0).add(mlx_rs::Array::from_int(0))?;
+    probe.eval()
 }
 
 #[cfg(test)]

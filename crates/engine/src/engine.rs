@@ -78,7 +78,7 @@ fn rank_share(model: &mut dyn LanguageModel) -> serde_json::Value {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.models.clear();
-        device::synchronize();
+        let _ = device::synchronize();
         memory::release(true);
     }
 }
@@ -387,8 +387,9 @@ impl Engine {
             tools.read_calls(completion);
         }
         if result.is_err() {
-            // An MLX error mid-graph can leave work and buffers behind; start the next clean.
-            device::synchronize();
+            // An MLX error mid-graph can leave work, buffers and a stream error behind (steps
+            // queued ahead of the one that failed): start the next request clean.
+            let _ = device::synchronize();
             let _ = mlx_rs::memory::clear_cache();
         }
         result

@@ -52,6 +52,42 @@ impl From<model_store::Error> for EngineError {
 
 impl From<mlx_rs::error::Exception> for EngineError {
     fn from(e: mlx_rs::error::Exception) -> Self {
-        Self::Generation(e.to_string())
+        Self::Generation(mlx_message(e.what()))
+    }
+}
+
+impl From<mlx_rs::error::ConversionError> for EngineError {
+    fn from(e: mlx_rs::error::ConversionError) -> Self {
+        match e {
+            mlx_rs::error::ConversionError::Exception(e) => e.into(),
+            e => Self::Generation(e.to_string()),
+        }
+    }
+}
+
+impl From<mlx_rs::error::AsSliceError> for EngineError {
+    fn from(e: mlx_rs::error::AsSliceError) -> Self {
+        match e {
+            mlx_rs::error::AsSliceError::Exception(e) => e.into(),
+            e => Self::Generation(e.to_string()),
+        }
+    }
+}
+
+/// MLX's message without mlx-c's source location (`... at /path/to/transforms.cpp:73`), and
+/// with what to do when it says a weight file could not be read: MLX reads some weights lazily,
+/// at their first use, from the files found at load (`[read] Unable to read from file.`).
+pub(crate) fn mlx_message(what: &str) -> String {
+    let message = match what.rsplit_once(" at ") {
+        Some((message, at)) if at.contains(".cpp:") => message,
+        _ => what,
+    };
+    if message.starts_with("[read]") {
+        format!(
+            "{message} (MLX reads weights from the model's files at their first use: a file \
+             changed, truncated or removed since load; load the model again)"
+        )
+    } else {
+        message.to_string()
     }
 }

@@ -191,7 +191,7 @@ impl Decoder<'_> {
         out: &mut Output<'_>,
         on_delta: &mut dyn FnMut(Delta),
     ) -> Result<Option<FinishReason>> {
-        let id = step.token.item_exact::<u32>();
+        let id = step.token.try_item_exact::<u32>()?;
         self.sampled.push(id);
         if self.ctx.eos.contains(&id) {
             return Ok(Some(FinishReason::Stop));
@@ -351,6 +351,7 @@ fn run(
         transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
         rest = &rest[n..];
         mlx_rs::memory::clear_cache()?;
+        crate::memory::check_headroom(prompt_ids.len() - rest.len())?;
     }
 
     let mut timings = Timings {
@@ -371,7 +372,7 @@ fn run(
         let decode_start = Instant::now();
         let (finish, n) =
             speculative::decode(dec, req, &mut drafter, step, &mut out, on_delta, cancel)?;
-        crate::device::synchronize();
+        crate::device::synchronize()?;
         timings.predicted_n = out.ids.len();
         timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
         let usage = Usage {
@@ -419,6 +420,7 @@ fn run(
         n += 1;
         if n.is_multiple_of(CLEAR_CACHE_EVERY) {
             mlx_rs::memory::clear_cache()?;
+            crate::memory::check_headroom(prompt_ids.len() + n)?;
         }
         step = match next.expect("queued while n < max_new_tokens") {
             Next::Step(next) => next,
@@ -430,8 +432,9 @@ fn run(
             }
         };
     };
-    // A step queued ahead (before EOS or a stop string was seen) may still be running.
-    crate::device::synchronize();
+    // A step queued ahead (before EOS or a stop string was seen) may still be running, and an
+    // error MLX's stream thread met there is still held: it fails this generation, not the next.
+    crate::device::synchronize()?;
     timings.predicted_n = out.ids.len();
     timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
     let completion = out.ids.len();
@@ -546,7 +549,7 @@ impl<'t> Output<'t> {
 
     fn token_logprob(&self, id: u32, logprobs: &Array) -> Result<TokenLogprob> {
         let lp = logprobs.as_dtype(mlx_rs::Dtype::Float32)?;
-        let values = lp.as_slice::<f32>();
+        let values = lp.try_as_slice::<f32>()?;
         let mut order: Vec<u32> = (0..values.len() as u32).collect();
         let k = self.logprobs.min(values.len());
         order.select_nth_unstable_by(k - 1, |a, b| {

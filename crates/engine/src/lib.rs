@@ -25,6 +25,8 @@ mod quantized;
 mod request;
 mod rope;
 mod sampler;
+#[cfg(test)]
+mod stream_error_tests;
 mod vision;
 mod weights;
 

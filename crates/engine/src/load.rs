@@ -176,8 +176,9 @@ fn check_fits(weights: &Weights, load_in_4bit: bool, ranks: u64) -> Result<(), E
 }
 
 /// Quantize-on-load (`load_in_4bit`: affine, 4 bits, groups of 64, as mlx-lm), the `kv_bits`
-/// check, the adapter attached; then every weight materialised, so that running out of memory
-/// shows here and not in the first generation.
+/// check, the adapter attached; then the linear layers' weights (nearly all the bytes)
+/// materialised, so that running out of memory shows here and not in the first generation.
+/// The rest (embeddings, norms) MLX reads at its first use (docs/traps.md).
 pub(crate) fn quantize(
     built: &mut Built,
     files: &Files,
@@ -209,10 +210,13 @@ pub(crate) fn quantize(
         .flat_map(|(_, l)| l.arrays().into_iter().cloned().collect::<Vec<_>>())
         .collect();
     mlx_rs::transforms::eval(arrays.iter()).map_err(|e| {
-        EngineError::load(
-            LoadErrorKind::OutOfMemory,
-            format!("materialising weights: {e}"),
-        )
+        let message = crate::error::mlx_message(e.what());
+        let kind = if message.starts_with("[read]") {
+            LoadErrorKind::InvalidWeights
+        } else {
+            LoadErrorKind::OutOfMemory
+        };
+        EngineError::load(kind, format!("materialising weights: {message}"))
     })?;
     report(progress, LoadStage::Weights, 1, "");
     Ok(adapter)

@@ -50,3 +50,23 @@ pub fn limit_bytes() -> Option<u64> {
         .map(|b| b as u64)
         .filter(|&b| b > 0)
 }
+
+/// Ends a generation whose buffers have grown past MLX's memory limit, while the process still
+/// can: on the CPU nothing else would (MLX's CPU allocator neither enforces the limit nor
+/// reports a failed allocation: the process would be killed or crash, docs/reliability.md).
+/// `tokens`: how many of the request's tokens are in its cache so far.
+pub(crate) fn check_headroom(tokens: usize) -> Result<(), crate::EngineError> {
+    let (Ok(active), Some(limit)) = (mlx_rs::memory::active_memory(), limit_bytes()) else {
+        return Ok(());
+    };
+    if active as u64 <= limit {
+        return Ok(());
+    }
+    Err(crate::EngineError::Generation(format!(
+        "MLX's memory in use ({:.2} GB) passed its limit ({:.2} GB) with {tokens} tokens in \
+         this request's cache: ask for fewer tokens (a shorter prompt, a lower max_new_tokens) or \
+         unload other models",
+        active as f64 / 1e9,
+        limit as f64 / 1e9
+    )))
+}

@@ -177,9 +177,13 @@ pub(crate) fn resolve(
             done: 0,
             sent: None,
         };
-        let path = api_repo
-            .download_with_progress(file, reporter)
-            .map_err(|e| failure.of(e, Some(file)))?;
+        let path =
+            api_repo
+                .download_with_progress(file, reporter)
+                .map_err(|e| match out_of_space(&e) {
+                    Some(io) => no_space(&settings.cache, req.model, file, expected.get(), io),
+                    None => failure.of(e, Some(file)),
+                })?;
         check_complete(&path, expected.get()).map_err(|detail| {
             Error::load(
                 LoadErrorKind::Network,
@@ -233,6 +237,49 @@ fn check_complete(path: &Path, expected: u64) -> Result<(), String> {
         "the download ended after {got} of {expected} bytes (the connection closed early); \
          load again to resume it"
     ))
+}
+
+/// The write error of a download that ran out of room: a full disk, a quota, a file size limit.
+fn out_of_space(error: &ApiError) -> Option<&std::io::Error> {
+    use std::io::ErrorKind::{FileTooLarge, QuotaExceeded, StorageFull};
+    match error {
+        ApiError::TooManyRetries(inner) => out_of_space(inner),
+        ApiError::IoError(e) if matches!(e.kind(), StorageFull | QuotaExceeded | FileTooLarge) => {
+            Some(e)
+        }
+        _ => None,
+    }
+}
+
+/// A download stopped by a full disk: hf-hub leaves what was written in `blobs/<etag>.part`
+/// (never renamed to the blob, so nothing looks complete) and the next load resumes from it.
+/// Says how many bytes of this file are still to come: the least to free.
+fn no_space(cache: &Path, repo: &str, file: &str, expected: u64, io: &std::io::Error) -> Error {
+    let written = newest_part(&repo_dir(cache, repo).join("blobs")).unwrap_or(0);
+    let free = match expected.checked_sub(written) {
+        Some(left) if expected > 0 => format!("free at least {left} bytes there"),
+        _ => "free space there".to_owned(),
+    };
+    Error::load(
+        LoadErrorKind::Network,
+        format!(
+            "no space left on device for the hub cache at {} (`{repo}` file {file}: {written} of \
+             {expected} bytes written; {io}): {free} and load again, the download resumes where \
+             it stopped",
+            cache.display()
+        ),
+    )
+}
+
+/// The length of the most recently written `*.part` file in `blobs`.
+fn newest_part(blobs: &Path) -> Option<u64> {
+    std::fs::read_dir(blobs)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "part"))
+        .filter_map(|e| e.metadata().ok())
+        .max_by_key(|m| m.modified().ok())
+        .map(|m| m.len())
 }
 
 /// Where the hub cache is, which endpoint to use, whether to stay offline.
@@ -508,6 +555,20 @@ impl Failure<'_> {
 mod tests {
     use super::*;
     use crate::HfToken;
+
+    #[test]
+    fn a_full_disk_a_quota_or_a_file_size_limit_is_out_of_space_and_nothing_else() {
+        use std::io;
+        // ENOSPC, EDQUOT, EFBIG (Linux numbers), also behind hf-hub's retries.
+        for errno in [28, 122, 27] {
+            let e = ApiError::IoError(io::Error::from_raw_os_error(errno));
+            assert!(out_of_space(&e).is_some(), "{errno}");
+            let retried = ApiError::TooManyRetries(Box::new(e));
+            assert!(out_of_space(&retried).is_some(), "{errno}");
+        }
+        let reset = ApiError::IoError(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert!(out_of_space(&reset).is_none());
+    }
 
     #[test]
     fn revisions_stay_inside_refs() {
