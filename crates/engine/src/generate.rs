@@ -68,6 +68,24 @@ impl GenerationContext<'_> {
             None => Ok(cancel.is_cancelled()),
         }
     }
+
+    /// [`memory::check_headroom`](crate::memory::check_headroom), agreed by every rank of a
+    /// group: one rank past its limit stops them all at the same step.
+    fn check_headroom(&self, tokens: usize) -> Result<()> {
+        let mine = crate::memory::check_headroom(tokens);
+        let Some(group) = self.group else {
+            return mine;
+        };
+        match (group.any(mine.is_err())?, mine) {
+            (false, _) => Ok(()),
+            (true, Err(e)) => Err(e),
+            (true, Ok(())) => Err(EngineError::Generation(
+                "another rank of the group ran past its MLX memory limit: ask for fewer tokens \
+                 or split the model over more ranks"
+                    .into(),
+            )),
+        }
+    }
 }
 
 mod speculative;
@@ -351,7 +369,7 @@ fn run(
         transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
         rest = &rest[n..];
         mlx_rs::memory::clear_cache()?;
-        crate::memory::check_headroom(prompt_ids.len() - rest.len())?;
+        ctx.check_headroom(prompt_ids.len() - rest.len())?;
     }
 
     let mut timings = Timings {
@@ -420,7 +438,7 @@ fn run(
         n += 1;
         if n.is_multiple_of(CLEAR_CACHE_EVERY) {
             mlx_rs::memory::clear_cache()?;
-            crate::memory::check_headroom(prompt_ids.len() + n)?;
+            ctx.check_headroom(prompt_ids.len() + n)?;
         }
         step = match next.expect("queued while n < max_new_tokens") {
             Next::Step(next) => next,
