@@ -8,6 +8,10 @@ Request: {"model_dir": str, "adapter_dir": str?, "kv_bits": int?, "chat_template
 Result:  {"blas": [str], "cases": [{"name": str, "prompt_ids": [int], "tokens": [int]}]}
 ("blas": the BLAS libraries mapped into this process; xtask preloads the worker's.)
 
+With "parallel": "tensor" (run as a group of ranks, as `cargo xtask parity --ranks N
+--parallel tensor` starts it), mlx-lm's own tensor parallelism splits the model
+(`sharded_load` with a tensor group over MLX's ring backend); rank 0 answers.
+
 Prompt ids come from the Hugging Face tokenizer's chat template (as mlx-lm's server and
 `mlx_lm.generate` build them); tokens are greedy (`make_sampler(temp=0.0)`) from
 `generate_step`, stopping before the first EOS token as `stream_generate` does.
@@ -69,7 +73,14 @@ def greedy(model, tokenizer, ids, max_new_tokens, kv_bits=None):
 
 def main():
     request = json.load(sys.stdin)
-    model, tokenizer = load(request["model_dir"], adapter_path=request.get("adapter_dir"))
+    group = None
+    if request.get("parallel") == "tensor":
+        from mlx_lm.utils import sharded_load
+
+        group = mx.distributed.init(strict=True, backend="ring")
+        model, tokenizer = sharded_load(request["model_dir"], tensor_group=group)
+    else:
+        model, tokenizer = load(request["model_dir"], adapter_path=request.get("adapter_dir"))
     if template := request.get("chat_template"):
         tokenizer._tokenizer.chat_template = template  # the Hugging Face tokenizer mlx-lm wraps
     results = []
@@ -77,7 +88,8 @@ def main():
         ids = prompt_ids(tokenizer, case["messages"])
         tokens = greedy(model, tokenizer, ids, request["max_new_tokens"], request.get("kv_bits"))
         results.append({"name": case["name"], "prompt_ids": ids, "tokens": tokens})
-    json.dump({"blas": blas_libraries(), "cases": results}, sys.stdout)
+    if group is None or group.rank() == 0:
+        json.dump({"blas": blas_libraries(), "cases": results}, sys.stdout)
 
 
 if __name__ == "__main__":

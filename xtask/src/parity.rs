@@ -212,7 +212,24 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             "max_new_tokens": max_new_tokens,
             "cases": cases,
         });
-        let reference = reference(&python, script, &request, &dir, cases.len())?;
+        let reference = match (opts.parallel.as_deref(), opts.ranks) {
+            // Against mlx-lm's own tensor parallelism where its model has it (`shard`);
+            // else against one process.
+            (Some("tensor"), ranks) if ranks > 1 => {
+                let mut split = request.clone();
+                split["parallel"] = json!("tensor");
+                reference_command(&python, script)?;
+                let command = |_: usize| reference_command(&python, script).expect("checked");
+                match answer_as_group(command, ranks, &split, &dir, cases.len()) {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        println!("reference for {}: mlx-lm in one process ({e:#})", spec.name);
+                        reference(&python, script, &request, &dir, cases.len())?
+                    }
+                }
+            }
+            _ => reference(&python, script, &request, &dir, cases.len())?,
+        };
         if cfg!(target_os = "linux") && !reference.blas.iter().any(|b| b.contains("openblas")) {
             bail!(
                 "mlx-lm did not load {} (its BLAS: {:?})",
@@ -234,7 +251,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         ours_request["parallel"] = json!(opts.parallel);
         let ours = match opts.ranks {
             1 => answer(&mut Command::new(&engine), &ours_request, &dir, cases.len())?,
-            n => answer_as_group(&engine, n, &ours_request, &dir, cases.len())?,
+            n => {
+                let command = |_: usize| Command::new(&engine);
+                answer_as_group(command, n, &ours_request, &dir, cases.len())?
+            }
         };
         if let Some(reason) = ours.refused {
             not_split.push((spec.name.clone(), reason));
@@ -345,6 +365,11 @@ fn reference(
     dir: &Path,
     cases: usize,
 ) -> anyhow::Result<Answer> {
+    answer(&mut reference_command(python, script)?, request, dir, cases)
+}
+
+/// The reference's command: `script` under the venv's Python, with the worker's BLAS.
+fn reference_command(python: &Path, script: &str) -> anyhow::Result<Command> {
     let mut command = Command::new(python);
     // The worker computes with Debian's OpenBLAS; MLX's wheel bundles another BLAS, whose
     // matmuls round differently (enough to flip a KV-cache quantization level now and then).
@@ -362,13 +387,13 @@ fn reference(
         .arg(workspace_root().join("xtask/parity").join(script))
         .env("HF_HUB_OFFLINE", "1")
         .env("TRANSFORMERS_OFFLINE", "1");
-    answer(&mut command, request, dir, cases)
+    Ok(command)
 }
 
 /// Our side as a group of `ranks` on loopback (`cargo xtask launch`'s hostfile): every rank
 /// reads `request`; rank 0 answers.
 fn answer_as_group(
-    engine: &Path,
+    command: impl Fn(usize) -> Command,
     ranks: usize,
     request: &Value,
     dir: &Path,
@@ -377,9 +402,8 @@ fn answer_as_group(
     let hostfile = target_dir().join(format!("parity-hosts-{}.json", std::process::id()));
     std::fs::write(&hostfile, crate::launch::hosts(ranks)?)?;
     let rank = |r: usize| {
-        let mut c = Command::new(engine);
-        c.env("MLX_RANK", r.to_string())
-            .env("MLX_HOSTFILE", &hostfile);
+        let mut c = command(r);
+        c.env("MLX_RANK", r.to_string()).env("MLX_HOSTFILE", &hostfile);
         c
     };
     let mut followers = Vec::new();
