@@ -27,7 +27,12 @@ fn harmony_tokenizer(eos: &[u32]) -> Option<(Tokenizer, Vocabulary, Harmony)> {
 
 /// `text` (markers spelled out) split into (part, text) runs by the splitter, starting after
 /// the generation prompt `<|start|>assistant`.
-fn split(tokenizer: &Tokenizer, harmony: &Harmony, prompt: &str, text: &str) -> Vec<(Part, String)> {
+fn split(
+    tokenizer: &Tokenizer,
+    harmony: &Harmony,
+    prompt: &str,
+    text: &str,
+) -> Vec<(Part, String)> {
     let ids = |text: &str| tokenizer.encode(text, false).unwrap().get_ids().to_vec();
     let piece = |id: u32| tokenizer.decode(&[id], true).unwrap();
     let mut splitter = harmony.splitter(&ids(prompt), piece);
@@ -52,10 +57,12 @@ fn harmony_is_detected_from_tokens_and_template() {
         Some(ToolSyntax::Harmony(harmony))
     );
     // A template that does not write harmony, or a tokenizer without its tokens: not harmony.
-    let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+    let chatml =
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
     assert_eq!(Harmony::detect(&tokenizer, Some(chatml)), None);
     assert_eq!(Harmony::detect(&tokenizer, None), None);
-    let plain = Tokenizer::from_file(fixtures::smollm2_dir().unwrap().join("tokenizer.json")).unwrap();
+    let plain =
+        Tokenizer::from_file(fixtures::smollm2_dir().unwrap().join("tokenizer.json")).unwrap();
     assert_eq!(Harmony::detect(&plain, Some(TEMPLATE)), None);
     assert_eq!(
         ToolSyntax::of(&plain, Some("<tool_call>")),
@@ -101,13 +108,22 @@ fn the_splitter_tells_reasoning_from_content_by_token_ids() {
         &(Part::Header, String::new()),
         "{runs:?}"
     );
-    assert_eq!(runs[runs.len() - 2], (Part::Content, "{\"city\": \"Paris\"}".into()));
+    assert_eq!(
+        runs[runs.len() - 2],
+        (Part::Content, "{\"city\": \"Paris\"}".into())
+    );
 
     // The prompt decides where the output starts: inside an analysis it opened, or (no
     // harmony message in it) in content.
     let opened = "<|start|>assistant<|channel|>analysis<|message|>";
-    assert_eq!(split(&tokenizer, &harmony, opened, "Hmm")[0].0, Part::Reasoning);
-    assert_eq!(split(&tokenizer, &harmony, "Hello", "Hi")[0].0, Part::Content);
+    assert_eq!(
+        split(&tokenizer, &harmony, opened, "Hmm")[0].0,
+        Part::Reasoning
+    );
+    assert_eq!(
+        split(&tokenizer, &harmony, "Hello", "Hi")[0].0,
+        Part::Content
+    );
 }
 
 #[test]
@@ -127,7 +143,9 @@ fn a_constraint_holds_only_the_final_message() {
         let answer = format!("<|channel|>final<|message|>{{\"a\": 1}}{end}");
         assert!(admits(&format!("{thought}{answer}")), "eos {eos:?}");
         assert!(admits(&answer), "the analysis is optional");
-        assert!(!admits(&format!("{thought}<|channel|>final<|message|>nope{end}")));
+        assert!(!admits(&format!(
+            "{thought}<|channel|>final<|message|>nope{end}"
+        )));
         assert!(
             !admits("{\"a\": 1}"),
             "the answer is a final message, not bare text"
@@ -150,16 +168,24 @@ fn harmony_tool_calls_are_constrained_and_parsed() {
         };
         // The call carries its own analysis: no second wrap around it.
         let reasoning = Reasoning::Harmony(harmony);
-        let admits = |text: &str| {
-            admits_after(&tokenizer, &vocab, &constraint, Some(&reasoning), text)
-        };
+        let admits =
+            |text: &str| admits_after(&tokenizer, &vocab, &constraint, Some(&reasoning), text);
         let call = format!("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{{\"city\": \"Paris\"}}{end}");
         let thought = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant";
         assert!(admits(&call), "{call}");
         assert!(admits(&format!("{thought}{call}")));
-        assert!(!admits(&call.replace("city", "town")), "arguments per schema");
-        assert!(!admits(&call.replace("get_weather", "get_time")), "a known tool");
-        assert!(!admits("<|channel|>final<|message|>Sunny."), "a call is forced");
+        assert!(
+            !admits(&call.replace("city", "town")),
+            "arguments per schema"
+        );
+        assert!(
+            !admits(&call.replace("get_weather", "get_time")),
+            "a known tool"
+        );
+        assert!(
+            !admits("<|channel|>final<|message|>Sunny."),
+            "a call is forced"
+        );
     }
     // Parsed from the output with its markers: the recipient in the channel or in the role.
     let text = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant\
@@ -173,5 +199,8 @@ fn harmony_tool_calls_are_constrained_and_parsed() {
     let in_role = "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{\"zone\": \"UTC\"}";
     assert_eq!(Harmony::parse(in_role)[0].name, "get_time");
     assert!(Harmony::parse("<|channel|>final<|message|>{\"a\": 1}").is_empty());
-    assert!(Harmony::parse("<|start|>assistant<|channel|>commentary to=functions.f<|message|>not json").is_empty());
+    assert!(Harmony::parse(
+        "<|start|>assistant<|channel|>commentary to=functions.f<|message|>not json"
+    )
+    .is_empty());
 }

@@ -38,26 +38,31 @@ impl Reasoning {
 
 /// `content` after an optional thought, or after the rest of the one the prompt opened
 /// (`inside`): the thought ends at the first closing tag, whitespace may follow it.
-fn wrap_in_tags(content: TopLevelGrammar, open: &str, close: &str, inside: bool) -> TopLevelGrammar {
-        let mut grammars = content.grammars;
-        grammars[0].name = Some("content".into());
-        let close = lark_regex_literal(close);
-        let open = lark_string(open);
-        let thought = if inside {
-            "thought".to_owned()
-        } else {
-            format!("({open} thought)?")
-        };
-        let lark = format!(
-            "start: {thought} body\n\
+fn wrap_in_tags(
+    content: TopLevelGrammar,
+    open: &str,
+    close: &str,
+    inside: bool,
+) -> TopLevelGrammar {
+    let mut grammars = content.grammars;
+    grammars[0].name = Some("content".into());
+    let close = lark_regex_literal(close);
+    let open = lark_string(open);
+    let thought = if inside {
+        "thought".to_owned()
+    } else {
+        format!("({open} thought)?")
+    };
+    let lark = format!(
+        "start: {thought} body\n\
              thought[lazy]: /(.|\\n)*{close}/\n\
              body: /[ \\t\\n]*/ @content\n"
-        );
-        grammars.insert(0, GrammarWithLexer::from_lark(lark));
-        TopLevelGrammar {
-            grammars,
-            max_tokens: content.max_tokens,
-        }
+    );
+    grammars.insert(0, GrammarWithLexer::from_lark(lark));
+    TopLevelGrammar {
+        grammars,
+        max_tokens: content.max_tokens,
+    }
 }
 
 /// `text` as a Lark string literal.

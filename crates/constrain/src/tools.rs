@@ -143,7 +143,10 @@ impl ToolSyntax {
 
 /// The functions of `tools` (OpenAI tool definitions) a call may name (the one named `only`,
 /// when given): each one's name and parameters schema.
-pub(crate) fn functions(tools: &[Value], only: Option<&str>) -> Result<Vec<(String, Value)>, String> {
+pub(crate) fn functions(
+    tools: &[Value],
+    only: Option<&str>,
+) -> Result<Vec<(String, Value)>, String> {
     let mut out = Vec::new();
     for tool in tools {
         let function = tool.get("function").unwrap_or(tool);
