@@ -581,8 +581,9 @@ async fn reasoning_is_its_own_channel_and_a_schema_constrains_the_answer() {
 /// assistant turns on the final channel, the generation prompt `<|start|>assistant`.
 const HARMONY: &str = "<|start|>system<|message|>Reasoning: low\n\n# Valid channels: analysis, commentary, final.<|end|>{% if tools %}<|start|>developer<|message|># Tools\n\n{{ tools | tojson }}<|end|>{% endif %}{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant";
 
-/// The token `<|end|>` of `fixtures::HARMONY_TOKENS`.
+/// The token `<|end|>` of `fixtures::HARMONY_TOKENS`, and SmolLM2's token `analysis`.
 const HARMONY_END: u32 = 4;
+const ANALYSIS: u32 = 14975;
 
 /// Reasoning deltas, then content deltas, never mixed: (reasoning, content).
 fn channels(deltas: &[protocol::methods::GenerateDelta]) -> (String, String) {
@@ -605,10 +606,9 @@ fn channels(deltas: &[protocol::methods::GenerateDelta]) -> (String, String) {
 
 /// gpt-oss (a tiny random one) with harmony's marker tokens: forced tool calls are written in
 /// harmony and parsed, arguments valid per schema; a schema holds only the final message; the
-/// markers and headers appear in no delta, channels are never mixed (reasoning before content).
-/// (A logit bias on `<|end|>` would end an analysis at once; this random model goes straight
-/// to the final or commentary channel, so the analysis split itself is proven by the
-/// splitter's unit tests in `crates/constrain/src/harmony_tests.rs`.)
+/// analysis streams as reasoning, the rest as content, the markers and headers in neither.
+/// (Logit biases on `analysis` and `<|end|>` make the random model open an analysis and end
+/// it; the split of every kind of message is in `crates/constrain/src/harmony_tests.rs`.)
 #[tokio::test]
 async fn gpt_oss_harmony_tool_calls_channels_and_final_only_schema() {
     let Some(dir) = fixtures::vision_fixture("tiny-gpt-oss") else {
@@ -619,7 +619,8 @@ async fn gpt_oss_harmony_tool_calls_channels_and_final_only_schema() {
     let mut params = LoadParams::new(model_id(model.path()));
     params.chat_template_override = Some(HARMONY.into());
     load_with(&w, params).await;
-    let bias = json!({HARMONY_END.to_string(): BIAS});
+    // `<|end|>` and the token `analysis` biased: the model opens an analysis and ends it.
+    let bias = json!({HARMONY_END.to_string(): BIAS, ANALYSIS.to_string(): BIAS});
     let question = "What is the weather in Paris, and the time in Tokyo?";
 
     for (choice, only) in [
@@ -639,6 +640,7 @@ async fn gpt_oss_harmony_tool_calls_channels_and_final_only_schema() {
         assert_eq!(r.finish_reason, FinishReason::ToolCalls, "{:?}", r.text);
         assert_eq!(r.tool_calls.len(), 1, "one call per harmony turn");
         let (reasoning, content) = channels(&deltas);
+        assert!(!reasoning.is_empty(), "the analysis streamed as reasoning");
         assert_eq!(format!("{reasoning}{content}"), r.text);
         // The content is the call's arguments alone: its name is in the header, never shown.
         let arguments: Value = serde_json::from_str(&content).unwrap();
@@ -652,13 +654,17 @@ async fn gpt_oss_harmony_tool_calls_channels_and_final_only_schema() {
     let schema = json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
         "required": ["city", "days"], "additionalProperties": false});
     let mut p = with_schema("Which city, for how many days? Answer as JSON.", &schema);
-    p.logit_bias = [(HARMONY_END.to_string(), BIAS)].into();
+    p.logit_bias = [
+        (HARMONY_END.to_string(), BIAS),
+        (ANALYSIS.to_string(), BIAS),
+    ]
+    .into();
     let (deltas, r) = within_for(LIMIT, w.generate(&p).unwrap().collect())
         .await
         .unwrap();
-    eprintln!("{deltas:?} {r:?}");
     assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.text);
     let (reasoning, content) = channels(&deltas);
+    assert!(!reasoning.is_empty(), "the analysis streamed as reasoning");
     assert_eq!(format!("{reasoning}{content}"), r.text);
     let value: Value = serde_json::from_str(&content).unwrap();
     assert!(
