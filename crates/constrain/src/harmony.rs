@@ -4,6 +4,8 @@
 //! `<|call|>` a call. The markers are special tokens (the detokenizer skips them), so what part
 //! of the output a token belongs to is told by token ids here, never by text.
 
+use std::collections::BTreeSet;
+
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -82,7 +84,7 @@ impl Harmony {
 
     /// A Lark token reference to `id`, or nothing when `id` ends a generation anyway (an
     /// end-of-sequence id: the grammar ends there and the guide allows the model's EOS ids).
-    fn closing(id: u32, eos: &std::collections::BTreeSet<u32>) -> String {
+    fn closing(id: u32, eos: &BTreeSet<u32>) -> String {
         match eos.contains(&id) {
             true => String::new(),
             false => format!("<[{id}]>"),
@@ -107,11 +109,7 @@ impl Harmony {
 
     /// `content` (a constraint's grammar) as the body of the final message, after an optional
     /// analysis: the reasoning is free, the answer is held to the constraint.
-    pub(crate) fn wrap(
-        &self,
-        content: TopLevelGrammar,
-        eos: &std::collections::BTreeSet<u32>,
-    ) -> TopLevelGrammar {
+    pub(crate) fn wrap(&self, content: TopLevelGrammar, eos: &BTreeSet<u32>) -> TopLevelGrammar {
         let mut grammars = content.grammars;
         grammars[0].name = Some("content".into());
         let (channel, message) = (self.channel, self.message);
@@ -135,7 +133,7 @@ impl Harmony {
         &self,
         tools: &[Value],
         only: Option<&str>,
-        eos: &std::collections::BTreeSet<u32>,
+        eos: &BTreeSet<u32>,
     ) -> Result<String, String> {
         let Self {
             channel,

@@ -1,8 +1,6 @@
 //! Harmony on SmolLM2's tokenizer given harmony's seven marker tokens (special, as gpt-oss's):
 //! detection, the token-id splitter, and the grammars of an answer and of a tool call.
 
-use std::collections::BTreeSet;
-
 use serde_json::json;
 use tokenizers::Tokenizer;
 
