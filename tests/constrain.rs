@@ -456,6 +456,17 @@ fn regex_escape(text: &str) -> String {
 /// SmolLM2 with two unused added tokens renamed `<think>` and `</think>` (ids 11 and 12, no
 /// longer special): a real model whose vocabulary has reasoning markup.
 fn smollm2_with_think_tokens(dir: &std::path::Path) -> tempfile::TempDir {
+    with_renamed_tokens(dir, &[(11, "<think>"), (12, "</think>")], false, None)
+}
+
+/// A copy of the model in `dir` (weights linked) whose tokenizer has its added tokens renamed
+/// (`fixtures::rename_added_tokens`), with `eos` its end-of-sequence ids when given.
+fn with_renamed_tokens(
+    dir: &std::path::Path,
+    renames: &[(usize, &str)],
+    special: bool,
+    eos: Option<&[u32]>,
+) -> tempfile::TempDir {
     let out = tempfile::tempdir().unwrap();
     for file in [
         "config.json",
@@ -471,23 +482,20 @@ fn smollm2_with_think_tokens(dir: &std::path::Path) -> tempfile::TempDir {
     .unwrap();
     let mut tokenizer: Value =
         serde_json::from_slice(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
-    for (id, old, new) in [
-        (11, "<jupyter_start>", "<think>"),
-        (12, "<jupyter_text>", "</think>"),
-    ] {
-        let added = &mut tokenizer["added_tokens"][id];
-        assert_eq!(added["content"], old);
-        added["content"] = json!(new);
-        added["special"] = json!(false);
-        let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
-        vocab.remove(old);
-        vocab.insert(new.into(), json!(id));
-    }
+    fixtures::rename_added_tokens(&mut tokenizer, renames, special);
     std::fs::write(
         out.path().join("tokenizer.json"),
         serde_json::to_vec(&tokenizer).unwrap(),
     )
     .unwrap();
+    if let Some(eos) = eos {
+        let config = json!({"eos_token_id": eos});
+        std::fs::write(
+            out.path().join("generation_config.json"),
+            config.to_string(),
+        )
+        .unwrap();
+    }
     out
 }
 
@@ -568,3 +576,103 @@ async fn reasoning_is_its_own_channel_and_a_schema_constrains_the_answer() {
     assert!(deltas.iter().all(|d| d.channel.is_none()), "{deltas:?}");
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
+
+/// A harmony chat template, as gpt-oss's writes its prompt: tools in the developer message,
+/// assistant turns on the final channel, the generation prompt `<|start|>assistant`.
+const HARMONY: &str = "<|start|>system<|message|>Reasoning: low\n\n# Valid channels: analysis, commentary, final.<|end|>{% if tools %}<|start|>developer<|message|># Tools\n\n{{ tools | tojson }}<|end|>{% endif %}{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant";
+
+/// The token `<|end|>` of `fixtures::HARMONY_TOKENS`, and SmolLM2's token `analysis`.
+const HARMONY_END: u32 = 4;
+const ANALYSIS: u32 = 14975;
+
+/// Reasoning deltas, then content deltas, never mixed: (reasoning, content).
+fn channels(deltas: &[protocol::methods::GenerateDelta]) -> (String, String) {
+    let first_content = deltas
+        .iter()
+        .position(|d| d.channel == Some(Channel::Content))
+        .unwrap_or(deltas.len());
+    let (reasoning, content) = deltas.split_at(first_content);
+    assert!(
+        reasoning
+            .iter()
+            .all(|d| d.channel == Some(Channel::Reasoning))
+            && content.iter().all(|d| d.channel == Some(Channel::Content)),
+        "{deltas:?}"
+    );
+    let text =
+        |ds: &[protocol::methods::GenerateDelta]| ds.iter().map(|d| d.text.clone()).collect();
+    (text(reasoning), text(content))
+}
+
+/// gpt-oss (a tiny random one) with harmony's marker tokens: forced tool calls are written in
+/// harmony and parsed, arguments valid per schema; a schema holds only the final message; the
+/// analysis streams as reasoning, the rest as content, the markers and headers in neither.
+/// (Logit biases on `analysis` and `<|end|>` make the random model open an analysis and end
+/// it; the split of every kind of message is in `crates/constrain/src/harmony_tests.rs`.)
+#[tokio::test]
+async fn gpt_oss_harmony_tool_calls_channels_and_final_only_schema() {
+    let Some(dir) = fixtures::vision_fixture("tiny-gpt-oss") else {
+        return;
+    };
+    let model = with_renamed_tokens(&dir, &fixtures::HARMONY_TOKENS, true, Some(&[8, 9, 2]));
+    let w = worker(&[]);
+    let mut params = LoadParams::new(model_id(model.path()));
+    params.chat_template_override = Some(HARMONY.into());
+    load_with(&w, params).await;
+    // `<|end|>` and the token `analysis` biased: the model opens an analysis and ends it.
+    let bias = json!({HARMONY_END.to_string(): BIAS, ANALYSIS.to_string(): BIAS});
+    let question = "What is the weather in Paris, and the time in Tokyo?";
+
+    for (choice, only) in [
+        (json!("required"), None),
+        (
+            json!({"type": "function", "function": {"name": "get_time"}}),
+            Some("get_time"),
+        ),
+    ] {
+        let mut p = with_tools(question, choice);
+        p["logit_bias"] = bias.clone();
+        p["max_new_tokens"] = json!(200);
+        let (deltas, r) = within_for(LIMIT, w.generate_value(p).unwrap().collect())
+            .await
+            .unwrap();
+        check_calls(&r, only);
+        assert_eq!(r.finish_reason, FinishReason::ToolCalls, "{:?}", r.text);
+        assert_eq!(r.tool_calls.len(), 1, "one call per harmony turn");
+        let (reasoning, content) = channels(&deltas);
+        assert!(!reasoning.is_empty(), "the analysis streamed as reasoning");
+        assert_eq!(format!("{reasoning}{content}"), r.text);
+        // The content is the call's arguments alone: its name is in the header, never shown.
+        let arguments: Value = serde_json::from_str(&content).unwrap();
+        assert_eq!(
+            arguments,
+            serde_json::from_str::<Value>(&r.tool_calls[0].function.arguments).unwrap()
+        );
+        assert!(!r.text.contains("functions."), "{:?}", r.text);
+    }
+
+    let schema = json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["city", "days"], "additionalProperties": false});
+    let mut p = with_schema("Which city, for how many days? Answer as JSON.", &schema);
+    p.logit_bias = [
+        (HARMONY_END.to_string(), BIAS),
+        (ANALYSIS.to_string(), BIAS),
+    ]
+    .into();
+    let (deltas, r) = within_for(LIMIT, w.generate(&p).unwrap().collect())
+        .await
+        .unwrap();
+    assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.text);
+    let (reasoning, content) = channels(&deltas);
+    assert!(!reasoning.is_empty(), "the analysis streamed as reasoning");
+    assert_eq!(format!("{reasoning}{content}"), r.text);
+    let value: Value = serde_json::from_str(&content).unwrap();
+    assert!(
+        jsonschema::validator_for(&schema).unwrap().is_valid(&value),
+        "{value}"
+    );
+    assert!(r.tool_calls.is_empty());
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+const BIAS: f64 = 100.0;

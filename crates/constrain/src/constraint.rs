@@ -41,6 +41,18 @@ impl Constraint {
         }
     }
 
+    /// Whether the constraint's grammar lays out the whole output itself, reasoning included
+    /// (harmony's tool calls): no reasoning wrap around it.
+    pub(crate) fn has_own_reasoning(&self) -> bool {
+        matches!(
+            self,
+            Constraint::ToolCalls {
+                syntax: ToolSyntax::Harmony(_),
+                ..
+            }
+        )
+    }
+
     pub(crate) fn grammar(&self, vocab: &Vocabulary) -> Result<TopLevelGrammar, ConstraintError> {
         Ok(match self {
             Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(json!({
@@ -70,7 +82,7 @@ impl Constraint {
                     None => "\"[TOOL_CALLS]\"".into(),
                 };
                 let lark = syntax
-                    .grammar(tools, only.as_deref(), *parallel, &marker)
+                    .grammar(tools, only.as_deref(), *parallel, &marker, &vocab.eos)
                     .map_err(|reason| ConstraintError::Invalid {
                         field: self.field(),
                         reason,

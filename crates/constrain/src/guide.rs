@@ -22,8 +22,8 @@ impl Guide {
         reasoning: Option<&Reasoning>,
     ) -> Result<Self, ConstraintError> {
         let mut grammar = constraint.grammar(vocab)?;
-        if let Some(reasoning) = reasoning {
-            grammar = reasoning.wrap(grammar);
+        if let Some(reasoning) = reasoning.filter(|_| !constraint.has_own_reasoning()) {
+            grammar = reasoning.wrap(grammar, &vocab.eos);
         }
         let parser =
             vocab

@@ -10,12 +10,14 @@
 mod constraint;
 mod gbnf;
 mod guide;
+mod harmony;
 mod reasoning;
 mod tools;
 mod vocabulary;
 
 pub use constraint::Constraint;
 pub use guide::Guide;
+pub use harmony::{Harmony, Part, Splitter};
 pub use reasoning::Reasoning;
 pub use tools::{ToolCall, ToolSyntax};
 pub use vocabulary::Vocabulary;

@@ -22,7 +22,7 @@ fn admits(tokenizer: &Tokenizer, vocab: &Vocabulary, constraint: &Constraint, te
     admits_after(tokenizer, vocab, constraint, None, text)
 }
 
-fn admits_after(
+pub(crate) fn admits_after(
     tokenizer: &Tokenizer,
     vocab: &Vocabulary,
     constraint: &Constraint,
@@ -146,7 +146,7 @@ fn bad_constraints_name_their_field() {
     }
 }
 
-fn weather_tool() -> serde_json::Value {
+pub(crate) fn weather_tool() -> serde_json::Value {
     json!({"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
         "additionalProperties": false}}})
@@ -246,7 +246,7 @@ fn a_constraint_applies_after_the_thought() {
     let json = Constraint::JsonSchema(
         json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
     );
-    let optional = crate::Reasoning {
+    let optional = crate::Reasoning::Tags {
         open: "<think>".into(),
         close: "</think>".into(),
         inside: false,
@@ -264,9 +264,10 @@ fn a_constraint_applies_after_the_thought() {
         Some(&optional),
         "<think>x</think> nope"
     ));
-    let inside = crate::Reasoning {
+    let inside = crate::Reasoning::Tags {
+        open: "<think>".into(),
+        close: "</think>".into(),
         inside: true,
-        ..optional
     };
     assert!(admits_after(
         &tok,

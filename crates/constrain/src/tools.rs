@@ -1,7 +1,12 @@
 //! Tool calls: the syntax a model family writes them in (told by its chat template), the grammar
 //! that makes a model write one, and the parser that reads them back from the output.
 
+use std::collections::BTreeSet;
+
 use serde_json::{json, Value};
+use tokenizers::Tokenizer;
+
+use crate::Harmony;
 
 /// How a family writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,9 +18,21 @@ pub enum ToolSyntax {
     Llama3,
     /// Mistral: `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`.
     Mistral,
+    /// gpt-oss: a harmony message `<|channel|>commentary to=functions.NAME <|constrain|>json
+    /// <|message|>{..}<|call|>` per call.
+    Harmony(Harmony),
 }
 
 impl ToolSyntax {
+    /// The syntax a model writes calls in: harmony when [`Harmony::detect`] finds it, else the
+    /// one its chat template (`template`, the tool-use source) teaches.
+    pub fn of(tokenizer: &Tokenizer, template: Option<&str>) -> Option<Self> {
+        match Harmony::detect(tokenizer, template) {
+            Some(harmony) => Some(ToolSyntax::Harmony(harmony)),
+            None => Self::detect(template?),
+        }
+    }
+
     /// The syntax a chat template (its tool-use text) teaches, where the worker knows it.
     pub fn detect(template: &str) -> Option<Self> {
         if template.contains("<tool_call>") {
@@ -35,47 +52,33 @@ impl ToolSyntax {
     fn arguments_key(self) -> &'static str {
         match self {
             ToolSyntax::Llama3 => "parameters",
-            ToolSyntax::Hermes | ToolSyntax::Mistral => "arguments",
+            _ => "arguments",
         }
     }
 
     /// A Lark grammar of calls of `tools` (OpenAI tool definitions; the named one only, with
     /// `only`): one, or with `parallel` one or more; `marker` is how the grammar writes
-    /// Mistral's `[TOOL_CALLS]` (a special token's `<[id]>`, or the quoted text).
+    /// Mistral's `[TOOL_CALLS]` (a special token's `<[id]>`, or the quoted text); `eos` the
+    /// model's end-of-sequence ids (harmony's `<|call|>` may be one).
     pub(crate) fn grammar(
         self,
         tools: &[Value],
         only: Option<&str>,
         parallel: bool,
         marker: &str,
+        eos: &BTreeSet<u32>,
     ) -> Result<String, String> {
-        let mut calls = Vec::new();
-        for tool in tools {
-            let function = tool.get("function").unwrap_or(tool);
-            let name = function
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or("every tool needs `function.name`")?;
-            if only.is_some_and(|o| o != name) {
-                continue;
-            }
-            let parameters = function
-                .get("parameters")
-                .cloned()
-                .unwrap_or_else(|| json!({"type": "object"}));
-            calls.push(json!({
-                "type": "object",
-                "properties": {"name": {"const": name}, self.arguments_key(): parameters},
-                "required": ["name", self.arguments_key()],
-                "additionalProperties": false
-            }));
-        }
-        if calls.is_empty() {
-            return Err(match only {
-                Some(name) => format!("no tool named {name:?} in `tools`"),
-                None => "`tools` is empty".into(),
-            });
-        }
+        let calls: Vec<Value> = functions(tools, only)?
+            .into_iter()
+            .map(|(name, parameters)| {
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": name}, self.arguments_key(): parameters},
+                    "required": ["name", self.arguments_key()],
+                    "additionalProperties": false
+                })
+            })
+            .collect();
         let call = crate::constraint::compact(json!({"anyOf": calls}));
         // One call, or (parallel) one and then any number more.
         let more = |separator: &str, call: &str| match parallel {
@@ -93,6 +96,8 @@ impl ToolSyntax {
                 "start: {marker} \"[\" body {} \"]\"\nbody: %json {call}\n",
                 more("\", \"", "body")
             ),
+            // Harmony writes the name in the header and the arguments alone as the body.
+            ToolSyntax::Harmony(harmony) => return harmony.tool_grammar(tools, only, eos),
         })
     }
 
@@ -116,6 +121,7 @@ impl ToolSyntax {
                     _ => Vec::new(),
                 }
             }
+            ToolSyntax::Harmony(_) => return Harmony::parse(text),
         };
         objects
             .into_iter()
@@ -133,6 +139,37 @@ impl ToolSyntax {
             })
             .collect()
     }
+}
+
+/// The functions of `tools` (OpenAI tool definitions) a call may name (the one named `only`,
+/// when given): each one's name and parameters schema.
+pub(crate) fn functions(
+    tools: &[Value],
+    only: Option<&str>,
+) -> Result<Vec<(String, Value)>, String> {
+    let mut out = Vec::new();
+    for tool in tools {
+        let function = tool.get("function").unwrap_or(tool);
+        let name = function
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or("every tool needs `function.name`")?;
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let parameters = function
+            .get("parameters")
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object"}));
+        out.push((name.to_owned(), parameters));
+    }
+    if out.is_empty() {
+        return Err(match only {
+            Some(name) => format!("no tool named {name:?} in `tools`"),
+            None => "`tools` is empty".into(),
+        });
+    }
+    Ok(out)
 }
 
 /// A call read from the output: the function's name and its arguments as JSON text (OpenAI's

@@ -2,11 +2,13 @@
 //! tool calls of its tools), compiled against the resident's vocabulary, the model's reasoning
 //! markup, and the tool calls read back from the output. The grammar engine is `constrain`.
 
-use constrain::{Constraint, ConstraintError, Guide, Reasoning, ToolSyntax, Vocabulary};
+use constrain::{
+    Constraint, ConstraintError, Guide, Harmony, Part, Reasoning, Splitter, ToolSyntax, Vocabulary,
+};
 use text::ModelTokenizer;
 
 use crate::{
-    request::{Completion, FinishReason, GenerateRequest, ToolChoice},
+    request::{Channel, Completion, FinishReason, GenerateRequest, ToolChoice},
     EngineError,
 };
 
@@ -32,9 +34,8 @@ impl ToolUse {
             ToolChoice::Function(name) => Some(Some(name.clone())),
             ToolChoice::Auto | ToolChoice::None => None,
         };
-        let syntax = tokenizer
-            .chat_template()
-            .and_then(|t| ToolSyntax::detect(t.tools_source()));
+        let template = tokenizer.chat_template().map(|t| t.tools_source());
+        let syntax = ToolSyntax::of(tokenizer.inner(), template);
         let Some(syntax) = syntax else {
             return match only {
                 None => Ok(None),
@@ -42,7 +43,7 @@ impl ToolUse {
                     field: "tool_choice".into(),
                     reason: "this model's chat template writes tool calls in no syntax the \
                              worker knows (Hermes `<tool_call>`, Llama 3 JSON, Mistral \
-                             `[TOOL_CALLS]`): load it with a chat_template_override that does, \
+                             `[TOOL_CALLS]`, harmony): load it with a chat_template_override that does, \
                              or use tool_choice \"auto\""
                         .into(),
                 }),
@@ -57,27 +58,39 @@ impl ToolUse {
         Ok(Some(Self { syntax, forced }))
     }
 
-    /// Reads the calls `completion` wrote; a stop with calls becomes `ToolCalls`.
-    pub fn read_calls(&self, completion: &mut Completion) {
-        completion.tool_calls = self.syntax.parse(&completion.text);
+    /// Reads the calls `completion` wrote; a stop with calls becomes `ToolCalls`. Harmony's are
+    /// read from the output's tokens with their markers (the text has none).
+    pub fn read_calls(&self, completion: &mut Completion, tokenizer: &ModelTokenizer) {
+        completion.tool_calls = match self.syntax {
+            ToolSyntax::Harmony(_) => {
+                let marked = tokenizer.decode(&completion.token_ids, false);
+                self.syntax.parse(&marked.unwrap_or_default())
+            }
+            _ => self.syntax.parse(&completion.text),
+        };
         if !completion.tool_calls.is_empty() && completion.finish_reason == FinishReason::Stop {
             completion.finish_reason = FinishReason::ToolCalls;
         }
     }
 }
 
-/// A model's reasoning markup as token ids (`<think>`, `</think>`), and whether the output
-/// starts inside it (the prompt opened a thought and did not close it).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Markup {
-    pub open: u32,
-    pub close: u32,
-    pub inside: bool,
+/// A model's reasoning markup, followed token by token: `<think>` and `</think>` as token ids
+/// (and whether the output starts inside a thought the prompt opened), or harmony's channels.
+#[derive(Debug, Clone)]
+pub(crate) enum Markup {
+    Think { open: u32, close: u32, inside: bool },
+    Harmony(Harmony, Splitter),
 }
 
 impl Markup {
-    /// The markup of `tokenizer`, where its vocabulary has `<think>` and `</think>`.
+    /// The markup of `tokenizer`: harmony where [`Harmony::detect`] finds it, else `<think>`
+    /// and `</think>` where its vocabulary has them; positioned at the end of `prompt`.
     pub fn of(tokenizer: &ModelTokenizer, prompt: &[u32]) -> Option<Self> {
+        let template = tokenizer.chat_template().map(|t| t.source());
+        if let Some(harmony) = Harmony::detect(tokenizer.inner(), template) {
+            let piece = |id| tokenizer.decode(&[id], true).unwrap_or_default();
+            return Some(Self::Harmony(harmony, harmony.splitter(prompt, piece)));
+        }
         let open = tokenizer.token_to_id("<think>")?;
         let close = tokenizer.token_to_id("</think>")?;
         let last = |id| prompt.iter().rposition(|&t| t == id);
@@ -86,11 +99,53 @@ impl Markup {
             (Some(_), None) => true,
             _ => false,
         };
-        Some(Self {
+        Some(Self::Think {
             open,
             close,
             inside,
         })
+    }
+
+    /// The channel of the output's first text.
+    pub fn first_channel(&self) -> Channel {
+        match self {
+            Markup::Think { inside: true, .. } => Channel::Reasoning,
+            Markup::Think { .. } => Channel::Content,
+            Markup::Harmony(_, splitter) => match splitter.part() {
+                Part::Reasoning => Channel::Reasoning,
+                Part::Content | Part::Header => Channel::Content,
+            },
+        }
+    }
+
+    /// Follows token `id` (its text `piece`) from channel `current`: the channel of its text
+    /// (`None` for harmony's structure, text never shown) and the channel after it. `<think>`
+    /// starts a thought, `</think>` is its last token.
+    pub fn next(&mut self, id: u32, piece: &str, current: Channel) -> (Option<Channel>, Channel) {
+        match self {
+            Markup::Think { open, close, .. } => match current {
+                Channel::Content if id == *open => (Some(Channel::Reasoning), Channel::Reasoning),
+                Channel::Reasoning if id == *close => (Some(Channel::Reasoning), Channel::Content),
+                current => (Some(current), current),
+            },
+            Markup::Harmony(_, splitter) => match splitter.push(id, piece) {
+                Part::Header => (None, current),
+                Part::Reasoning => (Some(Channel::Reasoning), Channel::Reasoning),
+                Part::Content => (Some(Channel::Content), Channel::Content),
+            },
+        }
+    }
+
+    /// The markup as the grammar engine wraps a constraint in it.
+    fn reasoning(&self) -> Reasoning {
+        match self {
+            Markup::Think { inside, .. } => Reasoning::Tags {
+                open: "<think>".into(),
+                close: "</think>".into(),
+                inside: *inside,
+            },
+            Markup::Harmony(harmony, _) => Reasoning::Harmony(*harmony),
+        }
     }
 }
 
@@ -102,7 +157,7 @@ pub(crate) fn compile(
     tokenizer: &ModelTokenizer,
     vocab_size: usize,
     constraint: &Constraint,
-    markup: Option<Markup>,
+    markup: Option<&Markup>,
 ) -> Result<(Guide, &'static str), EngineError> {
     let field = constraint.field();
     let invalid = |e: ConstraintError| match e {
@@ -122,11 +177,7 @@ pub(crate) fn compile(
                 .map_err(invalid)?,
         ),
     };
-    let reasoning = markup.map(|m| Reasoning {
-        open: "<think>".into(),
-        close: "</think>".into(),
-        inside: m.inside,
-    });
+    let reasoning = markup.map(Markup::reasoning);
     let guide = Guide::new(vocabulary, constraint, reasoning.as_ref()).map_err(invalid)?;
     Ok((guide, field))
 }

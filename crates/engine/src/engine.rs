@@ -345,7 +345,7 @@ impl Engine {
                     &resident.tokenizer,
                     vocab_size,
                     c,
-                    markup,
+                    markup.as_ref(),
                 )
             })
             .transpose()?;
@@ -384,7 +384,7 @@ impl Engine {
         let cache = &mut resident.prompt_cache;
         let mut result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel);
         if let (Ok(completion), Some(tools)) = (&mut result, &tools) {
-            tools.read_calls(completion);
+            tools.read_calls(completion, &resident.tokenizer);
         }
         if result.is_err() {
             // An MLX error mid-graph can leave work, buffers and a stream error behind (steps

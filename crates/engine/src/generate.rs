@@ -328,7 +328,7 @@ fn run(
         &req.stop,
         req.logprobs,
         ctx.tokenizer,
-        ctx.markup,
+        ctx.markup.clone(),
     );
     let usage = |completion: usize| Usage {
         prompt_tokens: prompt_ids.len(),
@@ -501,24 +501,28 @@ impl<'t> Output<'t> {
             text: String::new(),
             index: 0,
             pending_logprobs: Vec::new(),
+            channel: markup
+                .as_ref()
+                .map_or(Channel::Content, Markup::first_channel),
             markup,
-            channel: match markup {
-                Some(m) if m.inside => Channel::Reasoning,
-                _ => Channel::Content,
-            },
         }
     }
 
-    /// The channel of token `id`, and the one after it: the opening tag starts a thought, the
-    /// closing tag is its last token. Text held back in another channel goes out first.
-    fn switch_channel(&mut self, id: u32, on_delta: &mut dyn FnMut(Delta)) -> Channel {
-        let Some(m) = self.markup else {
-            return Channel::Content;
+    /// Follows token `id` (its text `piece`) through the markup: whether its text is shown
+    /// (harmony's structure is not), and the channel after it. Text held back in another
+    /// channel goes out first.
+    fn switch_channel(
+        &mut self,
+        id: u32,
+        piece: &str,
+        on_delta: &mut dyn FnMut(Delta),
+    ) -> (bool, Channel) {
+        let Some(m) = self.markup.as_mut() else {
+            return (true, Channel::Content);
         };
-        let (this, after) = match self.channel {
-            Channel::Content if id == m.open => (Channel::Reasoning, Channel::Reasoning),
-            Channel::Reasoning if id == m.close => (Channel::Reasoning, Channel::Content),
-            current => (current, current),
+        let (this, after) = m.next(id, piece, self.channel);
+        let Some(this) = this else {
+            return (false, self.channel);
         };
         if this != self.channel {
             // A stop sequence is not matched across the boundary.
@@ -526,21 +530,24 @@ impl<'t> Output<'t> {
             self.emit(held, on_delta);
         }
         self.channel = this;
-        after
+        (true, after)
     }
 
     /// Adds a token; returns true when a stop sequence ended the generation.
     fn push(&mut self, id: u32, logprobs: &Array, on_delta: &mut dyn FnMut(Delta)) -> Result<bool> {
-        let after = self.switch_channel(id, on_delta);
+        let piece = self
+            .detok
+            .push(id)
+            .map_err(|e| EngineError::Generation(e.to_string()))?;
+        let (shown, after) = self.switch_channel(id, &piece, on_delta);
         self.ids.push(id);
         if self.logprobs > 0 {
             self.pending_logprobs
                 .push(self.token_logprob(id, logprobs)?);
         }
-        let piece = self
-            .detok
-            .push(id)
-            .map_err(|e| EngineError::Generation(e.to_string()))?;
+        if !shown {
+            return Ok(false);
+        }
         let outcome = self.stops.push(&piece);
         self.emit(outcome.text, on_delta);
         if after != self.channel {
@@ -560,7 +567,7 @@ impl<'t> Output<'t> {
             index: self.index,
             text,
             tokens: std::mem::take(&mut self.pending_logprobs),
-            channel: self.markup.map(|_| self.channel),
+            channel: self.markup.as_ref().map(|_| self.channel),
         });
         self.index += 1;
     }
