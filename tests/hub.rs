@@ -535,27 +535,10 @@ async fn a_server_that_dies_mid_download_leaves_nothing_that_looks_complete() {
     let data = load_failure(within(w.call::<Load>(&LoadParams::new("org/tiny"))).await);
     assert!(data.detail.contains("model.safetensors"), "{}", data.detail);
     let cache = repo_cache(home.path(), "org/tiny");
-    assert!(
-        !cache.join("blobs").join(&blob).exists(),
-        "a half blob looks complete"
-    );
-    assert!(!cache
-        .join("snapshots")
-        .join(SHA)
-        .join("model.safetensors")
-        .exists());
+    assert_nothing_looks_complete(&cache, &blob);
 
     // The next load resumes where the download stopped and the model answers.
-    within(w.call::<Load>(&LoadParams::new("org/tiny")))
-        .await
-        .unwrap();
-    assert_eq!(
-        std::fs::read(cache.join("blobs").join(&blob)).unwrap(),
-        weights
-    );
-    within(w.generate(&greedy("hi", 4)).unwrap().finish())
-        .await
-        .unwrap();
+    loads_whole_and_answers(&w, &cache, &blob, &weights).await;
     let ranges = hub.weight_ranges();
     assert!(
         ranges.iter().any(|r| r != "bytes=0-0"),
@@ -595,28 +578,11 @@ async fn a_disk_that_fills_up_mid_download_says_what_to_free_and_the_next_load_r
             data.detail
         );
     }
-    assert!(
-        !cache.join("blobs").join(&blob).exists(),
-        "a half blob looks complete"
-    );
-    assert!(!cache
-        .join("snapshots")
-        .join(SHA)
-        .join("model.safetensors")
-        .exists());
+    assert_nothing_looks_complete(&cache, &blob);
 
     // Space freed, the next load resumes from what was written and the model answers.
     std::fs::remove_file(inside.join("filler")).unwrap();
-    within(w.call::<Load>(&LoadParams::new("org/tiny")))
-        .await
-        .unwrap();
-    assert_eq!(
-        std::fs::read(cache.join("blobs").join(&blob)).unwrap(),
-        weights
-    );
-    within(w.generate(&greedy("hi", 4)).unwrap().finish())
-        .await
-        .unwrap();
+    loads_whole_and_answers(&w, &cache, &blob, &weights).await;
     let ranges = hub.weight_ranges();
     assert!(
         ranges.contains(&format!("bytes={written}-")),
@@ -799,4 +765,28 @@ async fn a_vision_repo_brings_its_image_processor_and_answers_like_its_directory
         assert!(snapshot.join(file).is_file(), "{file} not downloaded");
     }
     assert_eq!(within(w.shutdown()).await.unwrap().code(), Some(0));
+}
+
+/// No blob of the weights and no snapshot link: a half download never looks complete.
+fn assert_nothing_looks_complete(cache: &Path, blob: &str) {
+    assert!(
+        !cache.join("blobs").join(blob).exists(),
+        "a half blob looks complete"
+    );
+    let link = cache.join("snapshots").join(SHA).join("model.safetensors");
+    assert!(!link.exists());
+}
+
+/// Loads `org/tiny` again: its blob is then whole and the model answers.
+async fn loads_whole_and_answers(w: &Client, cache: &Path, blob: &str, weights: &[u8]) {
+    within(w.call::<Load>(&LoadParams::new("org/tiny")))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(cache.join("blobs").join(blob)).unwrap(),
+        weights
+    );
+    within(w.generate(&greedy("hi", 4)).unwrap().finish())
+        .await
+        .unwrap();
 }

@@ -403,7 +403,8 @@ fn answer_as_group(
     std::fs::write(&hostfile, crate::launch::hosts(ranks)?)?;
     let rank = |r: usize| {
         let mut c = command(r);
-        c.env("MLX_RANK", r.to_string()).env("MLX_HOSTFILE", &hostfile);
+        c.env("MLX_RANK", r.to_string())
+            .env("MLX_HOSTFILE", &hostfile);
         c
     };
     let mut followers = Vec::new();
