@@ -299,6 +299,7 @@ fn model_info() -> ModelInfo {
             applied: None,
             reason: Some("heads".into()),
         },
+        parallel: None,
     }
 }
 
@@ -396,8 +397,16 @@ fn results_use_the_contracts_names() {
         memory: MemoryInfo::default(),
         uptime_ms: 5,
         requests_served: 6,
+        group: Some(GroupInfo {
+            backend: "ring".into(),
+            size: 2,
+            rank: 0,
+        }),
     };
     let v = serde_json::to_value(&status).unwrap();
+    assert_eq!(v["group"], json!({"backend": "ring", "size": 2, "rank": 0}));
+    // A model not split over ranks says nothing of it.
+    assert!(v["models"][0].get("parallel").is_none());
     assert_eq!(v["state"], "generating");
     assert_eq!(v["active_model"], Value::Null);
     assert_eq!(v["models"][0]["model_id"], "m");
@@ -427,9 +436,11 @@ fn results_use_the_contracts_names() {
             gguf: true,
             max_queue: 16,
         },
+        group: None,
     };
     let v = serde_json::to_value(&init).unwrap();
     assert_eq!(v["protocol_version"], "1");
+    assert!(v.get("group").is_none(), "one process names no group");
     assert_eq!(v["mlx"]["backend"], "cpu");
     assert_eq!(v["capabilities"]["max_queue"], 16);
 
