@@ -107,7 +107,15 @@ impl Engine {
 
     /// Runs in step with the other ranks of `group`: every rank gets the same calls in the same
     /// order (the worker's rank 0 shares them), and models may be split over them.
+    ///
+    /// The prompt cache then keeps the newest conversation only: which older ones fit a byte
+    /// budget depends on the bytes each rank holds (a pipeline's stages differ), and a prefix
+    /// reused on one rank but not another would put the ranks out of step.
     pub fn with_group(mut self, group: Group) -> Self {
+        if self.prompt_cache_bytes > 0 {
+            tracing::info!("in a group of ranks the prompt cache keeps the newest conversation");
+        }
+        self.prompt_cache_bytes = 0;
         self.group = Some(Rc::new(group));
         self
     }
