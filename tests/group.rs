@@ -354,5 +354,10 @@ async fn a_load_that_fails_on_one_rank_is_kept_by_none() {
         .unwrap();
     let answer = within_for(LIMIT, g.rank0.generate(&greedy("Hi", 4)).unwrap().finish()).await;
     assert_eq!(answer.unwrap().usage.completion_tokens, 4);
+    // The same prompt again reuses the ranks' caches of it, in step.
+    let again = within_for(LIMIT, g.rank0.generate(&greedy("Hi", 4)).unwrap().finish()).await;
+    let usage = again.unwrap().usage;
+    assert!(usage.cached_tokens > 0, "{usage:?}");
+    assert_eq!(usage.completion_tokens, 4);
     within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
 }
