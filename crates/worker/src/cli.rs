@@ -20,8 +20,9 @@ pub struct Cli {
     #[arg(long, default_value_t = mlx_engine::DEFAULT_PROMPT_CACHE_BYTES)]
     pub prompt_cache_bytes: u64,
 
-    /// In a group of ranks (rank 0): seconds a request may go without word from the other
-    /// ranks before the group counts as broken and requests are answered with an error.
+    /// In a group of ranks (rank 0): seconds a generate, unload or reset may go without word
+    /// from the other ranks before the group counts as broken and requests are answered with
+    /// an error (loads are not watched).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub group_timeout_secs: u64,
 }

@@ -178,7 +178,7 @@ fn run(
 
     while let Ok(Command::Run(job)) = commands.recv() {
         let id = job.id.clone();
-        stall.start(id.clone());
+        stall.start(id.clone(), !matches!(job.work, Work::Load(_)));
         let shared = match engine.group() {
             Some(g) => {
                 g.touch();

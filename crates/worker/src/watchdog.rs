@@ -5,6 +5,9 @@
 //! request shares something); past the timeout it answers that request with an error, and from
 //! then on every request for the engine is answered at once with the same error (the group
 //! cannot be trusted again: restart it). `status`, `cancel` and `shutdown` keep working.
+//!
+//! Loads are not watched: a rank may download or read weights for far longer than any timeout
+//! without a word to the others (a rank that dies meanwhile still fails the load at once).
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
@@ -23,8 +26,10 @@ use crate::transport::Outbox;
 pub struct Stall {
     /// Why the group is broken, once it is.
     broken: OnceLock<String>,
-    /// The request the MLX thread runs now.
+    /// The request the MLX thread runs now, if it is watched.
     running: Mutex<Option<RequestId>>,
+    /// Whether a request runs that is not watched (a load), so the MLX thread owns its answer.
+    unwatched: Mutex<bool>,
 }
 
 impl Stall {
@@ -33,15 +38,19 @@ impl Stall {
         self.broken.get().map(String::as_str)
     }
 
-    /// The MLX thread starts a request.
-    pub fn start(&self, id: RequestId) {
-        *self.running.lock().expect("stall lock") = Some(id);
+    /// The MLX thread starts a request; `watched`: the watchdog may answer it.
+    pub fn start(&self, id: RequestId, watched: bool) {
+        *self.unwatched.lock().expect("stall lock") = !watched;
+        if watched {
+            *self.running.lock().expect("stall lock") = Some(id);
+        }
     }
 
     /// The MLX thread has finished its request: whether it is still its to answer (not when
     /// the watchdog answered it meanwhile).
     pub fn finish(&self) -> bool {
-        self.running.lock().expect("stall lock").take().is_some()
+        let unwatched = std::mem::take(&mut *self.unwatched.lock().expect("stall lock"));
+        self.running.lock().expect("stall lock").take().is_some() || unwatched
     }
 }
 
