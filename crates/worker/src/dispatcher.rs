@@ -35,6 +35,8 @@ const CANCEL_GRACE: Duration = Duration::from_millis(450);
 const PARENT_POLL: Duration = Duration::from_millis(100);
 /// How long a stop then waits for the MLX thread to free memory.
 const FREE_GRACE: Duration = Duration::from_millis(200);
+/// How long rank 0 of a group waits, on a graceful stop, for the other ranks to take its quit.
+const GROUP_QUIT_GRACE: Duration = Duration::from_secs(10);
 
 struct Running {
     id: RequestId,
@@ -177,7 +179,14 @@ impl Dispatcher {
         for id in std::mem::take(&mut self.shutdowns) {
             self.reply::<Shutdown>(id, ShutdownResult {});
         }
-        if !self.executor.quit(FREE_GRACE).await {
+        // Rank 0 of a group stopping gracefully tells the other ranks to stop, which waits for
+        // them to be listening (a rank may still be starting).
+        let in_group = self.info.as_ref().is_some_and(|i| i.group.is_some());
+        let grace = match self.stopping.is_some_and(StopReason::drains) && in_group {
+            true => GROUP_QUIT_GRACE,
+            false => FREE_GRACE,
+        };
+        if !self.executor.quit(grace).await {
             tracing::warn!("the MLX thread did not free in time; exiting anyway");
         }
         let _ = tokio::time::timeout(FREE_GRACE, self.outbox.flush()).await;
