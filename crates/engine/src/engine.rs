@@ -226,6 +226,7 @@ impl Engine {
         Ok(Some(Placement {
             group: group.clone(),
             mode,
+            dtypes: Default::default(),
         }))
     }
 

@@ -26,10 +26,9 @@ use crate::transport::Outbox;
 pub struct Stall {
     /// Why the group is broken, once it is.
     broken: OnceLock<String>,
-    /// The request the MLX thread runs now, if it is watched.
-    running: Mutex<Option<RequestId>>,
-    /// Whether a request runs that is not watched (a load), so the MLX thread owns its answer.
-    unwatched: Mutex<bool>,
+    /// The request the MLX thread runs now, and whether the watchdog may answer it (not a
+    /// load); taken by whichever answers it.
+    running: Mutex<Option<(RequestId, bool)>>,
 }
 
 impl Stall {
@@ -40,17 +39,13 @@ impl Stall {
 
     /// The MLX thread starts a request; `watched`: the watchdog may answer it.
     pub fn start(&self, id: RequestId, watched: bool) {
-        *self.unwatched.lock().expect("stall lock") = !watched;
-        if watched {
-            *self.running.lock().expect("stall lock") = Some(id);
-        }
+        *self.running.lock().expect("stall lock") = Some((id, watched));
     }
 
     /// The MLX thread has finished its request: whether it is still its to answer (not when
     /// the watchdog answered it meanwhile).
     pub fn finish(&self) -> bool {
-        let unwatched = std::mem::take(&mut *self.unwatched.lock().expect("stall lock"));
-        self.running.lock().expect("stall lock").take().is_some() || unwatched
+        self.running.lock().expect("stall lock").take().is_some()
     }
 }
 
@@ -70,7 +65,7 @@ pub fn spawn(
             .map_or(0, |d| d.as_millis() as u64);
         let silent = Duration::from_millis(now.saturating_sub(heard.load(Ordering::Acquire)));
         let mut running = stall.running.lock().expect("stall lock");
-        if running.is_none() || silent < timeout {
+        if !running.as_ref().is_some_and(|(_, watched)| *watched) || silent < timeout {
             continue;
         }
         let reason = format!(
@@ -81,7 +76,7 @@ pub fn spawn(
         );
         tracing::error!("{reason}");
         let _ = stall.broken.set(reason.clone());
-        let id = running.take().expect("checked above");
+        let (id, _) = running.take().expect("checked above");
         outbox.send(Response::err(
             Some(id.clone()),
             ResponseError::internal(reason),

@@ -13,7 +13,7 @@
 //! Every rank then samples the same token from the same logits, so all ranks run the same
 //! steps and meet at the same collectives.
 
-use std::{ops::Range, rc::Rc};
+use std::{cell::Cell, ops::Range, rc::Rc};
 
 use mlx_rs::{ops::indexing::IndexOp, Array, Dtype};
 
@@ -29,6 +29,16 @@ use crate::{
 pub struct Placement {
     pub group: Rc<Group>,
     pub mode: Parallel,
+    /// A pipeline's hidden-state dtypes, learnt in the first forward pass (the same in every
+    /// pass): what this rank receives, and what the last rank gives out.
+    pub dtypes: StageDtypes,
+}
+
+/// See [`Placement::dtypes`].
+#[derive(Clone, Debug, Default)]
+pub struct StageDtypes {
+    incoming: Cell<Option<Dtype>>,
+    outgoing: Cell<Option<Dtype>>,
 }
 
 impl Placement {
@@ -140,16 +150,24 @@ fn refuse_adapter(linear: &Linear, name: &str) -> std::result::Result<(), Engine
 }
 
 /// The pipeline's hand-over before a rank's layers: the previous rank's hidden state (shaped
-/// like `h`), or `h` itself on the first rank. Its dtype comes first: a hidden state may
-/// change dtype on its way through the layers (float32 attention sinks under bfloat16 weights
-/// make it float32), so only the sender knows it.
+/// like `h`), or `h` itself on the first rank. In the first pass its dtype comes first: a
+/// hidden state may change dtype on its way through the layers (float32 attention sinks under
+/// bfloat16 weights make it float32), so only the sender knows it.
 pub fn receive(placement: &Placement, h: Array) -> Result<Array> {
     let group = &placement.group;
     match group.rank() {
         0 => Ok(h),
         r => {
-            let code = group.recv_like(&Array::from_slice(&[0i32], &[1]), r - 1)?;
-            let like = h.as_dtype(dtype_of(&code)?)?;
+            let dtype = match placement.dtypes.incoming.get() {
+                Some(dtype) => dtype,
+                None => {
+                    let code = group.recv_like(&Array::from_slice(&[0i32], &[1]), r - 1)?;
+                    let dtype = dtype_of(&code)?;
+                    placement.dtypes.incoming.set(Some(dtype));
+                    dtype
+                }
+            };
+            let like = h.as_dtype(dtype)?;
             let received = group.recv_like(&like, r - 1)?;
             // Scheduled now, so that it reads the socket before the collective `hand_on` runs
             // at once (the messages from the previous rank arrive in this order).
@@ -159,30 +177,40 @@ pub fn receive(placement: &Placement, h: Array) -> Result<Array> {
     }
 }
 
-/// The pipeline's hand-over after a rank's layers: sent on to the next rank (its dtype first),
-/// and the last rank's output gathered to every rank (its dtype shared first: every rank's
-/// part of the gather must have it).
+/// The pipeline's hand-over after a rank's layers: sent on to the next rank, and the last
+/// rank's output gathered to every rank. In the first pass the dtypes go first: the next rank's
+/// input, and the last rank's output (every rank's part of the gather must have it).
 pub fn hand_on(placement: &Placement, h: Array) -> Result<Array> {
     let group = &placement.group;
     let (rank, size) = (group.rank(), group.size());
     let code = |h: &Array| Array::from_slice(&[dtype_code(h.dtype())], &[1]);
+    let first_pass = placement.dtypes.outgoing.get().is_none();
     let h = match rank + 1 < size {
         true => {
             // Scheduled now: a prefill evaluates only the caches, which do not depend on the
             // sends, and the next rank waits for them (mlx-lm ties its send to the last cache).
-            let sent_code = group.send(&code(&h), rank + 1)?;
-            mlx_rs::transforms::async_eval([&sent_code])?;
+            if first_pass {
+                let sent_code = group.send(&code(&h), rank + 1)?;
+                mlx_rs::transforms::async_eval([&sent_code])?;
+            }
             let sent = group.send(&h, rank + 1)?;
             mlx_rs::transforms::async_eval([&sent])?;
             sent
         }
         false => h,
     };
-    let last_code = match rank + 1 == size {
-        true => code(&h),
-        false => Array::from_slice(&[0i32], &[1]),
+    let out_dtype = match placement.dtypes.outgoing.get() {
+        Some(dtype) => dtype,
+        None => {
+            let last_code = match rank + 1 == size {
+                true => code(&h),
+                false => Array::from_slice(&[0i32], &[1]),
+            };
+            let dtype = dtype_of(&group.all_sum(&last_code)?)?;
+            placement.dtypes.outgoing.set(Some(dtype));
+            dtype
+        }
     };
-    let out_dtype = dtype_of(&group.all_sum(&last_code)?)?;
     let b = h.dim(0);
     let all = group.all_gather(&h.as_dtype(out_dtype)?)?;
     let last = (size as i32 - 1) * b;
