@@ -19,7 +19,7 @@ use mlx_rs::{ops::indexing::IndexOp, Array, Dtype};
 
 use crate::{
     distributed::Group,
-    error::{EngineError, LoadErrorKind},
+    error::EngineError,
     nn::{Linear, Result},
     request::Parallel,
 };
@@ -240,9 +240,8 @@ pub fn check_stage(placement: &Placement, layers: usize) -> std::result::Result<
     let size = placement.group.size();
     match layers >= size {
         true => Ok(()),
-        false => Err(EngineError::load(
-            LoadErrorKind::UnsupportedArchitecture,
-            format!("{layers} layers cannot be split over {size} ranks: use fewer ranks"),
-        )),
+        false => Err(refuse(format!(
+            "{layers} layers cannot be split over {size} ranks: use fewer ranks"
+        ))),
     }
 }
