@@ -28,8 +28,8 @@ fn gguf_path() -> Option<PathBuf> {
 
 /// The model imported once per test process.
 fn imported() -> Option<&'static Path> {
-    static DIR: OnceLock<Option<tempfile::TempDir>> = OnceLock::new();
-    common::import_once(&DIR, gguf_path, |report| {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    common::import_once(&DIR, "gemma3-gguf-import", gguf_path, |report| {
         assert_eq!(report.architecture, "gemma3");
         assert!(report.tied_embeddings);
         assert_eq!(report.tensors_written, 2 + LAYERS * 13);

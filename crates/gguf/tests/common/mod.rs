@@ -33,21 +33,26 @@ pub fn real_gguf(env_var: &str, file_name: &str) -> Option<PathBuf> {
     None
 }
 
-/// `gguf` imported into a temporary directory once per test process (kept in `cell`), after
-/// `check` has looked at the report.
+/// `gguf` imported once per test process (kept in `cell`), after `check` has looked at the
+/// report, into `name` under Cargo's temporary directory for integration tests: a fixed place,
+/// emptied first, so that no run leaves a gigabyte behind (a `TempDir` in a static never drops).
 pub fn import_once(
-    cell: &'static OnceLock<Option<tempfile::TempDir>>,
+    cell: &'static OnceLock<Option<PathBuf>>,
+    name: &str,
     gguf: impl FnOnce() -> Option<PathBuf>,
     check: impl FnOnce(&ImportReport),
 ) -> Option<&'static Path> {
     cell.get_or_init(|| {
         let gguf = gguf()?;
-        let dir = tempfile::tempdir().unwrap();
-        check(&gguf::import_hf_dir(&gguf, dir.path()).unwrap());
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        check(&gguf::import_hf_dir(&gguf, &dir).unwrap());
         Some(dir)
     })
-    .as_ref()
-    .map(|d| d.path())
+    .as_deref()
 }
 
 pub fn read_json(path: &Path) -> Value {
