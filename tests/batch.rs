@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
-use fixtures::{smollm2_dir, vision_fixture};
+use fixtures::{smollm2_dir, vision_fixture, write_tiny_lora, AdapterLayout, TinyLlama};
 use protocol::methods::*;
 use protocol::{Client, ErrorCode};
 
-use crate::support::{greedy, model_id, rpc_error, within_for, worker, worker_with_tiny_model};
+use crate::support::{
+    greedy, model_id, rpc_error, tiny_model, within_for, worker, worker_with_tiny_model,
+};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -83,16 +85,59 @@ async fn load(w: &Client, model: &str) {
         .unwrap();
 }
 
-/// The real SmolLM2 and tiny fixtures of every kind of layer a batch runs row by row (sliding
-/// windows, quantized weights, experts, attention sinks, linear attention, per-layer inputs):
-/// requests sent together answer exactly as each does alone.
+/// SmolLM2's mix also holds constrained requests (a JSON object, a regular expression).
+fn smollm2_mix() -> Vec<GenerateParams> {
+    let mut qs = mix();
+    let mut json = greedy("Describe a cat as a JSON object.", 40);
+    json.response_format = Some(ResponseFormat::JsonObject {});
+    let mut regex = greedy("What is your favourite number?", 12);
+    regex.regex = Some("[0-9]{1,4} is my favourite".into());
+    qs.extend([json, regex]);
+    qs
+}
+
+/// A vision fixture's mix: image turns (images go through the encoder while others decode)
+/// and a text-only one.
+fn vision_mix(images: &std::path::Path) -> Vec<GenerateParams> {
+    let turn = |image: Option<&str>, question: &str, max: u32| {
+        let mut parts = Vec::new();
+        if let Some(name) = image {
+            let path = images.join(name).display().to_string();
+            parts.push(ContentPart::Image { image: path });
+        }
+        parts.push(ContentPart::Text {
+            text: question.into(),
+        });
+        let message = ChatMessage {
+            role: "user".into(),
+            content: MessageContent::Parts(parts),
+            extra: Default::default(),
+        };
+        let mut p = GenerateParams::new(vec![message]);
+        p.max_new_tokens = max;
+        p.temperature = 0.0;
+        p
+    };
+    vec![
+        turn(Some("gradient.png"), "What is in this picture?", 20),
+        turn(None, "Tell me a story.", 24),
+        turn(Some("noise.jpg"), "Describe it.", 16),
+        turn(Some("gradient.png"), "Which colours?", 12),
+    ]
+}
+
+/// The real SmolLM2, tiny fixtures of every kind of layer a batch runs row by row (sliding
+/// windows, quantized weights, experts, attention sinks, linear attention, per-layer inputs), a
+/// quantized KV cache and a vision model: requests sent together answer exactly as each does
+/// alone.
 #[tokio::test]
 async fn generations_run_together_answer_as_each_does_alone() {
     let Some(smollm2) = smollm2_dir() else { return };
     let Some(_) = vision_fixture("tiny-qwen3") else {
         return;
     };
-    let mut models = vec![model_id(&smollm2)];
+    let fixture = |name: &str| model_id(&vision_fixture(name).unwrap());
+    let mut cases = vec![(LoadParams::new(model_id(&smollm2)), smollm2_mix())];
     for name in [
         "tiny-qwen3",
         "tiny-q4",
@@ -103,9 +148,15 @@ async fn generations_run_together_answer_as_each_does_alone() {
         "tiny-qwen3-next",
         "tiny-gemma4",
     ] {
-        models.push(model_id(&vision_fixture(name).unwrap()));
+        cases.push((LoadParams::new(fixture(name)), mix()));
     }
-    let qs = mix();
+    let mut kv8 = LoadParams::new(fixture("tiny-qwen3"));
+    kv8.kv_bits = Some(8);
+    cases.push((kv8, mix()));
+    let vision = vision_fixture("tiny-gemma3-vl").unwrap();
+    let images = vision.parent().unwrap().join("images");
+    cases.push((LoadParams::new(model_id(&vision)), vision_mix(&images)));
+
     let one = worker(&[]);
     let batched = worker(&["--max-batch", "4"]);
     let init = within_for(
@@ -115,20 +166,74 @@ async fn generations_run_together_answer_as_each_does_alone() {
     .await
     .unwrap();
     assert_eq!(init.capabilities.max_batch, 4);
-    for model in &models {
-        load(&one, model).await;
-        load(&batched, model).await;
-        let expected = alone(&one, &qs).await;
-        // Six requests, at most four at a time: two join as the first ones end.
-        same(&expected, &together(&batched, &qs).await, model);
+    for (params, qs) in &cases {
+        let what = format!("{} kv_bits {:?}", params.model, params.kv_bits);
+        for w in [&one, &batched] {
+            within_for(LIMIT, w.call::<Load>(params)).await.unwrap();
+        }
+        let expected = alone(&one, qs).await;
+        // More requests than fit at once: the last ones join as the first ones end.
+        same(&expected, &together(&batched, qs).await, &what);
         // And again, now that the prompt cache holds these conversations.
-        same(&expected, &together(&batched, &qs).await, model);
+        same(&expected, &together(&batched, qs).await, &what);
         for w in [&one, &batched] {
             within_for(LIMIT, w.call::<Unload>(&UnloadParams::default()))
                 .await
                 .unwrap();
         }
     }
+    for w in [one, batched] {
+        within_for(LIMIT, w.shutdown()).await.unwrap();
+    }
+}
+
+/// Requests that cannot share a pass (another adapter state, a speculative one) wait for the
+/// batch and answer as they do alone; those after them wait for them.
+#[tokio::test]
+async fn requests_that_cannot_join_wait_their_turn_and_answer_as_alone() {
+    let base = tiny_model(&TinyLlama::default());
+    let base_id = model_id(base.path());
+    let adapter = tempfile::tempdir().unwrap();
+    write_tiny_lora(adapter.path(), 7, AdapterLayout::MlxLm, &base_id).unwrap();
+    let mut params = LoadParams::new(&base_id);
+    params.adapter = Some(model_id(adapter.path()));
+    let with = |use_adapter: Option<bool>, content: &str, max: u32| {
+        let mut p = greedy(content, max);
+        p.use_adapter = use_adapter;
+        p
+    };
+    let mut lookup = greedy(
+        "Repeat: the cat sat on the mat, the cat sat on the mat.",
+        30,
+    );
+    lookup.speculative = Some(SpeculativeParams {
+        method: SpeculativeMethod::PromptLookup,
+        num_draft_tokens: 10,
+    });
+    let qs = vec![
+        with(None, "Tell me a story.", 40),
+        with(None, "Hi", 12),
+        with(Some(false), "Tell me a story.", 30),
+        with(Some(false), "Hello", 20),
+        with(None, "What now?", 25),
+        lookup,
+        with(None, "Bye", 10),
+    ];
+    let one = worker(&[]);
+    let batched = worker(&["--max-batch", "4"]);
+    for w in [&one, &batched] {
+        within_for(LIMIT, w.call::<Load>(&params)).await.unwrap();
+    }
+    let expected = alone(&one, &qs).await;
+    assert_ne!(
+        expected[0].text, expected[2].text,
+        "the adapter changes the text"
+    );
+    same(
+        &expected,
+        &together(&batched, &qs).await,
+        "adapter on and off",
+    );
     for w in [one, batched] {
         within_for(LIMIT, w.shutdown()).await.unwrap();
     }
