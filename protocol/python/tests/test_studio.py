@@ -271,3 +271,39 @@ def test_a_distributed_load_splits_the_model_over_a_group_of_ranks(binary: str, 
     finally:
         alone.close()
         group.close()
+
+
+def test_parallel_chats_run_together_and_answer_as_alone(binary: str, smollm2: str):
+    """Studio's chats from several threads on one backend with ``--max-batch``: they run at the
+    same time (the worker reports them in flight together) and each answers as it does alone."""
+    questions = ["What is the capital of France?", "Write a haiku about rain.", "Name three fruits."]
+    alone = MLXInferenceBackend(binary)
+    together = MLXInferenceBackend(binary, worker_args=["--max-batch", "3"])
+    try:
+        expected = []
+        for b in (alone, together):
+            b.load_model(config(smollm2), load_in_4bit=False)
+        for q in questions:
+            *_, last = alone.generate_chat_response([{"role": "user", "content": q}], "", temperature=0.0, max_new_tokens=48)
+            expected.append(last)
+        answers: dict[int, str] = {}
+        in_flight: list[int] = []
+
+        def chat(i: int) -> None:
+            for text in together.generate_chat_response(
+                [{"role": "user", "content": questions[i]}], "", temperature=0.0, max_new_tokens=48
+            ):
+                answers[i] = text
+                in_flight.append(together.client.status()["queue"]["running"])
+
+        threads = [threading.Thread(target=chat, args=(i,)) for i in range(len(questions))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [answers[i] for i in range(len(questions))] == expected
+        assert max(in_flight) > 1, in_flight
+        assert together.client.initialize()["capabilities"]["max_batch"] == 3
+    finally:
+        alone.close()
+        together.close()
