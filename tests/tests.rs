@@ -4,6 +4,7 @@
 
 mod support;
 
+mod batch;
 mod constrain;
 mod faults;
 mod fuzz;

@@ -435,6 +435,7 @@ fn results_use_the_contracts_names() {
             lora: true,
             gguf: true,
             max_queue: 16,
+            max_batch: 4,
         },
         group: None,
     };
@@ -443,6 +444,7 @@ fn results_use_the_contracts_names() {
     assert!(v.get("group").is_none(), "one process names no group");
     assert_eq!(v["mlx"]["backend"], "cpu");
     assert_eq!(v["capabilities"]["max_queue"], 16);
+    assert_eq!(v["capabilities"]["max_batch"], 4);
 
     assert_eq!(serde_json::to_value(ShutdownResult {}).unwrap(), json!({}));
     assert_eq!(

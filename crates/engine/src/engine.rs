@@ -22,7 +22,7 @@ use crate::{
 };
 
 /// A model made resident by `load`.
-struct Resident {
+pub(crate) struct Resident {
     info: ModelInfo,
     model: Box<dyn LanguageModel>,
     /// The vision side of a vision-language model.
@@ -40,15 +40,156 @@ struct Resident {
     vocabulary: Option<constrain::Vocabulary>,
 }
 
+/// What generating with a resident reads, borrowed apart from what it changes (its prompt
+/// cache and grammar vocabulary): generations in flight read it while another is prepared.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'r> {
+    pub model: &'r dyn LanguageModel,
+    pub draft: Option<&'r dyn LanguageModel>,
+    pub vision: Option<&'r dyn VisionModel>,
+    pub tokenizer: &'r ModelTokenizer,
+    pub info: &'r ModelInfo,
+    pub adapter: Option<&'r AdapterSwitch>,
+}
+
+impl Resident {
+    pub(crate) fn split(
+        &mut self,
+    ) -> (
+        View<'_>,
+        &mut PromptCache,
+        &mut Option<constrain::Vocabulary>,
+    ) {
+        let view = View {
+            model: self.model.as_ref(),
+            draft: self.draft.as_deref(),
+            vision: self.vision.as_deref(),
+            tokenizer: &self.tokenizer,
+            info: &self.info,
+            adapter: self.adapter.as_ref(),
+        };
+        (view, &mut self.prompt_cache, &mut self.vocabulary)
+    }
+}
+
+/// A request made ready to run on a resident: its prompt, its constraint compiled, its tools.
+pub(crate) struct Prepared {
+    /// The request, `max_new_tokens` cut to what the context leaves.
+    pub req: GenerateRequest,
+    pub prompt: prompt::PromptInputs,
+    pub tools: Option<ToolUse>,
+    pub guide: Option<(constrain::Guide, &'static str)>,
+    pub markup: Option<Markup>,
+    /// Whether the resident's adapter (if any) is on for it.
+    pub adapter_on: bool,
+}
+
+/// Checks `req` against the resident `view` shows and makes it ready: template, images, the
+/// constraint (or forced tool calls) compiled, the context limit.
+pub(crate) fn prepare(
+    view: View<'_>,
+    vocabulary: &mut Option<constrain::Vocabulary>,
+    req: &GenerateRequest,
+) -> Result<Prepared, EngineError> {
+    if let (Some(Speculative::DraftModel { .. }), None) = (req.speculative, view.draft) {
+        return Err(EngineError::InvalidParams {
+            field: "speculative.method".into(),
+            reason: "the model was loaded without a `draft_model`: load it with one, or use \
+                     \"prompt_lookup\""
+                .into(),
+        });
+    }
+    let tools = ToolUse::of(view.tokenizer, req)?;
+    let constraint = req
+        .constraint
+        .as_ref()
+        .or_else(|| tools.as_ref()?.forced.as_ref());
+    let prompt = prompt::prompt_inputs(view.tokenizer, view.vision, &req.prompt)?;
+    let markup = Markup::of(view.tokenizer, &prompt.ids);
+    let vocab_size = view.info.vocab_size.max(1);
+    let guide = constraint
+        .map(|c| constrained::compile(vocabulary, view.tokenizer, vocab_size, c, markup.as_ref()))
+        .transpose()?;
+    let (n, context) = (prompt.ids.len(), view.info.context_length);
+    if n > context {
+        return Err(EngineError::ContextOverflow {
+            prompt_tokens: n,
+            context_length: context,
+        });
+    }
+    let mut req = req.clone();
+    req.max_new_tokens = req.max_new_tokens.min(context - n);
+    let adapter_on = view.adapter_on(&req);
+    Ok(Prepared {
+        req,
+        prompt,
+        tools,
+        guide,
+        markup,
+        adapter_on,
+    })
+}
+
+impl<'r> View<'r> {
+    /// Whether `req` runs with the resident's adapter on.
+    pub fn adapter_on(&self, req: &GenerateRequest) -> bool {
+        self.adapter.is_some() && req.use_adapter != Some(false)
+    }
+
+    /// What generating `prep` needs; sets the adapter's switch for it.
+    pub fn context(
+        &self,
+        prep: &Prepared,
+        started: Instant,
+        prefill_chunk: usize,
+        group: Option<&'r Group>,
+    ) -> GenerationContext<'r> {
+        if let Some(switch) = self.adapter {
+            switch.set(prep.adapter_on);
+        }
+        GenerationContext {
+            model: self.model,
+            draft: self.draft,
+            vision: self.vision,
+            tokenizer: self.tokenizer,
+            eos: self.tokenizer.eos_token_ids(),
+            vocab_size: self.info.vocab_size.max(1),
+            kv_bits: self.info.kv_bits.map(i32::from),
+            adapter_on: prep.adapter_on,
+            prefill_chunk,
+            markup: prep.markup.clone(),
+            started,
+            group,
+        }
+    }
+}
+
+/// After a generation: its tool calls read; after an error, MLX left clean for the next.
+pub(crate) fn finish(
+    view: View<'_>,
+    tools: Option<&ToolUse>,
+    result: &mut Result<Completion, EngineError>,
+) {
+    if let (Ok(completion), Some(tools)) = (result.as_mut(), tools) {
+        tools.read_calls(completion, view.tokenizer);
+    }
+    if result.is_err() {
+        // An MLX error mid-graph can leave work, buffers and a stream error behind (steps
+        // queued ahead of the one that failed): start the next request clean.
+        let _ = device::synchronize();
+        let _ = mlx_rs::memory::clear_cache();
+    }
+}
+
 /// Resident models and MLX state. Lives on one thread; see the crate docs.
 pub struct Engine {
     /// In load order; the last one is the active model.
-    models: Vec<Resident>,
+    pub(crate) models: Vec<Resident>,
     device: DeviceInfo,
     /// The byte budget of the active model's prompt cache.
     prompt_cache_bytes: u64,
     /// The group of ranks this engine runs in step with, if the worker runs as one.
-    group: Option<Rc<Group>>,
+    pub(crate) group: Option<Rc<Group>>,
 }
 
 /// What a successful `load` gives back.
@@ -322,86 +463,42 @@ impl Engine {
         cancel: &CancelToken,
     ) -> Result<Completion, EngineError> {
         let started = Instant::now();
-        let i = self.position(req.model.as_deref())?;
-        // Only the model in use keeps a prompt cache: memory for one, not one per resident.
+        let i = self.using(req.model.as_deref())?;
+        let prefill_chunk = self.prefill_chunk();
+        let (view, cache, vocabulary) = self.models[i].split();
+        let prep = prepare(view, vocabulary, req)?;
+        let ctx = view.context(&prep, started, prefill_chunk, self.group.as_deref());
+        let mut result = generate(
+            ctx,
+            &prep.req,
+            &prep.prompt,
+            cache,
+            prep.guide,
+            on_delta,
+            cancel,
+        );
+        finish(view, prep.tools.as_ref(), &mut result);
+        result
+    }
+
+    /// The index of the resident `model` names, now the only one with a prompt cache: memory
+    /// for one, not one per resident.
+    pub(crate) fn using(&mut self, model: Option<&str>) -> Result<usize, EngineError> {
+        let i = self.position(model)?;
         for (j, other) in self.models.iter_mut().enumerate() {
             if j != i {
                 other.prompt_cache.clear();
             }
         }
-        let resident = &mut self.models[i];
-        if let (Some(Speculative::DraftModel { .. }), None) = (req.speculative, &resident.draft) {
-            return Err(EngineError::InvalidParams {
-                field: "speculative.method".into(),
-                reason: "the model was loaded without a `draft_model`: load it with one, or use \
-                         \"prompt_lookup\""
-                    .into(),
-            });
+        Ok(i)
+    }
+
+    /// Prompt tokens per prefill forward pass on this device.
+    pub(crate) fn prefill_chunk(&self) -> usize {
+        match self.device.backend {
+            Backend::Cpu => PREFILL_CHUNK_CPU,
+            Backend::Cuda | Backend::Metal => PREFILL_CHUNK_GPU,
         }
-        let tools = ToolUse::of(&resident.tokenizer, req)?;
-        let constraint = req
-            .constraint
-            .as_ref()
-            .or_else(|| tools.as_ref()?.forced.as_ref());
-        let prompt =
-            prompt::prompt_inputs(&resident.tokenizer, resident.vision.as_deref(), &req.prompt)?;
-        let markup = Markup::of(&resident.tokenizer, &prompt.ids);
-        let guide = constraint
-            .map(|c| {
-                let vocab_size = resident.info.vocab_size.max(1);
-                constrained::compile(
-                    &mut resident.vocabulary,
-                    &resident.tokenizer,
-                    vocab_size,
-                    c,
-                    markup.as_ref(),
-                )
-            })
-            .transpose()?;
-        let vision = resident.vision.as_deref();
-        let (n, context) = (prompt.ids.len(), resident.info.context_length);
-        if n > context {
-            return Err(EngineError::ContextOverflow {
-                prompt_tokens: n,
-                context_length: context,
-            });
-        }
-        let mut req = req.clone();
-        req.max_new_tokens = req.max_new_tokens.min(context - n);
-        let adapter_on = resident.adapter.is_some() && req.use_adapter != Some(false);
-        if let Some(switch) = &resident.adapter {
-            switch.set(adapter_on);
-        }
-        let eos = resident.tokenizer.eos_token_ids().clone();
-        let ctx = GenerationContext {
-            model: resident.model.as_ref(),
-            draft: resident.draft.as_deref(),
-            vision,
-            tokenizer: &resident.tokenizer,
-            eos: &eos,
-            vocab_size: resident.info.vocab_size.max(1),
-            kv_bits: resident.info.kv_bits.map(i32::from),
-            adapter_on,
-            prefill_chunk: match self.device.backend {
-                Backend::Cpu => PREFILL_CHUNK_CPU,
-                Backend::Cuda | Backend::Metal => PREFILL_CHUNK_GPU,
-            },
-            markup,
-            started,
-            group: self.group.as_deref(),
-        };
-        let cache = &mut resident.prompt_cache;
-        let mut result = generate(&ctx, &req, &prompt, cache, guide, on_delta, cancel);
-        if let (Ok(completion), Some(tools)) = (&mut result, &tools) {
-            tools.read_calls(completion, &resident.tokenizer);
-        }
-        if result.is_err() {
-            // An MLX error mid-graph can leave work, buffers and a stream error behind (steps
-            // queued ahead of the one that failed): start the next request clean.
-            let _ = device::synchronize();
-            let _ = mlx_rs::memory::clear_cache();
-        }
-        result
     }
 
     /// The token ids a resident model would generate from for `prompt`: its chat template,

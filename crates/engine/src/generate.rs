@@ -3,6 +3,7 @@
 //! streaming detokenization and stop-sequence holdback on the host; a constraint's token mask
 //! (`constrain`) is applied before sampling.
 
+use std::rc::Rc;
 use std::time::Instant;
 
 use constrain::{ConstraintError, Guide};
@@ -14,6 +15,7 @@ use crate::{
     distributed::Group,
     kv_cache::KvCache,
     models::LanguageModel,
+    nn::row,
     prompt::{PromptEmbeds, PromptInputs},
     prompt_cache::PromptCache,
     request::{
@@ -99,7 +101,7 @@ struct Step {
 }
 
 struct Decoder<'a> {
-    ctx: &'a GenerationContext<'a>,
+    ctx: Rc<GenerationContext<'a>>,
     caches: Vec<KvCache>,
     sampler: Sampler,
     /// The last tokens (prompt included), for the penalties; `None` when none are active.
@@ -107,7 +109,7 @@ struct Decoder<'a> {
     /// Every token sampled so far, in order (each is fed back as the next step's input).
     sampled: Vec<u32>,
     /// The prompt's rotary positions, when the model takes them explicitly (M-RoPE).
-    positions: Option<&'a MropePositions>,
+    positions: Option<MropePositions>,
     /// The index in the sequence of the next token run through the model.
     next: usize,
     /// The request's constraint, if any.
@@ -130,7 +132,7 @@ impl Decoder<'_> {
     fn forward(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Array> {
         let model = self.ctx.model;
         let n = tokens.dim(0) as usize;
-        let logits = match (self.positions, embeds) {
+        let logits = match (&self.positions, embeds) {
             (Some(p), embeds) => {
                 let (h, deepstack) = match embeds {
                     Some(e) => (e.h, e.deepstack),
@@ -154,6 +156,16 @@ impl Decoder<'_> {
         let last = logits.dim(1) - 1;
         let logits = logits.take_axis(Array::from_int(last), 1)?;
         self.remember(tokens)?;
+        Ok(logits)
+    }
+
+    /// What [`Self::logits`] does after the forward pass, for row `b` of a batch's logits
+    /// `(B, 1, V)` that the model computed for this sequence's `token` `(1,)`.
+    fn row_logits(&mut self, logits: &Array, b: usize, token: &Array) -> Result<Array> {
+        self.next += 1;
+        self.quantize_caches()?;
+        let logits = row(logits, b)?.take_axis(Array::from_int(0), 1)?;
+        self.remember(token)?;
         Ok(logits)
     }
 
@@ -259,7 +271,7 @@ impl Guided {
 /// Generates a completion for `prompt`, calling `on_delta` with each piece of new text.
 /// Starts from what `cache` holds of the prompt, and leaves this generation's caches there.
 pub(crate) fn generate(
-    ctx: &GenerationContext<'_>,
+    ctx: GenerationContext<'_>,
     req: &GenerateRequest,
     prompt: &PromptInputs,
     cache: &mut PromptCache,
@@ -267,6 +279,61 @@ pub(crate) fn generate(
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
 ) -> Result<Completion> {
+    let on_delta = Box::new(|d: Delta| on_delta(d));
+    let seq = match start(0, Rc::new(ctx), req, prompt, cache, guide, on_delta, cancel)? {
+        Started::Done(completion) => return Ok(completion),
+        Started::Decoding(seq) => seq,
+    };
+    let mut seqs = vec![seq];
+    loop {
+        if let Some((_, result)) = advance(&mut seqs, cache).pop() {
+            return result;
+        }
+    }
+}
+
+/// A generation in flight: its prompt prefilled, its next token being computed.
+pub(crate) struct Sequence<'a> {
+    /// The caller's name for it, given back with its result.
+    id: usize,
+    dec: Decoder<'a>,
+    out: Output<'a>,
+    on_delta: Box<dyn FnMut(Delta) + 'a>,
+    cancel: CancelToken,
+    max_new_tokens: usize,
+    /// Its prompt's cache keys, when its caches go back to the prompt cache at the end.
+    keep: Option<Vec<u32>>,
+    /// The step whose token is read next.
+    step: Step,
+    /// Tokens read so far.
+    n: usize,
+    usage: Usage,
+    timings: Timings,
+    prefill_start: Instant,
+    decode_start: Instant,
+}
+
+/// What [`start`] leaves: a finished generation (cancelled during prefill, or decoded
+/// speculatively to its end) or one to [`advance`].
+#[allow(clippy::large_enum_variant)] // made once per request, moved straight into place
+pub(crate) enum Started<'a> {
+    Done(Completion),
+    Decoding(Sequence<'a>),
+}
+
+/// Prefills `prompt` from what `cache` holds of it and queues the first step. `id` names the
+/// sequence in what [`advance`] returns.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start<'a>(
+    id: usize,
+    ctx: Rc<GenerationContext<'a>>,
+    req: &GenerateRequest,
+    prompt: &PromptInputs,
+    cache: &mut PromptCache,
+    guide: Option<(Guide, &'static str)>,
+    mut on_delta: Box<dyn FnMut(Delta) + 'a>,
+    cancel: &CancelToken,
+) -> Result<Started<'a>> {
     let prompt_ids = &prompt.ids[..];
     if prompt_ids.is_empty() {
         return Err(EngineError::InvalidParams {
@@ -289,13 +356,14 @@ pub(crate) fn generate(
     }
     let keys = &prompt.cache_keys;
     let (caches, reused) = cache.take(keys, ctx.adapter_on, || ctx.model.make_caches());
+    let adapter_on = ctx.adapter_on;
     let mut dec = Decoder {
         ctx,
         caches,
         sampler,
         recent,
         sampled: Vec::new(),
-        positions: prompt.positions.as_ref(),
+        positions: prompt.positions.clone(),
         next: 0,
         guide: guide.map(|(guide, field)| Guided {
             guide,
@@ -303,24 +371,64 @@ pub(crate) fn generate(
             allowed: Vec::new(),
         }),
     };
-    let result = run(&mut dec, req, prompt, reused, on_delta, cancel);
-    if result.is_ok() && reuse {
-        let caches = std::mem::take(&mut dec.caches);
-        cache.keep(caches, keys, &dec.sampled, ctx.adapter_on);
+    let begun = begin(&mut dec, req, prompt, reused, &mut *on_delta, cancel)?;
+    let keep = reuse.then(|| keys.clone());
+    match begun {
+        Begun::Done(completion) => {
+            if let Some(keys) = &keep {
+                let caches = std::mem::take(&mut dec.caches);
+                cache.keep(caches, keys, &dec.sampled, adapter_on);
+            }
+            Ok(Started::Done(completion))
+        }
+        Begun::Decoding {
+            out,
+            step,
+            usage,
+            timings,
+            prefill_start,
+        } => Ok(Started::Decoding(Sequence {
+            id,
+            dec,
+            out,
+            on_delta,
+            cancel: cancel.clone(),
+            max_new_tokens: req.max_new_tokens,
+            keep,
+            step,
+            n: 0,
+            usage,
+            timings,
+            prefill_start,
+            decode_start: Instant::now(),
+        })),
     }
-    result
 }
 
-/// Prefills the prompt from `reused` on and decodes.
-fn run(
-    dec: &mut Decoder<'_>,
+/// What [`begin`] leaves.
+#[allow(clippy::large_enum_variant)] // made once per request, taken apart at once
+enum Begun<'a> {
+    Done(Completion),
+    Decoding {
+        out: Output<'a>,
+        step: Step,
+        usage: Usage,
+        timings: Timings,
+        prefill_start: Instant,
+    },
+}
+
+/// Prefills the prompt from `reused` on and queues the first step; a speculative request
+/// decodes to its end here.
+fn begin<'a>(
+    dec: &mut Decoder<'a>,
     req: &GenerateRequest,
     prompt: &PromptInputs,
     reused: usize,
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
-) -> Result<Completion> {
-    let ctx = dec.ctx;
+) -> Result<Begun<'a>> {
+    let ctx = dec.ctx.clone();
     let prompt_ids = &prompt.ids[..];
     dec.next = reused;
     let mut out = Output::new(
@@ -330,11 +438,14 @@ fn run(
         ctx.tokenizer,
         ctx.markup.clone(),
     );
-    let usage = |completion: usize| Usage {
+    let usage = Usage {
         prompt_tokens: prompt_ids.len(),
-        completion_tokens: completion,
         cached_tokens: reused,
         ..Usage::default()
+    };
+    let cancelled = |out: Output<'_>| {
+        let done = out.finish(FinishReason::Cancelled, usage, Timings::default());
+        Ok(Begun::Done(done))
     };
 
     // With images: the input embeddings of the rest of the prompt, image features merged in
@@ -343,7 +454,7 @@ fn run(
     let mut embeds = match (ctx.vision, &prompt.images) {
         (Some(vision), Some(_)) => {
             if ctx.cancelled(cancel)? {
-                return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
+                return cancelled(out);
             }
             Some(crate::prompt::merged_embeddings(
                 ctx.model, vision, prompt, reused,
@@ -355,7 +466,7 @@ fn run(
     let mut rest = &prompt_ids[reused..];
     while rest.len() > 1 {
         if ctx.cancelled(cancel)? {
-            return Ok(out.finish(FinishReason::Cancelled, usage(0), Timings::default()));
+            return cancelled(out);
         }
         let n = ctx.prefill_chunk.min(rest.len() - 1);
         let chunk = Array::from_slice(&rest[..n], &[n as i32]);
@@ -377,86 +488,204 @@ fn run(
         ..Timings::default()
     };
     let last = Array::from_slice(rest, &[rest.len() as i32]);
-    let mut step = dec.step(&last, embeds)?;
+    let step = dec.step(&last, embeds)?;
     transforms::async_eval([&step.token, &step.logprobs])?;
     let drafter = match req.speculative {
         Some(spec) => speculative::Drafter::new(dec, spec, prompt_ids, cancel)?,
         None => None,
     };
-    if let Some(mut drafter) = drafter {
-        step.token.eval()?;
-        timings.prompt_ms = ms(prefill_start);
-        timings.ttft_ms = ms(ctx.started);
-        let decode_start = Instant::now();
-        let (finish, n) =
-            speculative::decode(dec, req, &mut drafter, step, &mut out, on_delta, cancel)?;
-        crate::device::synchronize()?;
-        timings.predicted_n = out.ids.len();
-        timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
-        let usage = Usage {
-            drafted_tokens: drafter.drafted,
-            accepted_tokens: drafter.accepted,
-            ..usage(out.ids.len())
-        };
-        return Ok(out.finish_with(finish, usage, timings, on_delta));
+    let Some(mut drafter) = drafter else {
+        return Ok(Begun::Decoding {
+            out,
+            step,
+            usage,
+            timings,
+            prefill_start,
+        });
+    };
+    step.token.eval()?;
+    timings.prompt_ms = ms(prefill_start);
+    timings.ttft_ms = ms(ctx.started);
+    let decode_start = Instant::now();
+    let (finish, n) =
+        speculative::decode(dec, req, &mut drafter, step, &mut out, on_delta, cancel)?;
+    crate::device::synchronize()?;
+    timings.predicted_n = out.ids.len();
+    timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
+    let usage = Usage {
+        completion_tokens: out.ids.len(),
+        drafted_tokens: drafter.drafted,
+        accepted_tokens: drafter.accepted,
+        ..usage
+    };
+    Ok(Begun::Done(
+        out.finish_with(finish, usage, timings, on_delta),
+    ))
+}
+
+/// One decode step of every sequence in `seqs`: one forward pass over all of them (row by row
+/// where they differ: `LanguageModel::forward_rows`), then each reads its token and streams
+/// it. Those that end leave `seqs` and come back with their completion (or error); their
+/// caches go back to `cache`. Each sequence's tokens are those it would get alone: its own
+/// sampler, constraint, stop strings and cache, and the same pipelining (its step n+1 is
+/// queued before its token n is read).
+pub(crate) fn advance(
+    seqs: &mut Vec<Sequence<'_>>,
+    cache: &mut PromptCache,
+) -> Vec<(usize, Result<Completion>)> {
+    // Asked once per step: both uses below must see the same answer on every rank.
+    let cancelled: Vec<Result<bool>> = (seqs.iter())
+        .map(|s| s.dec.ctx.cancelled(&s.cancel))
+        .collect();
+    let go: Vec<bool> = (seqs.iter().zip(&cancelled))
+        .map(|(s, c)| matches!(c, Ok(false)) && s.n < s.max_new_tokens)
+        .collect();
+    let mut nexts = queue_next(seqs, &go);
+    let mut done = Vec::new();
+    let all = std::mem::take(seqs);
+    for ((mut s, cancelled), next) in all.into_iter().zip(cancelled).zip(nexts.drain(..)) {
+        let outcome = cancelled.and_then(|c| s.take_step(c, next));
+        match outcome {
+            Ok(None) => seqs.push(s),
+            Ok(Some(finish)) => done.push((s.id, s.finish(finish, cache))),
+            Err(e) => done.push((s.id, Err(e))),
+        }
     }
-    let mut decode_start = Instant::now();
-    let mut n = 0usize;
-    let finish = loop {
-        // Unconstrained, step n+1 is queued whole before token n is read. Constrained, only its
-        // forward pass is: its mask needs token n, and is computed while that pass runs.
-        // Asked once per step: both uses below must see the same answer on every rank.
-        let cancelled = ctx.cancelled(cancel)?;
-        let next = if n < req.max_new_tokens && !cancelled {
-            let next = dec.logits(&step.token, None)?;
-            if dec.guide.is_some() {
-                transforms::async_eval([&next])?;
-                Some(Next::Logits(next))
-            } else {
-                let next = dec.sample(next, None)?;
-                transforms::async_eval([&next.token, &next.logprobs])?;
-                Some(Next::Step(next))
+    done
+}
+
+/// Queues step n+1 of each sequence marked in `go`: their logits from one forward pass (rows
+/// of a batch when there are several), then, unconstrained, the sampled token too. Constrained,
+/// only the logits are: the mask needs token n, and is computed while that pass runs.
+fn queue_next(seqs: &mut [Sequence<'_>], go: &[bool]) -> Vec<Option<Result<Next>>> {
+    let mut nexts: Vec<Option<Result<Next>>> = go.iter().map(|_| None).collect();
+    let members: Vec<usize> = (0..seqs.len()).filter(|&i| go[i]).collect();
+    if let [i] = members[..] {
+        let s = &mut seqs[i];
+        let token = s.step.token.clone();
+        let logits = s.dec.logits(&token, None);
+        nexts[i] = Some(logits.and_then(|l| s.dec.queue(l)));
+    } else if !members.is_empty() {
+        match rows_logits(seqs, &members) {
+            Ok(rows) => {
+                for (i, logits) in members.into_iter().zip(rows) {
+                    nexts[i] = Some(seqs[i].dec.queue(logits));
+                }
             }
-        } else {
-            None
-        };
-        if n == 0 {
-            step.token.eval()?;
-            timings.prompt_ms = ms(prefill_start);
-            timings.ttft_ms = ms(ctx.started);
-            decode_start = Instant::now();
+            Err(e) => {
+                for i in members {
+                    nexts[i] = Some(Err(EngineError::Generation(e.to_string())));
+                }
+            }
+        }
+    }
+    nexts
+}
+
+/// The next logits `(1, V)` of each of `members` (indices into `seqs`, same model), from one
+/// forward pass over their tokens as a batch.
+fn rows_logits(seqs: &mut [Sequence<'_>], members: &[usize]) -> Result<Vec<Array>> {
+    let model = seqs[members[0]].dec.ctx.model;
+    let mut batch: Vec<&mut Sequence<'_>> = (seqs.iter_mut().enumerate())
+        .filter(|(i, _)| members.contains(i))
+        .map(|(_, s)| s)
+        .collect();
+    let tokens: Vec<Array> = batch.iter().map(|s| s.step.token.clone()).collect();
+    let ids = ops::concatenate(&tokens, 0)?.reshape(&[-1, 1])?;
+    let mut caches: Vec<&mut [KvCache]> = (batch.iter_mut())
+        .map(|s| s.dec.caches.as_mut_slice())
+        .collect();
+    let logits = model.forward_rows(&ids, &mut caches)?;
+    (batch.into_iter().zip(&tokens).enumerate())
+        .map(|(b, (s, token))| s.dec.row_logits(&logits, b, token))
+        .collect()
+}
+
+impl Decoder<'_> {
+    /// Queues what follows `logits` (see [`queue_next`]).
+    fn queue(&mut self, logits: Array) -> Result<Next> {
+        if self.guide.is_some() {
+            transforms::async_eval([&logits])?;
+            return Ok(Next::Logits(logits));
+        }
+        let next = self.sample(logits, None)?;
+        transforms::async_eval([&next.token, &next.logprobs])?;
+        Ok(Next::Step(next))
+    }
+}
+
+impl Sequence<'_> {
+    /// Reads this step's token and streams it; the finish reason when the generation ends
+    /// here. `next` is step n+1, queued unless cancelled or at `max_new_tokens`.
+    fn take_step(
+        &mut self,
+        cancelled: bool,
+        next: Option<Result<Next>>,
+    ) -> Result<Option<FinishReason>> {
+        let next = next.transpose()?;
+        if self.n == 0 {
+            self.step.token.eval()?;
+            self.timings.prompt_ms = ms(self.prefill_start);
+            self.timings.ttft_ms = ms(self.dec.ctx.started);
+            self.decode_start = Instant::now();
         }
         if cancelled {
-            break FinishReason::Cancelled;
+            return Ok(Some(FinishReason::Cancelled));
         }
-        if n == req.max_new_tokens {
-            break FinishReason::Length;
+        if self.n == self.max_new_tokens {
+            return Ok(Some(FinishReason::Length));
         }
-        if let Some(finish) = dec.take(&step, &mut out, on_delta)? {
-            break finish;
+        if let Some(finish) = self
+            .dec
+            .take(&self.step, &mut self.out, &mut *self.on_delta)?
+        {
+            return Ok(Some(finish));
         }
-        n += 1;
-        if n.is_multiple_of(CLEAR_CACHE_EVERY) {
+        self.n += 1;
+        if self.n.is_multiple_of(CLEAR_CACHE_EVERY) {
             mlx_rs::memory::clear_cache()?;
-            ctx.check_headroom(prompt_ids.len() + n)?;
+            let ctx = self.dec.ctx.clone();
+            ctx.check_headroom(self.usage.prompt_tokens + self.n)?;
         }
-        step = match next.expect("queued while n < max_new_tokens") {
+        self.step = match next.expect("queued while n < max_new_tokens") {
             Next::Step(next) => next,
             Next::Logits(logits) => {
-                let mask = dec.guide.as_mut().map(Guided::mask).transpose()?;
-                let next = dec.sample(logits, mask)?;
+                let mask = self.dec.guide.as_mut().map(Guided::mask).transpose()?;
+                let next = self.dec.sample(logits, mask)?;
                 transforms::async_eval([&next.token, &next.logprobs])?;
                 next
             }
         };
-    };
-    // A step queued ahead (before EOS or a stop string was seen) may still be running, and an
-    // error MLX's stream thread met there is still held: it fails this generation, not the next.
-    crate::device::synchronize()?;
-    timings.predicted_n = out.ids.len();
-    timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
-    let completion = out.ids.len();
-    Ok(out.finish_with(finish, usage(completion), timings, on_delta))
+        Ok(None)
+    }
+
+    /// Ends the generation with `finish`: the held-back text, usage and timings; its caches
+    /// go back to `cache`.
+    fn finish(mut self, finish: FinishReason, cache: &mut PromptCache) -> Result<Completion> {
+        // A step queued ahead (before EOS or a stop string was seen) may still be running, and
+        // an error MLX's stream thread met there is still held: it fails this generation, not
+        // the next.
+        crate::device::synchronize()?;
+        let mut timings = self.timings;
+        timings.predicted_n = self.out.ids.len();
+        timings.predicted_ms = if self.n > 0 {
+            ms(self.decode_start)
+        } else {
+            0.0
+        };
+        let usage = Usage {
+            completion_tokens: self.out.ids.len(),
+            ..self.usage
+        };
+        let completion = self
+            .out
+            .finish_with(finish, usage, timings, &mut *self.on_delta);
+        if let Some(keys) = &self.keep {
+            let caches = std::mem::take(&mut self.dec.caches);
+            cache.keep(caches, keys, &self.dec.sampled, self.dec.ctx.adapter_on);
+        }
+        Ok(completion)
+    }
 }
 
 /// What is queued ahead of the token being read: a whole step, or (constrained) its logits.

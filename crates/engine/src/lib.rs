@@ -6,6 +6,7 @@
 //! below runs there. What other threads need while a generation runs (a resident model's
 //! tokenizer for `tokenize`, a [`CancelToken`]) is `Send + Sync`.
 
+mod batch;
 mod cancel;
 mod constrained;
 mod device;
@@ -30,6 +31,7 @@ mod stream_error_tests;
 mod vision;
 mod weights;
 
+pub use batch::{Admission, More};
 pub use cancel::CancelToken;
 pub use distributed::{Backend as DistributedBackend, Group};
 pub use engine::{Engine, Loaded};

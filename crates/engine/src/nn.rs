@@ -129,6 +129,12 @@ impl RmsNorm {
     }
 }
 
+/// Row `b` of a batch `x` `(B, ...)`, as `(1, ...)`.
+pub fn row(x: &Array, b: usize) -> Result<Array> {
+    let b = b as i32;
+    x.take_axis(ops::arange::<_, i32>(b, b + 1, 1)?, 0)
+}
+
 /// Layer normalisation with a learned scale and offset (`mx.fast.layer_norm`): vision towers.
 #[derive(Debug)]
 pub struct LayerNorm {
@@ -425,6 +431,24 @@ impl Attention {
             offset,
         };
         Ok((self.attend_to(q, &kv, mask, gate.as_ref())?, Some(kv)))
+    }
+
+    /// One decode step of a batch: `x` `(B, 1, D)` projected for all rows at once, then row `b`
+    /// rotated at, stored into and attending over `rows[b]`'s cache with its mask, as
+    /// [`Self::forward`] does for one sequence; the rows' outputs through `o_proj` together.
+    pub fn forward_rows(&self, x: &Array, rows: Vec<(&mut KvCache, &Mask)>) -> Result<Array> {
+        let s = &self.shape;
+        let (q, k, v, gate) = self.project(x)?;
+        let outs = (rows.into_iter().enumerate())
+            .map(|(b, (cache, mask))| {
+                let offset = cache.offset();
+                let (q, k) =
+                    s.rotate(row(&q, b)?, row(&k, b)?, self.rope.as_ref(), None, offset)?;
+                let q = s.temper(q, offset)?;
+                cache.update_and_attend(q, k, row(&v, b)?, s.scale, mask, self.sinks.as_ref())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.output(ops::concatenate(&outs, 0)?, gate.as_ref())
     }
 
     /// A KV-shared layer: its queries (RoPE at the sharing layer's offset) attend to `kv`.

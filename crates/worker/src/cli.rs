@@ -15,6 +15,11 @@ pub struct Cli {
     #[arg(long, default_value_t = 16)]
     pub max_queue: usize,
 
+    /// Most generate requests that run together, one forward pass per decode step serving them
+    /// all (continuous batching); 1 runs one at a time. See protocol.md's Transport section.
+    #[arg(long, default_value_t = 1, value_parser = parse_positive)]
+    pub max_batch: usize,
+
     /// Bytes of KV caches the active model keeps for the next turns of recent conversations
     /// (least recently used dropped first; the newest is always kept). 0 keeps only the newest.
     #[arg(long, default_value_t = mlx_engine::DEFAULT_PROMPT_CACHE_BYTES)]

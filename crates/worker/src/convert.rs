@@ -6,14 +6,14 @@ use mlx_engine::{
     WeightDtype,
 };
 use protocol::methods::{
-    Backend, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo, Dtype,
-    FinishReason, FunctionCall, FunctionKind, GenerateParams, GenerateResult, GroupInfo,
-    KvQuantization, LoadParams, LoadStage, MemoryInfo, MessageContent, MlxInfo, ModelInfo,
-    ParallelInfo, ParallelMode, Quantization, RankShare, ResidentModel, ResponseFormat,
+    Backend, Channel, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo,
+    Dtype, FinishReason, FunctionCall, FunctionKind, GenerateDelta, GenerateParams, GenerateResult,
+    GroupInfo, KvQuantization, LoadParams, LoadStage, MemoryInfo, MessageContent, MlxInfo,
+    ModelInfo, ParallelInfo, ParallelMode, Quantization, RankShare, ResidentModel, ResponseFormat,
     SpecialTokens, SpeculativeMethod, Timings, TokenLogprob, ToolCallOut, ToolChoice,
     ToolChoiceMode, TopLogprob, Usage,
 };
-use protocol::ResponseError;
+use protocol::{RequestId, ResponseError};
 use serde_json::{json, Map, Value};
 
 /// The engine's load request for `load` params.
@@ -274,8 +274,22 @@ fn json_logprob(logprob: f32) -> f32 {
     }
 }
 
+/// The engine's delta number `index` of request `request_id` as the notification carries it.
+pub fn generate_delta(request_id: RequestId, index: u64, d: mlx_engine::Delta) -> GenerateDelta {
+    GenerateDelta {
+        request_id,
+        index,
+        text: d.text,
+        tokens: delta_tokens(d.tokens),
+        channel: d.channel.map(|c| match c {
+            mlx_engine::Channel::Reasoning => Channel::Reasoning,
+            mlx_engine::Channel::Content => Channel::Content,
+        }),
+    }
+}
+
 /// A delta's `tokens`: present only when log-probabilities were asked for.
-pub fn delta_tokens(tokens: Vec<mlx_engine::TokenLogprob>) -> Option<Vec<TokenLogprob>> {
+fn delta_tokens(tokens: Vec<mlx_engine::TokenLogprob>) -> Option<Vec<TokenLogprob>> {
     (!tokens.is_empty()).then(|| {
         tokens
             .into_iter()

@@ -69,8 +69,10 @@ pub struct Dispatcher {
     outbox: Outbox,
     executor: Executor,
     queue: JobQueue,
-    running: Option<Running>,
+    /// Started, in start order: one job, or with `--max-batch` several generations.
+    running: Vec<Running>,
     max_queue: usize,
+    max_batch: usize,
     info: Option<EngineInfo>,
     engine_failed: Option<String>,
     waiting_initialize: Vec<RequestId>,
@@ -93,13 +95,15 @@ impl Dispatcher {
         executor: Executor,
         residents: SharedResidents,
         max_queue: usize,
+        max_batch: usize,
     ) -> Self {
         Dispatcher {
             outbox,
             executor,
             queue: JobQueue::new(max_queue),
-            running: None,
+            running: Vec::new(),
             max_queue,
+            max_batch,
             info: None,
             engine_failed: None,
             waiting_initialize: Vec::new(),
@@ -196,7 +200,7 @@ impl Dispatcher {
     /// Nothing received is left unanswered: no job running or queued, no `initialize` waiting
     /// for the engine, no `tokenize` in flight.
     fn idle(&self) -> bool {
-        self.running.is_none()
+        self.running.is_empty()
             && self.queue.is_empty()
             && self.waiting_initialize.is_empty()
             && self.tokenizing.load(Ordering::SeqCst) == 0
@@ -276,22 +280,40 @@ impl Dispatcher {
             work,
             cancel: CancelToken::new(),
         };
-        if self.running.is_none() && self.queue.is_empty() {
+        if self.running.is_empty() && self.queue.is_empty() {
             return self.start(job);
         }
         if let Err(job) = self.queue.push(job) {
             let max_queue = self.max_queue;
             self.answer(Response::err(Some(job.id), ResponseError::busy(max_queue)));
         }
+        self.join();
     }
 
     fn start(&mut self, job: Job) {
-        self.running = Some(Running {
+        self.running.push(Running {
             id: job.id.clone(),
             state: job.work.state(),
             cancel: job.cancel.clone(),
         });
         self.executor.run(job);
+    }
+
+    /// With `--max-batch`: hands the MLX thread the generate requests at the head of the queue
+    /// while generations run and the batch has room; the MLX thread lets each join between two
+    /// decode steps, or holds it (and what follows) until the batch has ended when it cannot
+    /// share their passes (protocol.md, Transport).
+    fn join(&mut self) {
+        let generating = |r: &Running| r.state == WorkerState::Generating;
+        while !self.running.is_empty()
+            && self.running.len() < self.max_batch
+            && self.running.iter().all(generating)
+            && self.stopping.is_none_or(StopReason::drains)
+            && self.queue.front_is_generate()
+        {
+            let job = self.queue.pop().expect("a job at the front");
+            self.start(job);
+        }
     }
 
     fn on_event(&mut self, event: ExecutorEvent) {
@@ -307,21 +329,25 @@ impl Dispatcher {
             ExecutorEvent::Done(id) => {
                 // The MLX thread wrote the response itself.
                 self.served += 1;
-                if self.running.as_ref().is_some_and(|r| r.id == id) {
-                    self.running = None;
-                }
-                if self.stopping.is_none_or(StopReason::drains) {
+                self.running.retain(|r| r.id != id);
+                self.residents
+                    .lock()
+                    .expect("residents lock")
+                    .finished
+                    .retain(|f| f != &id);
+                if self.running.is_empty() && self.stopping.is_none_or(StopReason::drains) {
                     if let Some(next) = self.queue.pop() {
                         self.start(next);
                     }
                 }
+                self.join();
             }
         }
     }
 
     /// Cancels a queued or running request; whether there was one.
     fn cancel(&mut self, id: &RequestId) -> bool {
-        if let Some(running) = self.running.as_ref().filter(|r| &r.id == id) {
+        if let Some(running) = self.running.iter().find(|r| &r.id == id) {
             running.cancel.cancel();
             return true;
         }
@@ -369,7 +395,7 @@ impl Dispatcher {
             return;
         }
         tracing::info!(?reason, "stopping: cancelling running and queued work");
-        if let Some(running) = &self.running {
+        for running in &self.running {
             running.cancel.cancel();
         }
         for job in self.queue.drain() {
@@ -405,6 +431,7 @@ impl Dispatcher {
                     lora: info.lora,
                     gguf: info.gguf,
                     max_queue: self.max_queue,
+                    max_batch: self.max_batch,
                 },
                 group: info.group.clone(),
             };
@@ -414,19 +441,15 @@ impl Dispatcher {
 
     fn status(&self) -> StatusResult {
         let residents = self.residents.lock().expect("residents lock");
+        let running: Vec<&Running> = (self.running.iter())
+            .filter(|r| !residents.has_answered(&r.id))
+            .collect();
         StatusResult {
-            state: match &self.running {
-                Some(r) if residents.finished.as_ref() != Some(&r.id) => r.state,
-                _ => WorkerState::Idle,
-            },
+            state: running.first().map_or(WorkerState::Idle, |r| r.state),
             active_model: residents.active_model.clone(),
             models: residents.models.clone(),
             queue: QueueInfo {
-                running: u32::from(
-                    self.running
-                        .as_ref()
-                        .is_some_and(|r| residents.finished.as_ref() != Some(&r.id)),
-                ),
+                running: running.len() as u32,
                 waiting: self.queue.len() as u32,
             },
             memory: residents.memory.clone(),

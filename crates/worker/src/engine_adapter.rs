@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_engine::text::ModelTokenizer;
-use mlx_engine::{CancelToken, Engine, Group};
+use mlx_engine::{Admission, CancelToken, Engine, Group, More};
 use protocol::methods::{
-    Channel, GenerateParams, GenerateResult, GroupInfo, LoadParams, LoadResult, LoadStage, MlxInfo,
-    ResetResult, TokenLogprob, UnloadParams, UnloadResult,
+    GenerateParams, GenerateResult, GroupInfo, LoadParams, LoadResult, LoadStage, MlxInfo,
+    ResetResult, UnloadParams, UnloadResult,
 };
 use protocol::ResponseError;
 
@@ -106,26 +106,29 @@ impl EngineAdapter {
         })
     }
 
-    /// `generate`; `on_delta(text, tokens)` gets only the text new since the last call. A
-    /// cancelled generation answers with `finish_reason: cancelled` and the text so far.
+    /// `generate`; `on_delta` gets each piece of new text. A cancelled generation answers with
+    /// `finish_reason: cancelled` and the text so far.
     pub fn generate(
         &mut self,
         params: &GenerateParams,
         cancel: &CancelToken,
-        on_delta: &mut dyn FnMut(String, Option<Vec<TokenLogprob>>, Option<Channel>),
+        on_delta: &mut dyn FnMut(mlx_engine::Delta),
     ) -> Result<GenerateResult, ResponseError> {
         let request = convert::generate_request(params)?;
-        let mut forward = |d: mlx_engine::Delta| {
-            let channel = d.channel.map(|c| match c {
-                mlx_engine::Channel::Reasoning => Channel::Reasoning,
-                mlx_engine::Channel::Content => Channel::Content,
-            });
-            on_delta(d.text, convert::delta_tokens(d.tokens), channel)
-        };
         self.engine
-            .generate(&request, &mut forward, cancel)
+            .generate(&request, on_delta, cancel)
             .map(convert::generate_result)
             .map_err(engine_error)
+    }
+
+    /// [`Engine::generate_batch`]: `first` and the generations `more` lets join.
+    pub fn generate_batch<'f>(
+        &mut self,
+        first: Admission<'f>,
+        max_batch: usize,
+        more: &mut More<'f>,
+    ) {
+        self.engine.generate_batch(first, max_batch, more)
     }
 
     /// `unload`: one model, or all.
@@ -163,7 +166,7 @@ impl EngineAdapter {
                 .collect(),
             memory: convert::memory(self.engine.memory()),
             tokenizers: self.tokenizers.clone(),
-            finished: None,
+            finished: Vec::new(),
         }
     }
 

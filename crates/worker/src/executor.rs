@@ -2,18 +2,21 @@
 //! notifications and its response straight to stdout's outbox (so deltas always precede their
 //! response), then tells the dispatcher it is free.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Duration;
 
 use mlx_engine::{CancelToken, Group};
 use protocol::methods::{
-    GenerateDelta, GenerateDeltaNotification, GenerateParams, LoadParams, LoadProgress,
-    LoadProgressNotification, NotificationMethod, UnloadParams, WorkerState,
+    GenerateDeltaNotification, GenerateParams, LoadParams, LoadProgress, LoadProgressNotification,
+    NotificationMethod, UnloadParams, WorkerState,
 };
 use protocol::{Notification, RequestId, Response, ResponseError};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::batch;
+use crate::convert;
 use crate::engine_adapter::{EngineAdapter, EngineInfo};
 use crate::group::{self, Shared};
 use crate::residents::{Residents, SharedResidents};
@@ -69,6 +72,82 @@ enum Command {
     Quit,
 }
 
+/// The jobs the dispatcher handed over, as the MLX thread takes them: in order, also between
+/// the decode steps of a batch (which may let the first ones join).
+pub(crate) struct Inbox {
+    commands: std_mpsc::Receiver<Command>,
+    waiting: VecDeque<Job>,
+    quit: bool,
+}
+
+impl Inbox {
+    fn new(commands: std_mpsc::Receiver<Command>) -> Self {
+        Inbox {
+            commands,
+            waiting: VecDeque::new(),
+            quit: false,
+        }
+    }
+
+    /// The next job, waiting for one; `None` once told to quit and every job handed over has
+    /// been taken (a cancelling stop has cancelled them: they answer at once).
+    fn next(&mut self) -> Option<Job> {
+        if let Some(job) = self.waiting.pop_front() {
+            return Some(job);
+        }
+        if self.quit {
+            return None;
+        }
+        match self.commands.recv() {
+            Ok(Command::Run(job)) => Some(job),
+            Ok(Command::Quit) | Err(_) => None,
+        }
+    }
+
+    /// The oldest job handed over and not yet taken, without waiting.
+    pub(crate) fn peek(&mut self) -> Option<&Job> {
+        while let Ok(command) = self.commands.try_recv() {
+            match command {
+                Command::Run(job) => self.waiting.push_back(job),
+                Command::Quit => self.quit = true,
+            }
+        }
+        self.waiting.front()
+    }
+
+    /// Takes the job [`Self::peek`] showed.
+    pub(crate) fn pop(&mut self) -> Option<Job> {
+        self.waiting.pop_front()
+    }
+}
+
+/// Where the MLX thread's answers go: stdout, the dispatcher, and the residents snapshot.
+#[derive(Clone)]
+pub(crate) struct Answers {
+    pub outbox: Outbox,
+    events: mpsc::UnboundedSender<ExecutorEvent>,
+    residents: SharedResidents,
+}
+
+impl Answers {
+    /// Sends the response of job `id` and tells the dispatcher it is done. `fresh`: the
+    /// engine's residents as the job left them, published before the response goes out, so
+    /// that a host that reads it and asks `status` or `tokenize` at once finds the models as
+    /// the response left them.
+    pub(crate) fn answer(&self, id: RequestId, response: Response, fresh: Option<Residents>) {
+        {
+            let mut residents = self.residents.lock().expect("residents lock");
+            if let Some(fresh) = fresh {
+                let finished = std::mem::take(&mut residents.finished);
+                *residents = Residents { finished, ..fresh };
+            }
+            residents.answered(id.clone());
+        }
+        self.outbox.send(response);
+        let _ = self.events.send(ExecutorEvent::Done(id));
+    }
+}
+
 /// The dispatcher's handle on the MLX thread.
 pub struct Executor {
     commands: std_mpsc::Sender<Command>,
@@ -86,6 +165,7 @@ impl Executor {
         events: mpsc::UnboundedSender<ExecutorEvent>,
         residents: SharedResidents,
         prompt_cache_bytes: u64,
+        max_batch: usize,
         group_timeout: Duration,
     ) -> Executor {
         let (commands, command_rx) = std_mpsc::channel();
@@ -100,7 +180,8 @@ impl Executor {
         std::thread::Builder::new()
             .name("mlx".into())
             .spawn(move || {
-                run(command_rx, thread, prompt_cache_bytes, group_timeout);
+                let inbox = Inbox::new(command_rx);
+                run(inbox, thread, prompt_cache_bytes, max_batch, group_timeout);
                 let _ = stopped_tx.send(());
             })
             .expect("spawn the MLX thread");
@@ -145,9 +226,10 @@ struct Thread {
 }
 
 fn run(
-    commands: std_mpsc::Receiver<Command>,
+    mut inbox: Inbox,
     thread: Thread,
     prompt_cache_bytes: u64,
+    max_batch: usize,
     group_timeout: Duration,
 ) {
     let Thread {
@@ -159,14 +241,14 @@ fn run(
     // Rank 0 of a group joins it here: the group, like every MLX object, lives on this thread.
     let group = match Group::from_env() {
         Ok(group) => group,
-        Err(reason) => return fail_all(reason, commands, outbox, events),
+        Err(reason) => return fail_all(reason, inbox.commands, outbox, events),
     };
     let start = AssertUnwindSafe(|| EngineAdapter::new(prompt_cache_bytes, group));
     let mut engine = match catch_unwind(start) {
         Ok(engine) => engine,
         Err(panic) => {
             let reason = format!("MLX panicked while starting: {}", panic_message(&*panic));
-            return fail_all(reason, commands, outbox, events);
+            return fail_all(reason, inbox.commands, outbox, events);
         }
     };
     if let Some(g) = engine.group() {
@@ -175,9 +257,30 @@ fn run(
     }
     let _ = events.send(ExecutorEvent::Ready(engine.info()));
     *residents.lock().expect("residents lock") = engine.residents();
+    let answers = Answers {
+        outbox: outbox.clone(),
+        events,
+        residents,
+    };
 
-    while let Ok(Command::Run(job)) = commands.recv() {
+    while let Some(job) = inbox.next() {
         let id = job.id.clone();
+        // Several generations at once: not in a group, whose ranks run one request in step.
+        if max_batch > 1 && engine.group().is_none() && matches!(job.work, Work::Generate(_)) {
+            let batch =
+                AssertUnwindSafe(|| batch::run(&mut engine, job, &mut inbox, max_batch, &answers));
+            if let Err(panic) = catch_unwind(batch) {
+                let what = panic_message(&*panic);
+                tracing::error!("the engine panicked in a batch: {what}");
+            }
+            let mut snapshot = answers.residents.lock().expect("residents lock");
+            let finished = std::mem::take(&mut snapshot.finished);
+            *snapshot = Residents {
+                finished,
+                ..engine.residents()
+            };
+            continue;
+        }
         stall.start(id.clone(), !matches!(job.work, Work::Load(_)));
         let shared = match engine.group() {
             Some(g) => {
@@ -207,14 +310,7 @@ fn run(
             // The watchdog answered it: the group is broken.
             continue;
         }
-        // Before the response goes out, so that a host that reads it and asks `status` or
-        // `tokenize` at once finds the models as the response left them.
-        *residents.lock().expect("residents lock") = Residents {
-            finished: Some(id.clone()),
-            ..engine.residents()
-        };
-        outbox.send(response);
-        let _ = events.send(ExecutorEvent::Done(id));
+        answers.answer(id, response, Some(engine.residents()));
     }
     tracing::debug!("freeing the engine");
     if let Some(g) = engine.group() {
@@ -224,7 +320,7 @@ fn run(
 }
 
 /// The text a panic was raised with, when it has one.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -280,26 +376,11 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox, stall: &Stall)
                 .map(to_value)
         }
         Work::Generate(params) => {
-            let mut index = 0;
-            let cancelled = || job.cancel.is_cancelled();
-            let mut on_delta = |text: String, tokens, channel| {
-                if quiet() {
-                    return;
+            let mut send = delta_sender(id.clone(), job.cancel.clone(), outbox.clone());
+            let mut on_delta = |d| {
+                if !quiet() {
+                    send(d)
                 }
-                outbox.send_paced(
-                    Notification::new(
-                        GenerateDeltaNotification::NAME,
-                        GenerateDelta {
-                            request_id: id.clone(),
-                            index,
-                            text,
-                            tokens,
-                            channel,
-                        },
-                    ),
-                    &cancelled,
-                );
-                index += 1;
             };
             engine
                 .generate(&params, &job.cancel, &mut on_delta)
@@ -314,6 +395,22 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox, stall: &Stall)
     }
 }
 
-fn to_value(result: impl serde::Serialize) -> serde_json::Value {
+/// Sends a generation's deltas as notifications, counted from 0; paced by the host's reading
+/// (until the request is cancelled).
+pub(crate) fn delta_sender(
+    id: RequestId,
+    cancel: CancelToken,
+    outbox: Outbox,
+) -> impl FnMut(mlx_engine::Delta) {
+    let mut index = 0;
+    move |d| {
+        let delta = convert::generate_delta(id.clone(), index, d);
+        let notification = Notification::new(GenerateDeltaNotification::NAME, delta);
+        outbox.send_paced(notification, &|| cancel.is_cancelled());
+        index += 1;
+    }
+}
+
+pub(crate) fn to_value(result: impl serde::Serialize) -> serde_json::Value {
     serde_json::to_value(result).expect("results serialise")
 }

@@ -111,7 +111,7 @@ pub fn follow(prompt_cache_bytes: u64) -> i32 {
         };
         let outcome = match shared {
             Shared::Load(p) => engine.load(&p, &never, &mut |_, _, _, _| {}).map(drop),
-            Shared::Generate(p) => engine.generate(&p, &never, &mut |_, _, _| {}).map(drop),
+            Shared::Generate(p) => engine.generate(&p, &never, &mut |_| {}).map(drop),
             Shared::Unload(p) => engine.unload(&p).map(drop),
             Shared::Reset => {
                 engine.reset();

@@ -6,6 +6,7 @@
 //! params into engine calls, with `convert` and `errors`) -> `transport` (stdout, one line per
 //! message). `residents` is what the dispatcher knows of the engine's models between jobs.
 
+mod batch;
 mod cli;
 mod convert;
 mod dispatcher;
@@ -41,6 +42,7 @@ fn main() {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         max_queue = cli.max_queue,
+        max_batch = cli.max_batch,
         max_line_bytes = cli.max_line_bytes,
         prompt_cache_bytes = cli.prompt_cache_bytes,
         "mlx-worker starting"
@@ -70,10 +72,11 @@ async fn serve(cli: cli::Cli) {
         events_tx,
         residents.clone(),
         cli.prompt_cache_bytes,
+        cli.max_batch,
         Duration::from_secs(cli.group_timeout_secs),
     );
     let inbound = transport::spawn_reader(cli.max_line_bytes, outbox.clone());
-    Dispatcher::new(outbox, executor, residents, cli.max_queue)
+    Dispatcher::new(outbox, executor, residents, cli.max_queue, cli.max_batch)
         .run(inbound, events, stdout_gone)
         .await;
 }

@@ -35,6 +35,14 @@ impl JobQueue {
         self.waiting.pop_front()
     }
 
+    /// Whether the oldest job is a `generate`.
+    pub fn front_is_generate(&self) -> bool {
+        matches!(
+            self.waiting.front().map(|j| &j.work),
+            Some(crate::executor::Work::Generate(_))
+        )
+    }
+
     /// Takes out the job with this id (the first one, should a host reuse ids).
     pub fn remove(&mut self, id: &RequestId) -> Option<Job> {
         let at = self.waiting.iter().position(|job| &job.id == id)?;

@@ -23,16 +23,27 @@ pub struct Residents {
     pub memory: MemoryInfo,
     /// Each resident model's tokenizer, by model id.
     pub tokenizers: HashMap<String, Arc<ModelTokenizer>>,
-    /// The last job whose response the MLX thread has sent: a host that has read that response
-    /// and asks `status` at once must not see the job as still running, even before the
-    /// dispatcher has heard that it is done.
-    pub finished: Option<RequestId>,
+    /// The jobs whose responses the MLX thread has sent and the dispatcher has not yet heard
+    /// are done: a host that has
+    /// read a response and asks `status` at once must not see its job as still running, even
+    /// before the dispatcher has heard that it is done.
+    pub finished: Vec<RequestId>,
 }
 
 /// The snapshot, shared by the dispatcher and the MLX thread.
 pub type SharedResidents = Arc<Mutex<Residents>>;
 
 impl Residents {
+    /// Notes that the response of `id` has been sent (until the dispatcher hears it is done).
+    pub fn answered(&mut self, id: RequestId) {
+        self.finished.push(id);
+    }
+
+    /// Whether the response of `id` has been sent.
+    pub fn has_answered(&self, id: &RequestId) -> bool {
+        self.finished.contains(id)
+    }
+
     /// The tokenizer of `model`, or of the active model;
     /// [`NoModel`](protocol::ErrorCode::NoModel) when it is not resident.
     pub fn tokenizer(&self, model: Option<&str>) -> Result<Arc<ModelTokenizer>, ResponseError> {

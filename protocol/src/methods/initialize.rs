@@ -85,6 +85,9 @@ pub struct Capabilities {
     pub gguf: bool,
     /// The queue's capacity (`--max-queue`).
     pub max_queue: usize,
+    /// Most generations that run together, sharing each decode step (`--max-batch`; 1: one at
+    /// a time).
+    pub max_batch: usize,
 }
 
 /// Result of `initialize`.

@@ -78,7 +78,7 @@ impl<'a> Drafter<'a> {
                     caches,
                     unfed: Vec::new(),
                 };
-                draft.prefill(prompt, dec.ctx, cancel)?;
+                draft.prefill(prompt, &dec.ctx, cancel)?;
                 (Source::Model(draft), num_draft_tokens)
             }
         };

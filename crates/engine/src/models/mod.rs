@@ -67,6 +67,18 @@ pub trait LanguageModel {
             "this model takes no explicit positions",
         ))
     }
+    /// One decode step of several sequences at once: token ids `(B, 1)`, row `b` appending to
+    /// `caches[b]`; logits `(B, 1, vocab)`, each row what [`LanguageModel::forward`] gives that
+    /// sequence alone. Only where [`LanguageModel::rows_supported`].
+    fn forward_rows(&self, _tokens: &Array, _caches: &mut [&mut [KvCache]]) -> Result<Array> {
+        Err(mlx_rs::error::Exception::custom(
+            "this model runs one sequence at a time",
+        ))
+    }
+    /// Whether [`LanguageModel::forward_rows`] runs this model.
+    fn rows_supported(&self) -> bool {
+        false
+    }
     /// Number of attention layers.
     fn num_layers(&self) -> usize;
     /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).

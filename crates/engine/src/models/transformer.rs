@@ -420,6 +420,8 @@ enum LayerKv<'a> {
     Cache(&'a mut KvCache),
     /// An earlier layer's, of this pass.
     Shared(&'a SharedKv),
+    /// One cache per row of a batch of sequences, each with its mask ([`Decoder::forward_rows`]).
+    Rows(Vec<(&'a mut KvCache, &'a Mask)>),
 }
 
 impl Block {
@@ -452,6 +454,24 @@ impl Block {
                 }
             }
             (Mixer::SelfAttn(a), LayerKv::Shared(shared)) => a.forward_shared(x, mask, shared),
+            (Mixer::SelfAttn(a), LayerKv::Rows(rows)) => {
+                let out = a.forward_rows(x, rows)?;
+                match &self.tensor {
+                    Some(t) => t.attention.apply(out),
+                    None => Ok(out),
+                }
+            }
+            (Mixer::LinearAttn(l), LayerKv::Rows(rows)) => {
+                let outs = (rows.into_iter().enumerate())
+                    .map(|(b, (cache, _))| match cache {
+                        KvCache::State(state) => l.forward(&crate::nn::row(x, b)?, state),
+                        _ => Err(mlx_rs::error::Exception::custom(
+                            "a linear-attention layer needs a state cache",
+                        )),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                mlx_rs::ops::concatenate(&outs, 0)
+            }
             (Mixer::LinearAttn(l), LayerKv::Cache(KvCache::State(state))) => l.forward(x, state),
             (Mixer::LinearAttn(_), _) => Err(mlx_rs::error::Exception::custom(
                 "a linear-attention layer needs a state cache",
@@ -875,6 +895,67 @@ impl<F: Family> Decoder<F> {
         self
     }
 
+    /// Whether [`Self::forward_rows`] can run this model: not with multimodal RoPE (positions
+    /// per token), layers that share another layer's keys, or a split over a group.
+    fn rows_supported(&self) -> bool {
+        self.mrope.is_none()
+            && self.placement.is_none()
+            && self.layers.iter().all(|l| l.kv_from.is_none())
+    }
+
+    /// One decode step of several sequences at once: `tokens` `(B, 1)`, row `b` continuing the
+    /// sequence `caches[b]` holds. Embeddings, projections, MLPs and the head run over all rows
+    /// together (one pass over the weights serves the batch); RoPE, the cache update and
+    /// attention run per row at its own offset with its own mask, exactly as a single
+    /// sequence's step does. Logits `(B, 1, vocab)`.
+    fn forward_rows(&self, tokens: &Array, caches: &mut [&mut [KvCache]]) -> Result<Array> {
+        if !self.rows_supported() {
+            return Err(mlx_rs::error::Exception::custom(
+                "this model runs one sequence at a time",
+            ));
+        }
+        if let Some(c) = caches.iter().find(|c| c.len() != self.cache_count()) {
+            return Err(mlx_rs::error::Exception::custom(format!(
+                "{} layers need one KV cache each, got {}",
+                self.cache_count(),
+                c.len()
+            )));
+        }
+        let h = self.family.scale_embeddings(self.embed(tokens)?)?;
+        let per_layer = self.family.per_layer_inputs(Some(tokens), &h)?;
+        // Each row's masks, one per kind of layer, asked before any layer adds this step.
+        let masks = (caches.iter())
+            .map(|c| {
+                let kinds = self.mask_sources.iter().map(|&i| c[i].mask(1));
+                kinds.collect::<Result<Vec<Mask>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut h = h;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let rows = (caches.iter_mut().zip(&masks))
+                .map(|(c, m)| (&mut c[i], &m[layer.mask_kind]))
+                .collect();
+            let input = match &per_layer {
+                Some(p) => Some(p.take_axis(Array::from_int(i as i32), 2)?),
+                None => None,
+            };
+            let no_mask = Mask::None;
+            let kv = LayerKv::Rows(rows);
+            (h, _) = layer.forward(&self.family, &h, &no_mask, kv, None, input.as_ref())?;
+        }
+        self.head(&h)
+    }
+
+    /// The final norm, the head (or the tied embedding) and the family's logit processing.
+    fn head(&self, h: &Array) -> Result<Array> {
+        let h = self.norm.forward(h)?;
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&h)?,
+            None => self.embed_tokens.as_linear(&h)?,
+        };
+        self.family.logits(logits)
+    }
+
     /// The forward pass; `positions` `(3, L)` only for an M-RoPE model, which may also add
     /// `deepstack[i]` to the output of layer `i`.
     fn forward_at(
@@ -952,12 +1033,7 @@ impl<F: Family> Decoder<F> {
         if let Some(p) = pipeline {
             h = parallel::hand_on(p, h)?;
         }
-        let h = self.norm.forward(&h)?;
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&h)?,
-            None => self.embed_tokens.as_linear(&h)?,
-        };
-        self.family.logits(logits)
+        self.head(&h)
     }
 }
 
@@ -993,6 +1069,14 @@ impl<F: Family> LanguageModel for Decoder<F> {
 
     fn embed(&self, tokens: &Array) -> Result<Array> {
         self.embed_tokens.forward(tokens)
+    }
+
+    fn forward_rows(&self, tokens: &Array, caches: &mut [&mut [KvCache]]) -> Result<Array> {
+        Decoder::forward_rows(self, tokens, caches)
+    }
+
+    fn rows_supported(&self) -> bool {
+        Decoder::rows_supported(self)
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array> {

@@ -83,6 +83,9 @@ class Capabilities(TypedDict):
     gguf: bool
     #: The queue's capacity (`--max-queue`).
     max_queue: int
+    #: Most generations that run together, sharing each decode step (`--max-batch`; 1: one at
+    #: a time).
+    max_batch: int
 
 
 class GroupInfo(TypedDict):

@@ -1,0 +1,150 @@
+//! Continuous batching: generations on one resident model share each decode step's forward
+//! pass (one pass over the weights serves them all), joining between steps and leaving when
+//! they end, each with its own sampler, constraint, stop strings, caches and stream. A
+//! sequence's tokens are those it gets alone: the batch runs the weights over its rows
+//! together and attention row by row (`LanguageModel::forward_rows`).
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use crate::{
+    constrained::ToolUse,
+    engine::{finish, prepare, Prepared, View},
+    generate::{advance, start, Sequence, Started},
+    prompt_cache::PromptCache,
+    request::{Completion, Delta, GenerateRequest},
+    CancelToken, Engine, EngineError, Group,
+};
+
+/// A generation handed to [`Engine::generate_batch`]: the request, its cancel token, where
+/// its deltas go and where its answer goes.
+pub struct Admission<'f> {
+    pub req: GenerateRequest,
+    pub cancel: CancelToken,
+    pub on_delta: Box<dyn FnMut(Delta) + 'f>,
+    pub on_done: Box<dyn FnOnce(Result<Completion, EngineError>) + 'f>,
+}
+
+/// What [`Engine::generate_batch`] asks between steps for the next generation to join: given a
+/// test of what can, the next request if it passes.
+pub type More<'f> = dyn FnMut(&dyn Fn(&GenerateRequest) -> bool) -> Option<Admission<'f>> + 'f;
+
+/// What a running sequence's end still needs.
+struct Pending<'f> {
+    on_done: Box<dyn FnOnce(Result<Completion, EngineError>) + 'f>,
+    tools: Option<ToolUse>,
+}
+
+/// Where the sequences of one batch come from and go.
+struct Batch<'a> {
+    view: View<'a>,
+    group: Option<&'a Group>,
+    prefill_chunk: usize,
+    seqs: Vec<Sequence<'a>>,
+    /// By sequence id.
+    pending: Vec<Option<Pending<'a>>>,
+}
+
+impl Engine {
+    /// Runs `first`, and with it, joining between its decode steps, each generation `more`
+    /// hands over, at most `max_batch` at a time. `more` is asked between steps with a test
+    /// of what can join (the same resident, the same adapter state, not speculative, a model
+    /// whose steps can be batched, no group of ranks); it gives the next request only if that
+    /// passes (else `None`, and is asked again next step). Returns when nothing runs and
+    /// nothing joined. Every admission's `on_done` is called once.
+    pub fn generate_batch<'f>(
+        &mut self,
+        first: Admission<'f>,
+        max_batch: usize,
+        more: &mut More<'f>,
+    ) {
+        let started = Instant::now();
+        let i = match self.using(first.req.model.as_deref()) {
+            Ok(i) => i,
+            Err(e) => return (first.on_done)(Err(e)),
+        };
+        let prefill_chunk = self.prefill_chunk();
+        let active = i + 1 == self.models.len();
+        let group = self.group.as_deref();
+        let (view, cache, vocabulary) = self.models[i].split();
+        let batched = max_batch > 1 && group.is_none() && view.model.rows_supported();
+        let adapter_on = view.adapter_on(&first.req);
+        let id = view.info.model_id.clone();
+        let fits = |req: &GenerateRequest| {
+            batched
+                && req.speculative.is_none()
+                && view.adapter_on(req) == adapter_on
+                && req.model.as_deref().map_or(active, |m| m == id)
+        };
+        let open = fits(&first.req);
+        let mut batch = Batch {
+            view,
+            group,
+            prefill_chunk,
+            seqs: Vec::new(),
+            pending: Vec::new(),
+        };
+        batch.admit(cache, vocabulary, first, started);
+        loop {
+            while open && batch.seqs.len() < max_batch {
+                let Some(admission) = more(&fits) else { break };
+                batch.admit(cache, vocabulary, admission, Instant::now());
+            }
+            if batch.seqs.is_empty() {
+                return;
+            }
+            for (id, result) in advance(&mut batch.seqs, cache) {
+                batch.done(id, result);
+            }
+        }
+    }
+}
+
+impl<'a> Batch<'a> {
+    /// Prepares and prefills `admission`; it joins the running sequences, or is answered here
+    /// when it already ended (an error, a cancel during prefill, a speculative run).
+    fn admit(
+        &mut self,
+        cache: &mut PromptCache,
+        vocabulary: &mut Option<constrain::Vocabulary>,
+        admission: Admission<'a>,
+        started: Instant,
+    ) {
+        let Admission {
+            req,
+            cancel,
+            on_delta,
+            on_done,
+        } = admission;
+        let id = self.pending.len();
+        let prep = match prepare(self.view, vocabulary, &req) {
+            Ok(prep) => prep,
+            Err(e) => return on_done(Err(e)),
+        };
+        let ctx = (self.view).context(&prep, started, self.prefill_chunk, self.group);
+        let Prepared {
+            req,
+            prompt,
+            tools,
+            guide,
+            ..
+        } = prep;
+        self.pending.push(Some(Pending { on_done, tools }));
+        let ctx = Rc::new(ctx);
+        let started = start(id, ctx, &req, &prompt, cache, guide, on_delta, &cancel);
+        match started {
+            Ok(Started::Decoding(seq)) => self.seqs.push(seq),
+            Ok(Started::Done(completion)) => self.done(id, Ok(completion)),
+            Err(e) => self.done(id, Err(e)),
+        }
+    }
+
+    /// Answers sequence `id`.
+    fn done(&mut self, id: usize, mut result: Result<Completion, EngineError>) {
+        let Some(Pending { on_done, tools }) = self.pending[id].take() else {
+            return;
+        };
+        finish(self.view, tools.as_ref(), &mut result);
+        on_done(result);
+    }
+}

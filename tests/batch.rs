@@ -1,0 +1,194 @@
+//! End-to-end: continuous batching (`--max-batch`). Generations that run together answer as
+//! each does alone (greedy ids, seeded draws, stop strings, limits, log-probabilities), join
+//! and leave between steps without disturbing the others, and `load`/`unload` wait for them.
+
+use std::time::Duration;
+
+use fixtures::{smollm2_dir, vision_fixture};
+use protocol::methods::*;
+use protocol::{Client, ErrorCode};
+
+use crate::support::{greedy, model_id, rpc_error, within_for, worker, worker_with_tiny_model};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Requests that differ in every way a batch must keep apart.
+fn mix() -> Vec<GenerateParams> {
+    let mut qs = vec![
+        greedy("What is the capital of France?", 40),
+        greedy(
+            "Write a long poem about the sea, the wind and the stars.",
+            64,
+        ),
+        greedy("Hi", 7),
+        greedy(
+            "Count from one to twenty in words, separated by commas.",
+            50,
+        ),
+        greedy("Tell me a joke about cats.", 30),
+        greedy("List three colours.", 24),
+    ];
+    qs[3].stop = vec!["ten".into(), "10".into()];
+    qs[4].temperature = 0.8;
+    qs[4].seed = Some(7);
+    qs[5].logprobs = 3;
+    qs
+}
+
+/// Each request sent after the last one's answer.
+async fn alone(w: &Client, qs: &[GenerateParams]) -> Vec<GenerateResult> {
+    let mut out = Vec::new();
+    for q in qs {
+        out.push(
+            within_for(LIMIT, w.generate(q).unwrap().finish())
+                .await
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// Every request sent at once (their streams read in turn, the rest buffered meanwhile): each
+/// response with the text its deltas streamed.
+async fn together(w: &Client, qs: &[GenerateParams]) -> Vec<(GenerateResult, String)> {
+    let handles: Vec<_> = qs.iter().map(|q| w.generate(q).unwrap()).collect();
+    let mut out = Vec::new();
+    for mut g in handles {
+        let mut streamed = String::new();
+        while let Some(d) = within_for(LIMIT, g.next_delta()).await {
+            streamed.push_str(&d.text);
+        }
+        out.push((within_for(LIMIT, g.finish()).await.unwrap(), streamed));
+    }
+    out
+}
+
+fn same(alone: &[GenerateResult], batched: &[(GenerateResult, String)], what: &str) {
+    for (i, (a, (b, streamed))) in alone.iter().zip(batched).enumerate() {
+        let what = format!("{what}, request {i}");
+        assert_eq!(a.text, b.text, "{what}");
+        assert_eq!(&b.text, streamed, "{what}: the deltas make the text");
+        assert_eq!(a.finish_reason, b.finish_reason, "{what}");
+        assert_eq!(
+            a.usage.completion_tokens, b.usage.completion_tokens,
+            "{what}"
+        );
+        assert_eq!(a.usage.prompt_tokens, b.usage.prompt_tokens, "{what}");
+    }
+}
+
+async fn load(w: &Client, model: &str) {
+    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model)))
+        .await
+        .unwrap();
+}
+
+/// The real SmolLM2 and tiny fixtures of every kind of layer a batch runs row by row (sliding
+/// windows, quantized weights, experts, attention sinks, linear attention, per-layer inputs):
+/// requests sent together answer exactly as each does alone.
+#[tokio::test]
+async fn generations_run_together_answer_as_each_does_alone() {
+    let Some(smollm2) = smollm2_dir() else { return };
+    let Some(_) = vision_fixture("tiny-qwen3") else {
+        return;
+    };
+    let mut models = vec![model_id(&smollm2)];
+    for name in [
+        "tiny-qwen3",
+        "tiny-q4",
+        "tiny-gemma3-window",
+        "tiny-llama-sliding",
+        "tiny-qwen3-moe-q4",
+        "tiny-gpt-oss",
+        "tiny-qwen3-next",
+        "tiny-gemma4",
+    ] {
+        models.push(model_id(&vision_fixture(name).unwrap()));
+    }
+    let qs = mix();
+    let one = worker(&[]);
+    let batched = worker(&["--max-batch", "4"]);
+    let init = within_for(
+        LIMIT,
+        batched.call::<Initialize>(&InitializeParams::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(init.capabilities.max_batch, 4);
+    for model in &models {
+        load(&one, model).await;
+        load(&batched, model).await;
+        let expected = alone(&one, &qs).await;
+        // Six requests, at most four at a time: two join as the first ones end.
+        same(&expected, &together(&batched, &qs).await, model);
+        // And again, now that the prompt cache holds these conversations.
+        same(&expected, &together(&batched, &qs).await, model);
+        for w in [&one, &batched] {
+            within_for(LIMIT, w.call::<Unload>(&UnloadParams::default()))
+                .await
+                .unwrap();
+        }
+    }
+    for w in [one, batched] {
+        within_for(LIMIT, w.shutdown()).await.unwrap();
+    }
+}
+
+/// A short request answers while a long one runs (it joined it), and a cancel ends one
+/// generation of the batch only.
+#[tokio::test]
+async fn a_request_joins_a_running_generation_and_a_cancel_ends_only_its_own() {
+    let (w, _dir) = worker_with_tiny_model(&["--max-batch", "3"]).await;
+    let mut long = w.generate(&greedy("hi", 3000)).unwrap();
+    within_for(LIMIT, long.next_delta()).await.unwrap();
+    let mut other = w.generate(&greedy("hello", 3000)).unwrap();
+    within_for(LIMIT, other.next_delta()).await.unwrap();
+    let status = within_for(LIMIT, w.call::<Status>(&StatusParams {}))
+        .await
+        .unwrap();
+    assert_eq!(status.queue.running, 2, "{status:?}");
+    assert_eq!(status.state, WorkerState::Generating);
+    let short = within_for(LIMIT, w.generate(&greedy("hey", 5)).unwrap().finish())
+        .await
+        .unwrap();
+    assert_eq!(short.finish_reason, FinishReason::Length);
+    assert_eq!(short.usage.completion_tokens, 5);
+    within_for(LIMIT, w.cancel(long.id())).await.unwrap();
+    let long = within_for(LIMIT, long.finish()).await.unwrap();
+    assert_eq!(long.finish_reason, FinishReason::Cancelled);
+    assert!(long.usage.completion_tokens < 3000, "{:?}", long.usage);
+    // The other one runs on.
+    within_for(LIMIT, other.next_delta()).await.unwrap();
+    within_for(LIMIT, w.cancel(other.id())).await.unwrap();
+    let other = within_for(LIMIT, other.finish()).await.unwrap();
+    assert_eq!(other.finish_reason, FinishReason::Cancelled);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// `unload` waits for the generations in flight, and the generate behind it starts after it
+/// (there is no model left, so it fails): nothing overtakes a request that cannot join.
+#[tokio::test]
+async fn unload_waits_for_the_batch_and_what_follows_it_waits_for_unload() {
+    let (w, _dir) = worker_with_tiny_model(&["--max-batch", "4"]).await;
+    let first = w.generate(&greedy("hi", 400)).unwrap();
+    let second = w.generate(&greedy("hello", 300)).unwrap();
+    let all = UnloadParams::default();
+    let mut unload = std::pin::pin!(w.call::<Unload>(&all));
+    // Polled once, the call's request is written; then the third generate goes after it.
+    tokio::select! {
+        biased;
+        _ = &mut unload => panic!("unload answered before the generations ended"),
+        _ = tokio::task::yield_now() => {}
+    }
+    let third = w.generate(&greedy("hey", 5)).unwrap();
+    let (unloaded, first, second) = tokio::join!(
+        within_for(LIMIT, unload),
+        within_for(LIMIT, first.finish()),
+        within_for(LIMIT, second.finish()),
+    );
+    assert_eq!(first.unwrap().usage.completion_tokens, 400);
+    assert_eq!(second.unwrap().usage.completion_tokens, 300);
+    assert_eq!(unloaded.unwrap().unloaded.len(), 1);
+    rpc_error(within_for(LIMIT, third.finish()).await, ErrorCode::NoModel);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
