@@ -370,7 +370,11 @@ impl Worker {
     }
 
     /// The worker started with `args`, with `load` done.
-    pub async fn start_args(bin: &Path, args: &[String], load: &LoadParams) -> anyhow::Result<Self> {
+    pub async fn start_args(
+        bin: &Path,
+        args: &[String],
+        load: &LoadParams,
+    ) -> anyhow::Result<Self> {
         let client = Client::spawn(bin, args, [("MLX_WORKER_LOG", "warn")])
             .with_context(|| format!("starting {}", bin.display()))?;
         let initialized = client

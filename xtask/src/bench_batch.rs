@@ -215,11 +215,11 @@ async fn worker_batch(
     };
     for stream in streams {
         let (first, done, result) = stream.await.context("worker: a stream's task")?;
-        let result = result.with_context(|| {
-            format!("worker: generate (stderr: {})", client.stderr_tail())
-        })?;
+        let result = result
+            .with_context(|| format!("worker: generate (stderr: {})", client.stderr_tail()))?;
         run.generated.push(result.timings.predicted_n);
-        run.ttft_ms.push(first.unwrap_or(done).as_secs_f64() * 1000.0);
+        run.ttft_ms
+            .push(first.unwrap_or(done).as_secs_f64() * 1000.0);
         run.wall = run.wall.max(done);
     }
     Ok(run)
