@@ -51,16 +51,16 @@ const ANOTHER_CHAT: &str = "Write a haiku about autumn leaves.";
 pub struct Options {
     /// Measured rounds; each side reports the median.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    runs: u32,
+    pub(crate) runs: u32,
     /// Tokens generated per run (default: xtask/bench/prompts.json's, or moe.json's).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_new_tokens: Option<u32>,
     /// Only mlx-lm (to test this harness without the worker).
     #[arg(long)]
-    skip_worker: bool,
+    pub(crate) skip_worker: bool,
     /// Leave out the mlx-lm + OpenBLAS column.
     #[arg(long = "no-openblas", action = clap::ArgAction::SetFalse)]
-    openblas: bool,
+    pub(crate) openblas: bool,
     /// Instead: a vision model with one 800 px image beside mlx-vlm (`xtask/bench/vision.json`).
     #[arg(long)]
     vision: bool,
@@ -80,6 +80,14 @@ pub struct Options {
     /// by mlx-lm's classes (`xtask/bench/moe.json`), the same comparison.
     #[arg(long)]
     moe: bool,
+    /// Instead: aggregate decode tok/s with several chats at once (`xtask/bench/batch.json`),
+    /// the worker (`--max-batch`) beside mlx-lm's `BatchGenerator`.
+    #[arg(long)]
+    batch: bool,
+    /// With --batch: how many chats run at once, one measurement per width.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) widths: Vec<u32>,
 }
 
 /// One measured generation, from either side.
@@ -104,6 +112,9 @@ enum Side {
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     if opts.vision {
         return crate::bench_vision::run(opts.runs, opts.max_new_tokens);
+    }
+    if opts.batch {
+        return crate::bench_batch::run(opts);
     }
     let file = prompts()?;
     if opts.moe {
@@ -143,11 +154,6 @@ pub(crate) fn compare(
     max_new_tokens: u32,
 ) -> anyhow::Result<()> {
     let python = venv::reference_python()?;
-    if opts.openblas && !Path::new(OPENBLAS).is_file() {
-        bail!(
-            "{OPENBLAS} is missing: install Debian's libopenblas0-pthread, or pass --no-openblas"
-        );
-    }
 
     let runtime = tokio::runtime::Runtime::new()?;
     let worker = if opts.skip_worker {
@@ -158,14 +164,7 @@ pub(crate) fn compare(
     };
     let mut stock = MlxLm::start(&python, model, None, None)?;
     let mut openblas = if opts.openblas {
-        let p = MlxLm::start(&python, model, None, Some(OPENBLAS))?;
-        if !p.blas.iter().any(|l| l.starts_with("libopenblas")) {
-            bail!(
-                "the OpenBLAS preload did not take effect (mapped BLAS: {:?})",
-                p.blas
-            );
-        }
-        Some(p)
+        Some(MlxLm::start_openblas(&python, BENCH_SCRIPT, &[model])?)
     } else {
         None
     };
@@ -356,6 +355,8 @@ pub(crate) struct Worker {
     pub client: Client,
     /// MLX's active memory right after the load: the weights as held.
     pub loaded_bytes: u64,
+    /// `initialize`'s result.
+    pub initialized: Value,
 }
 
 impl Worker {
@@ -365,15 +366,29 @@ impl Worker {
 
     /// The worker with `load` done.
     pub async fn start_with(bin: &Path, load: &LoadParams) -> anyhow::Result<Self> {
-        let client = Client::spawn(bin, Vec::<String>::new(), [("MLX_WORKER_LOG", "warn")])
+        Self::start_args(bin, &[], load).await
+    }
+
+    /// The worker started with `args`, with `load` done.
+    pub async fn start_args(
+        bin: &Path,
+        args: &[String],
+        load: &LoadParams,
+    ) -> anyhow::Result<Self> {
+        let client = Client::spawn(bin, args, [("MLX_WORKER_LOG", "warn")])
             .with_context(|| format!("starting {}", bin.display()))?;
-        client
+        let initialized = client
             .request_value(
                 "initialize",
                 json!({"client": {"name": "xtask-bench", "version": env!("CARGO_PKG_VERSION")}}),
             )
             .await
-            .context("worker: initialize")?;
+            .with_context(|| {
+                format!(
+                    "worker: initialize, started with {args:?} (stderr: {})",
+                    client.stderr_tail()
+                )
+            })?;
         client
             .request::<_, Value>("load", load)
             .await
@@ -391,6 +406,7 @@ impl Worker {
         Ok(Self {
             client,
             loaded_bytes: status.memory.active_bytes,
+            initialized,
         })
     }
 
@@ -466,11 +482,17 @@ impl Worker {
     }
 }
 
-/// A long-lived mlx-lm process (`mlx_lm_bench.py`) with the model loaded.
+/// `cargo xtask bench`'s mlx-lm side, in `xtask/bench/`.
+const BENCH_SCRIPT: &str = "mlx_lm_bench.py";
+
+/// A long-lived mlx-lm process (`mlx_lm_bench.py`, or another script of `xtask/bench/` that
+/// answers one JSON line per request line after a ready line) with the model loaded.
 pub(crate) struct MlxLm {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The script's file name, for errors.
+    script: &'static str,
     /// BLAS libraries the process has mapped.
     blas: Vec<String>,
     /// MLX's active memory right after the load.
@@ -485,11 +507,44 @@ impl MlxLm {
         draft: Option<&Path>,
         preload: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let script: PathBuf = workspace_root().join("xtask/bench/mlx_lm_bench.py");
+        let mut args = vec![model];
+        args.extend(draft);
+        Self::start_script(python, BENCH_SCRIPT, &args, preload)
+    }
+
+    /// `xtask/bench/<script>` with Debian's OpenBLAS preloaded, checked to have taken effect.
+    pub fn start_openblas(
+        python: &Path,
+        script: &'static str,
+        args: &[&Path],
+    ) -> anyhow::Result<Self> {
+        if !Path::new(OPENBLAS).is_file() {
+            bail!(
+                "{OPENBLAS} is missing: install Debian's libopenblas0-pthread, or pass \
+                 --no-openblas"
+            );
+        }
+        let p = Self::start_script(python, script, args, Some(OPENBLAS))?;
+        if !p.blas.iter().any(|l| l.starts_with("libopenblas")) {
+            bail!(
+                "the OpenBLAS preload did not take effect (mapped BLAS: {:?})",
+                p.blas
+            );
+        }
+        Ok(p)
+    }
+
+    /// `xtask/bench/<script> <args>`, after its ready line.
+    pub fn start_script(
+        python: &Path,
+        script: &'static str,
+        args: &[&Path],
+        preload: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let path: PathBuf = workspace_root().join("xtask/bench").join(script);
         let mut cmd = Command::new(python);
-        cmd.arg(&script)
-            .arg(model)
-            .args(draft)
+        cmd.arg(&path)
+            .args(args)
             .env("HF_HUB_OFFLINE", "1")
             .env("TRANSFORMERS_OFFLINE", "1")
             .env_remove("LD_PRELOAD")
@@ -500,13 +555,14 @@ impl MlxLm {
         }
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("starting {} {}", python.display(), script.display()))?;
+            .with_context(|| format!("starting {} {}", python.display(), path.display()))?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
         let mut me = Self {
             child,
             stdin,
             stdout,
+            script,
             blas: Vec::new(),
             loaded_bytes: 0,
         };
@@ -520,16 +576,16 @@ impl MlxLm {
         let mut line = String::new();
         self.stdout
             .read_line(&mut line)
-            .context("reading from mlx_lm_bench.py")?;
+            .with_context(|| format!("reading from {}", self.script))?;
         if line.is_empty() {
-            bail!("mlx_lm_bench.py exited early; see its output above");
+            bail!("{} exited early; see its output above", self.script);
         }
-        serde_json::from_str(&line).with_context(|| format!("mlx_lm_bench.py printed {line:?}"))
+        serde_json::from_str(&line).with_context(|| format!("{} printed {line:?}", self.script))
     }
 
-    /// One measured generation: `mlx_lm_bench.py`'s answer to `request`.
+    /// One measured generation: the script's answer to `request`.
     pub fn request(&mut self, request: &Value) -> anyhow::Result<Value> {
-        writeln!(self.stdin, "{request}").context("writing to mlx_lm_bench.py")?;
+        writeln!(self.stdin, "{request}").with_context(|| format!("writing to {}", self.script))?;
         self.read_answer()
     }
 

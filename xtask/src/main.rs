@@ -4,6 +4,7 @@
 //! the engine's parity example) built by cargo, so MLX is compiled once per profile.
 
 mod bench;
+mod bench_batch;
 mod bench_constrained;
 mod bench_moe;
 mod bench_speculative;
@@ -65,8 +66,8 @@ enum Cmd {
     /// (xtask/parity/cases.json); exits non-zero on any mismatch.
     Parity(parity::Options),
     /// The release mlx-worker beside mlx-lm (stock and with OpenBLAS) on SmolLM2 (`--moe`: wide
-    /// MoE and hybrid models; `--vision`, `--constrained`): prefill and decode tok/s, ttft, peak
-    /// memory; medians and ratios.
+    /// MoE and hybrid models; `--vision`, `--constrained`; `--batch`: several chats at once):
+    /// prefill and decode tok/s, ttft, peak memory; medians and ratios.
     Bench(bench::Options),
     /// The end-to-end dispatcher fuzzer (tests/fuzz) for --lines lines in release, over --runs
     /// seeds from --seed: the real worker over real pipes, every answer checked by the contract.
