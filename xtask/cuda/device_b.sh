@@ -2,7 +2,8 @@
 # Second device call (carry .cuda/b), right after device_a.sh while the machine is warm: rebuild
 # libmlx from its halves, install MLX 0.32.2 (CUDA) + mlx-lm 0.32.2 into /tmp/mlxcuda/site (Python
 # and the worker share that one libmlx.so), smoke-test both, then run bench.py.
-# Env: RUNS (7), MAX_NEW (256), PROMPTS (short,long,long4x), MODEL ($S/model).
+# Env: RUNS (7), MAX_NEW (256), PROMPTS (short,long,long4x), MODEL ($S/model); BENCH=batch runs
+# batch.py instead (RUNS 3, MAX_NEW 128, WIDTHS 1,2,4,8).
 set -uo pipefail
 S=/tmp/mlxcuda
 SITE=$S/site
@@ -37,9 +38,15 @@ for _ in range(20):
 mx.eval(a); dt = (time.perf_counter() - t) / 20
 print(f"bf16 4096^3 matmul: {2 * 4096**3 / dt / 1e12:.0f} TFLOP/s")
 PY
-echo "== bench"
-timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/bench.py --worker $S/mlx-worker --model ${MODEL:-$S/model} \
-  --runs ${RUNS:-7} --max-new-tokens ${MAX_NEW:-256} --prompts ${PROMPTS:-short,long,long4x} --out "$OUT"
+echo "== bench ${BENCH:-single}"
+if [ "${BENCH:-single}" = batch ]; then
+  # Continuous batching: WIDTHS streams at once, worker (--max-batch) vs mlx-lm's batch_generate.
+  timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/batch.py --worker $S/mlx-worker --model ${MODEL:-$S/model} \
+    --runs ${RUNS:-3} --max-new-tokens ${MAX_NEW:-128} --widths ${WIDTHS:-1,2,4,8} --out "$OUT"
+else
+  timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/bench.py --worker $S/mlx-worker --model ${MODEL:-$S/model} \
+    --runs ${RUNS:-7} --max-new-tokens ${MAX_NEW:-256} --prompts ${PROMPTS:-short,long,long4x} --out "$OUT"
+fi
 rc=$?
 echo "bench rc=$rc"; tail -20 "$OUT/worker-stderr.log" 2>/dev/null
 exit $rc
