@@ -79,12 +79,6 @@ fn same(alone: &[GenerateResult], batched: &[(GenerateResult, String)], what: &s
     }
 }
 
-async fn load(w: &Client, model: &str) {
-    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model)))
-        .await
-        .unwrap();
-}
-
 /// SmolLM2's mix also holds constrained requests (a JSON object, a regular expression).
 fn smollm2_mix() -> Vec<GenerateParams> {
     let mut qs = mix();
