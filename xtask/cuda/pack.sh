@@ -33,7 +33,8 @@ strip --strip-unneeded -o stage/libmlx.so "$DIST/mlx/lib/libmlx.so"
 
 # 3. Stage the two carries.
 rm -rf "$ROOT/.cuda" && mkdir -p "$ROOT/.cuda/a/tokenizer" "$ROOT/.cuda/b"
-grep -qx '/.cuda/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.cuda/' >>"$ROOT/.git/info/exclude"
+EXCLUDE=$(git -C "$ROOT" rev-parse --path-format=absolute --git-path info/exclude)  # a worktree's too
+grep -qx '/.cuda/' "$EXCLUDE" 2>/dev/null || echo '/.cuda/' >>"$EXCLUDE"
 xz -T2 -9e -c stage/libmlx.so >stage/libmlx.so.xz
 split -b 45000000 -d -a 1 stage/libmlx.so.xz "$ROOT/.cuda/libmlx.so.xz.part"
 mv "$ROOT/.cuda/libmlx.so.xz.part0" "$ROOT/.cuda/a/"
