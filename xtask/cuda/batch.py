@@ -103,8 +103,11 @@ def main():
     alone = [worker.run([p], n)[0][0]["text"] for p in PROMPTS[: max(widths)]]
 
     model, tokenizer = load(args.model)
-    encoded = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-               for p in PROMPTS]
+    def template(p):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: BatchEncoding
+
+    encoded = [template(p) for p in PROMPTS]
 
     rows = []
     for w in widths:

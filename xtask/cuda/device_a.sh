@@ -11,7 +11,7 @@ python3 -c 'import sys; print(sys.version)'
 NV=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__) if nvidia.__file__ else list(nvidia.__path__)[0])')
 echo "nvidia packages: $NV"; ls "$NV"; ls "$NV"/cu13/lib "$NV"/cudnn/lib "$NV"/nccl/lib 2>&1 | head -60
 ls -d "$NV"/cu13/include /usr/local/cuda*/include 2>&1
-python3 -m pip list 2>/dev/null | grep -iE '^(transformers|numpy|sentencepiece|protobuf|pyyaml|jinja2|safetensors|tokenizers|huggingface) '
+python3 -m pip list 2>/dev/null | grep -iE '^(nvidia-|transformers|numpy|sentencepiece|protobuf|pyyaml|jinja2|safetensors|tokenizers|huggingface) '
 [ -f $S/model/model.safetensors ] || python3 xtask/cuda/make_model.py $S/model .cuda/a/tokenizer
 # The same shapes with embedding std 0.02: logits of order 1 (see make_model.py); bench.py uses it.
 [ -f $S/model2/model.safetensors ] || python3 xtask/cuda/make_model.py $S/model2 .cuda/a/tokenizer 0.02

@@ -18,14 +18,21 @@ if [ ! -f $SITE/mlx/lib/libmlx.so ]; then
     .cuda/b/mlx-0.32.2-*.whl .cuda/b/mlx_lm-0.32.2-*.whl || exit 5
   tar -xJf .cuda/b/mlx-cuda-rest.tar.xz -C $SITE
   mkdir -p $SITE/mlx/lib && xz -dc $S/libmlx.so.xz >$SITE/mlx/lib/libmlx.so
-  xz -dc .cuda/b/mlx-worker.xz >$S/mlx-worker && chmod +x $S/mlx-worker
+  # As the build lays it out: <bin>/../mlx is the MLX distribution, nvidia/ beside its mlx/.
+  mkdir -p $S/bin && xz -dc .cuda/b/mlx-worker.xz >$S/bin/mlx-worker && chmod +x $S/bin/mlx-worker
+  ln -sfn $SITE $S/mlx
 fi
 NV=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')
 # libmlx's RPATH is $ORIGIN/../../nvidia/{cu13,cudnn,nccl,...}/lib: make it resolve here too.
 ln -sfn "$NV" $SITE/nvidia
 export LD_LIBRARY_PATH=$NV/cu13/lib:$NV/cudnn/lib:$NV/nccl/lib:$SITE/mlx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
-echo "== ldd mlx-worker"; ldd $S/mlx-worker | grep -E 'not found|mlx|cublas|cudnn|nccl|nvrtc|libcuda|cufft|lapack'
+# The worker needs no environment: its rpath finds libmlx, libmlx's RPATH the NVIDIA libraries.
+echo "== ldd mlx-worker (empty environment)"
+env -i ldd $S/bin/mlx-worker | grep -E 'not found|mlx|cublas|cudnn|nccl|nvrtc|libcuda|cufft|lapack'
+echo '{"jsonrpc":"2.0","id":1,"method":"initialize"}' | (cd / && env -i $S/bin/mlx-worker 2>/dev/null) |
+  python3 -c 'import json,sys; print("initialize, empty environment, from /:", json.loads(sys.stdin.readline())["result"]["mlx"])' ||
+  echo "WORKER SMOKE FAILED"
 echo "== mlx python smoke"
 python3 - <<'PY' || echo "MLX PYTHON SMOKE FAILED"
 import time, mlx.core as mx
@@ -41,10 +48,10 @@ PY
 echo "== bench ${BENCH:-single}"
 if [ "${BENCH:-single}" = batch ]; then
   # Continuous batching: WIDTHS streams at once, worker (--max-batch) vs mlx-lm's batch_generate.
-  timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/batch.py --worker $S/mlx-worker --model ${MODEL:-$S/model} \
+  timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/batch.py --worker $S/bin/mlx-worker --model ${MODEL:-$S/model} \
     --runs ${RUNS:-3} --max-new-tokens ${MAX_NEW:-128} --widths ${WIDTHS:-1,2,4,8} --out "$OUT"
 else
-  timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/bench.py --worker $S/mlx-worker --model ${MODEL:-$S/model} \
+  timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/bench.py --worker $S/bin/mlx-worker --model ${MODEL:-$S/model} \
     --runs ${RUNS:-7} --max-new-tokens ${MAX_NEW:-256} --prompts ${PROMPTS:-short,long,long4x} --out "$OUT"
 fi
 rc=$?

@@ -12,7 +12,7 @@ PORT=${PORT:-12355}
 NV=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')
 export LD_LIBRARY_PATH=$NV/cu13/lib:$NV/cudnn/lib:$NV/nccl/lib:$S/site/mlx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_HOST_IP=127.0.0.1 NCCL_PORT=$PORT MLX_WORLD_SIZE=2
-MLX_RANK=1 CUDA_VISIBLE_DEVICES=1 $S/mlx-worker </dev/null >/dev/null 2>"$OUT/group-$MODE-rank1.log" &
-MLX_RANK=0 CUDA_VISIBLE_DEVICES=0 $S/mlx-worker <"$REQUESTS" >"$OUT/group-$MODE.jsonl" 2>"$OUT/group-$MODE-rank0.log"
+MLX_RANK=1 CUDA_VISIBLE_DEVICES=1 $S/bin/mlx-worker </dev/null >/dev/null 2>"$OUT/group-$MODE-rank1.log" &
+MLX_RANK=0 CUDA_VISIBLE_DEVICES=0 $S/bin/mlx-worker <"$REQUESTS" >"$OUT/group-$MODE.jsonl" 2>"$OUT/group-$MODE-rank0.log"
 echo "rank 0 exit $?"; wait; echo "rank 1 exit $?"
 grep -h '"result"' "$OUT/group-$MODE.jsonl" | cut -c1-300

@@ -1,52 +1,40 @@
 #!/usr/bin/env bash
-# Builds the CUDA mlx-worker here (no GPU, no CUDA toolkit needed) and stages what the two device
-# calls carry: `.cuda/a` (first half of the xz'd CUDA libmlx, SmolLM2's tokenizer files) and
-# `.cuda/b` (second half, the stripped worker, MLX's CUDA headers and bundled libs, the mlx and
-# mlx-lm wheels). See docs/decisions/cuda.md.
+# Builds the CUDA mlx-worker here with the one documented command (README, "With an NVIDIA GPU":
+# `cargo build --release -p mlx-worker --features cuda`, no GPU or CUDA toolkit needed) and
+# stages what the two device calls carry: `.cuda/a` (first half of the xz'd CUDA libmlx,
+# SmolLM2's tokenizer files) and `.cuda/b` (second half, the stripped worker, MLX's CUDA headers
+# and bundled libs, the mlx and mlx-lm wheels). The NVIDIA wheels the build unpacked beside libmlx
+# (about 3 GB) do not fit a carry: on the device the image's own `nvidia/` stands in for them.
+# See docs/decisions/cuda.md.
 #
-# How the worker links MLX's CUDA build: mlx-c is compiled against the headers and CMake config of
-# the CPU wheel (identical headers: `diff -r` of mlx/include/mlx is empty), and the final binary is
-# linked against the CUDA wheel's libmlx.so with `--allow-shlib-undefined`, because that library's
-# NEEDED cuBLAS/cuDNN/NCCL/NVRTC/libcuda exist only on the GPU machine. `MLX_DIR` points mlx-sys at
-# a hybrid distribution (CPU headers + cmake, CUDA libmlx); the link argument is given to the final
-# crate only (`cargo rustc`), so the workspace's rpath rustflags and every dependency's fingerprint
-# stay as they are.
-#
-# Usage: xtask/cuda/pack.sh   (from anywhere; needs pip, xz, the mlx-cpu 0.32.2 wheel in
-#        ~/.cache/mlx-sys/ from an ordinary `cargo build`, and a clean HEAD to build from)
+# Usage: xtask/cuda/pack.sh   (from anywhere; needs pip, xz, and a clean HEAD to build from)
 set -euo pipefail
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 WORK=${CUDA_WORK:-/tmp/cudawh}
 TARGET=${CARGO_TARGET_DIR:-/tmp/target-cuda}
-CPU_DIST=${MLX_CPU_DIST:-$HOME/.cache/mlx-sys/mlx-cpu-0.32.2}
 V=0.32.2
-mkdir -p "$WORK"
+mkdir -p "$WORK/stage"
 cd "$WORK"
 
-# 1. Wheels (Python 3.12, manylinux_2_35: what the GPU image runs).
-[ -f mlx_cuda_13-$V-py3-none-manylinux_2_35_x86_64.whl ] ||
-  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_35_x86_64 -d . mlx==$V mlx-cuda-13==$V mlx-lm==$V
-rm -rf cuda && mkdir cuda && (cd cuda && unzip -q ../mlx_cuda_13-$V-*.whl)
-diff -r "$CPU_DIST/mlx/include/mlx" cuda/mlx/include/mlx  # must be identical
-
-# 2. Stripped CUDA libmlx; the hybrid distribution mlx-sys builds against.
-mkdir -p stage
-strip --strip-unneeded -o stage/libmlx.so cuda/mlx/lib/libmlx.so
-rm -rf hybrid && mkdir -p hybrid/mlx/lib
-cp -a "$CPU_DIST/mlx/include" "$CPU_DIST/mlx/share" hybrid/mlx/
-cp stage/libmlx.so hybrid/mlx/lib/libmlx.so
-
-# 3. The worker, from a clean export of HEAD (not the working tree).
+# 1. The worker, from a clean export of HEAD (not the working tree).
 rm -rf src && mkdir src && git -C "$ROOT" archive HEAD | tar -x -C src
-(cd src && CARGO_TARGET_DIR="$TARGET" MLX_DIR="$WORK/hybrid" cargo rustc --release -p mlx-worker \
-  --features cuda --bin mlx-worker -- -C link-arg=-Wl,--allow-shlib-undefined)
+(cd src && CARGO_TARGET_DIR="$TARGET" cargo build --release -p mlx-worker --features cuda)
+DIST=$(readlink -f "$TARGET/mlx")  # the mlx-cuda-13 distribution the build linked, NVIDIA libs beside
 strip -o stage/mlx-worker "$TARGET/release/mlx-worker"
 readelf -d stage/mlx-worker | grep -E 'NEEDED|RPATH|RUNPATH'
+echo "unresolved here (the driver's libcuda.so.1 only, on a machine without one):"
+ldd "$TARGET/release/mlx-worker" | grep 'not found' || true
+strip --strip-unneeded -o stage/libmlx.so "$DIST/mlx/lib/libmlx.so"
 
-# 4. Stage the two carries.
+# 2. The Python side's wheels (Python 3.12, manylinux_2_35: what the GPU image runs).
+[ -f mlx_lm-$V-py3-none-any.whl ] ||
+  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_35_x86_64 -d . mlx==$V mlx-lm==$V
+
+# 3. Stage the two carries.
 rm -rf "$ROOT/.cuda" && mkdir -p "$ROOT/.cuda/a/tokenizer" "$ROOT/.cuda/b"
-grep -qx '/.cuda/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.cuda/' >>"$ROOT/.git/info/exclude"
+EXCLUDE=$(git -C "$ROOT" rev-parse --path-format=absolute --git-path info/exclude)  # a worktree's too
+grep -qx '/.cuda/' "$EXCLUDE" 2>/dev/null || echo '/.cuda/' >>"$EXCLUDE"
 xz -T2 -9e -c stage/libmlx.so >stage/libmlx.so.xz
 split -b 45000000 -d -a 1 stage/libmlx.so.xz "$ROOT/.cuda/libmlx.so.xz.part"
 mv "$ROOT/.cuda/libmlx.so.xz.part0" "$ROOT/.cuda/a/"
@@ -55,7 +43,7 @@ sha256sum stage/libmlx.so.xz | cut -d' ' -f1 >"$ROOT/.cuda/b/libmlx.so.xz.sha256
 SMOL=${SMOLLM2_DIR:-$HOME/.cache/mlx-worker/models/SmolLM2-135M-Instruct}
 cp "$SMOL"/tokenizer.json "$SMOL"/tokenizer_config.json "$ROOT/.cuda/a/tokenizer/"
 xz -T2 -9 -c stage/mlx-worker >"$ROOT/.cuda/b/mlx-worker.xz"
-(cd cuda && tar -cJf "$ROOT/.cuda/b/mlx-cuda-rest.tar.xz" mlx/include mlx/share mlx_cuda_13.libs \
-  mlx_cuda_13-$V.dist-info)
+(cd "$DIST" && tar -cJf "$ROOT/.cuda/b/mlx-cuda-rest.tar.xz" mlx/include mlx/share \
+  mlx_cuda_13.libs mlx_cuda_13-$V.dist-info)
 cp mlx-$V-cp312-*.whl mlx_lm-$V-py3-none-any.whl "$ROOT/.cuda/b/"
 du -sh "$ROOT/.cuda/a" "$ROOT/.cuda/b"

