@@ -164,7 +164,7 @@ impl Decoder<'_> {
     fn row_logits(&mut self, logits: &Array, b: usize, token: &Array) -> Result<Array> {
         self.next += 1;
         self.quantize_caches()?;
-        let logits = row(logits, b)?.take_axis(Array::from_int(0), 1)?;
+        let logits = row(logits, b).take_axis(Array::from_int(0), 1)?;
         self.remember(token)?;
         Ok(logits)
     }

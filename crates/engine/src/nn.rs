@@ -2,7 +2,7 @@
 //! gated MLP, attention. Each computes exactly what mlx-lm's layer of the same name computes, so that
 //! greedy decoding is token-for-token equal.
 
-use mlx_rs::{fast, ops, Array};
+use mlx_rs::{fast, ops, ops::indexing::IndexOp, Array};
 
 use crate::{
     kv_cache::{KvCache, Mask},
@@ -129,10 +129,15 @@ impl RmsNorm {
     }
 }
 
-/// Row `b` of a batch `x` `(B, ...)`, as `(1, ...)`.
-pub fn row(x: &Array, b: usize) -> Result<Array> {
+/// Row `b` of a batch `x` `(B, ...)`, as `(1, ...)`: a view, no copy (no kernel on a GPU).
+pub fn row(x: &Array, b: usize) -> Array {
     let b = b as i32;
-    x.take_axis(ops::arange::<_, i32>(b, b + 1, 1)?, 0)
+    x.index(b..b + 1)
+}
+
+/// Every row of a batch `x` `(B, ...)`, each `(1, ...)`, as [`row`] gives them.
+pub fn split_rows(x: &Array) -> Vec<Array> {
+    (0..x.dim(0) as usize).map(|b| row(x, b)).collect()
 }
 
 /// Layer normalisation with a learned scale and offset (`mx.fast.layer_norm`): vision towers.
@@ -165,25 +170,31 @@ pub struct Rope {
 
 impl Rope {
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
-        let scaled;
-        let x = match self.input_scale {
-            Some(s) => {
-                scaled = scale_leading(x, self.dims, s)?;
-                &scaled
-            }
-            None => x,
-        };
+        let x = self.scale_input(x)?;
+        let (base, freqs) = self.frequencies();
+        fast::rope(&x, self.dims, self.traditional, base, self.scale, offset, freqs)
+    }
+
+    /// [`Self::forward`] for a batch `x` `(B, H, L, D)` whose row `b` starts at `offsets[b]`
+    /// (`(B,)` int32): one rotation for all rows, each as it is alone.
+    pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        let x = self.scale_input(x)?;
+        let (base, freqs) = self.frequencies();
+        fast::rope_dynamic(&x, self.dims, self.traditional, base, self.scale, offsets, freqs)
+    }
+
+    fn scale_input(&self, x: &Array) -> Result<Array> {
+        match self.input_scale {
+            Some(s) => scale_leading(x, self.dims, s),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// `base`, or the custom frequencies that replace it.
+    fn frequencies(&self) -> (Option<f32>, Option<&Array>) {
         match &self.freqs {
-            Some(f) => fast::rope(x, self.dims, self.traditional, None, self.scale, offset, f),
-            None => fast::rope(
-                x,
-                self.dims,
-                self.traditional,
-                self.base,
-                self.scale,
-                offset,
-                None,
-            ),
+            Some(f) => (None, Some(f)),
+            None => (Some(self.base), None),
         }
     }
 }
@@ -439,13 +450,20 @@ impl Attention {
     pub fn forward_rows(&self, x: &Array, rows: Vec<(&mut KvCache, &Mask)>) -> Result<Array> {
         let s = &self.shape;
         let (q, k, v, gate) = self.project(x)?;
-        let outs = (rows.into_iter().enumerate())
-            .map(|(b, (cache, mask))| {
-                let offset = cache.offset();
-                let (q, k) =
-                    s.rotate(row(&q, b)?, row(&k, b)?, self.rope.as_ref(), None, offset)?;
+        let offsets: Vec<i32> = rows.iter().map(|(cache, _)| cache.offset()).collect();
+        // One rotation of all rows' queries and keys, each at its own position.
+        let (q, k) = match &self.rope {
+            Some(rope) => {
+                let at = Array::from_slice(&offsets, &[offsets.len() as i32]);
+                (rope.forward_rows(&q, &at)?, rope.forward_rows(&k, &at)?)
+            }
+            None => (q, k),
+        };
+        let parts = split_rows(&q).into_iter().zip(split_rows(&k)).zip(split_rows(&v));
+        let outs = (rows.into_iter().zip(offsets).zip(parts))
+            .map(|(((cache, mask), offset), ((q, k), v))| {
                 let q = s.temper(q, offset)?;
-                cache.update_and_attend(q, k, row(&v, b)?, s.scale, mask, self.sinks.as_ref())
+                cache.update_and_attend(q, k, v, s.scale, mask, self.sinks.as_ref())
             })
             .collect::<Result<Vec<_>>>()?;
         self.output(ops::concatenate(&outs, 0)?, gate.as_ref())

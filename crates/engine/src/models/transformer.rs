@@ -464,7 +464,7 @@ impl Block {
             (Mixer::LinearAttn(l), LayerKv::Rows(rows)) => {
                 let outs = (rows.into_iter().enumerate())
                     .map(|(b, (cache, _))| match cache {
-                        KvCache::State(state) => l.forward(&crate::nn::row(x, b)?, state),
+                        KvCache::State(state) => l.forward(&crate::nn::row(x, b), state),
                         _ => Err(mlx_rs::error::Exception::custom(
                             "a linear-attention layer needs a state cache",
                         )),
