@@ -172,7 +172,15 @@ impl Rope {
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
         let x = self.scale_input(x)?;
         let (base, freqs) = self.frequencies();
-        fast::rope(&x, self.dims, self.traditional, base, self.scale, offset, freqs)
+        fast::rope(
+            &x,
+            self.dims,
+            self.traditional,
+            base,
+            self.scale,
+            offset,
+            freqs,
+        )
     }
 
     /// [`Self::forward`] for a batch `x` `(B, H, L, D)` whose row `b` starts at `offsets[b]`
@@ -180,7 +188,15 @@ impl Rope {
     pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
         let x = self.scale_input(x)?;
         let (base, freqs) = self.frequencies();
-        fast::rope_dynamic(&x, self.dims, self.traditional, base, self.scale, offsets, freqs)
+        fast::rope_dynamic(
+            &x,
+            self.dims,
+            self.traditional,
+            base,
+            self.scale,
+            offsets,
+            freqs,
+        )
     }
 
     fn scale_input(&self, x: &Array) -> Result<Array> {
@@ -459,7 +475,10 @@ impl Attention {
             }
             None => (q, k),
         };
-        let parts = split_rows(&q).into_iter().zip(split_rows(&k)).zip(split_rows(&v));
+        let parts = split_rows(&q)
+            .into_iter()
+            .zip(split_rows(&k))
+            .zip(split_rows(&v));
         let outs = (rows.into_iter().zip(offsets).zip(parts))
             .map(|(((cache, mask), offset), ((q, k), v))| {
                 let q = s.temper(q, offset)?;

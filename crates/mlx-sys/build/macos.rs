@@ -26,7 +26,8 @@ pub fn build_and_link(mlx_c: &Path, dist: &Path, macos: Option<(u32, u32)>) -> V
     let (major, minor) = macos.unwrap_or((14, 0));
     std::env::set_var("MACOSX_DEPLOYMENT_TARGET", format!("{major}.{minor}"));
     let build = crate::dist::mlx_c_config(mlx_c, &crate::dist::cmake_package(dist))
-        .build().join("build");
+        .build()
+        .join("build");
     crate::dist::link(&build, dist, "c++");
     Vec::new()
 }

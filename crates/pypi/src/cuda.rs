@@ -93,7 +93,11 @@ fn merge(from: &Path, to: &Path) -> Result<()> {
     for entry in fs::read_dir(from).map_err(|e| Error::file(from, e))? {
         let entry = entry.map_err(|e| Error::file(from, e))?;
         let (src, dst) = (entry.path(), to.join(entry.file_name()));
-        if entry.file_type().map_err(|e| Error::file(&src, e))?.is_dir() {
+        if entry
+            .file_type()
+            .map_err(|e| Error::file(&src, e))?
+            .is_dir()
+        {
             merge(&src, &dst)?;
         } else {
             fs::rename(&src, &dst).map_err(|e| Error::file(&dst, e))?;
@@ -129,10 +133,7 @@ pub fn missing_libraries(dist: &Path) -> Result<()> {
 
 /// The unpacked `mlx-cuda-13` wheel's `METADATA`.
 fn mlx_metadata(dist: &Path) -> Result<String> {
-    let info = format!(
-        "mlx_cuda_13-{}.dist-info/METADATA",
-        crate::mlx::MLX_VERSION
-    );
+    let info = format!("mlx_cuda_13-{}.dist-info/METADATA", crate::mlx::MLX_VERSION);
     fs::read_to_string(dist.join(&info)).map_err(|e| Error::file(&dist.join(info), e))
 }
 
@@ -158,7 +159,10 @@ pub fn check_requirements(metadata: &str) -> Result<()> {
             ))
         };
         let name = name.to_ascii_lowercase().replace(['_', '.'], "-");
-        let (_, version) = RUNTIME.iter().find(|(p, _)| *p == name).ok_or_else(unpinned)?;
+        let (_, version) = RUNTIME
+            .iter()
+            .find(|(p, _)| *p == name)
+            .ok_or_else(unpinned)?;
         let allowed = match spec.strip_prefix("==") {
             None if spec.is_empty() => true,
             None => false,
@@ -209,7 +213,9 @@ mod tests {
             size: None,
         };
         let files = [
-            file("nvidia_cufft-12.5.0.14-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl"),
+            file(
+                "nvidia_cufft-12.5.0.14-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
+            ),
             file("nvidia_cufft-12.5.0.14-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"),
             file("nvidia_cufft-12.4.0.43-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"),
         ];
