@@ -251,6 +251,58 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 
+/// Speculative decoding under a constraint (prompt lookup: the prompt holds what to copy):
+/// the same text as one token per pass, streamed whole, drafts taken, the output still valid
+/// (a schema; a regex that refuses the commas the drafts offer; a Lark grammar).
+#[tokio::test]
+async fn speculative_decoding_under_constraints_answers_as_without() {
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
+    let w = worker(&[]);
+    load(&w, &dir).await;
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 30}, "born": {"type": "integer", "maximum": 3000}},
+        "required": ["name", "born"],
+        "additionalProperties": false
+    });
+    let json_ask = with_schema(
+        r#"Repeat this JSON exactly: {"name": "Ada Lovelace", "born": 1815}"#,
+        &schema,
+    );
+    let mut regex_ask = greedy(
+        "Repeat exactly: the quick brown fox, the lazy dog, the quick brown fox, the lazy dog.",
+        40,
+    );
+    regex_ask.regex = Some("[a-z ]{1,80}".into());
+    let mut lark_ask = greedy("Repeat exactly: Yes, because the sky is blue.", 40);
+    lark_ask.grammar = Some(
+        "start: answer \", because \" reason \".\"\nanswer: \"Yes\" | \"No\"\nreason: /[a-z ]{1,40}/\n"
+            .into(),
+    );
+    let mut outputs = Vec::new();
+    for mut ask in [json_ask, regex_ask, lark_ask] {
+        let plain = generate(&w, &ask).await;
+        ask.speculative = Some(
+            serde_json::from_value(json!({"method": "prompt_lookup", "num_draft_tokens": 4}))
+                .unwrap(),
+        );
+        let fast = generate(&w, &ask).await;
+        assert_eq!(fast.text, plain.text);
+        assert_eq!(fast.finish_reason, FinishReason::Stop, "{:?}", fast.text);
+        assert!(fast.usage.accepted_tokens > 0, "{:?}", fast.usage);
+        outputs.push(fast.text);
+    }
+    let value: Value = serde_json::from_str(&outputs[0]).unwrap();
+    assert!(jsonschema::is_valid(&schema, &value), "{value}");
+    assert!(outputs[1]
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c == ' '));
+    assert!(outputs[2].starts_with("Yes, because "), "{:?}", outputs[2]);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
 /// A bad constraint is -32602 naming its field, before anything is generated; the worker and its
 /// model keep serving; a field the worker does not know is refused, never ignored.
 #[tokio::test]

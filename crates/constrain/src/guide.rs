@@ -76,6 +76,13 @@ impl Guide {
             .map_err(|e| ConstraintError::Stuck(e.to_string()))
     }
 
+    /// Forgets the last `n` tokens followed (a speculative draft's, once its masks are known).
+    pub fn rollback(&mut self, n: usize) -> Result<(), ConstraintError> {
+        self.matcher
+            .rollback(n)
+            .map_err(|e| ConstraintError::Stuck(e.to_string()))
+    }
+
     /// Whether the output is complete: nothing may follow it.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()

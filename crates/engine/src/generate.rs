@@ -261,6 +261,50 @@ impl Guided {
         mask
     }
 
+    /// The masks a draft is verified with: the tokens allowed after the output so far, then
+    /// after each draft token in turn. `draft` is cut before its first token the constraint
+    /// refuses (sampling could not take it, nor anything after it) and after a token that ends
+    /// the output (an end-of-sequence id, or one that completes it: nothing after it is taken).
+    /// The guide is left where it was.
+    fn draft_masks(
+        &mut self,
+        draft: &mut Vec<u32>,
+        eos: &std::collections::BTreeSet<u32>,
+    ) -> Result<Vec<Array>> {
+        let mut masks = vec![self.mask()?];
+        let (mut keep, mut followed) = (draft.len(), 0);
+        for (i, &token) in draft.iter().enumerate() {
+            if !self.allowed.get(token as usize).copied().unwrap_or(false) {
+                keep = i;
+                break;
+            }
+            if eos.contains(&token) {
+                keep = i + 1;
+                break;
+            }
+            if self.guide.advance(token).is_err() {
+                keep = i;
+                break;
+            }
+            followed += 1;
+            if self.guide.is_finished() {
+                keep = i + 1;
+                break;
+            }
+            match self.mask() {
+                Ok(mask) => masks.push(mask),
+                // One-token steps meet the same error when they get here, and report it.
+                Err(_) => {
+                    keep = i;
+                    break;
+                }
+            }
+        }
+        self.guide.rollback(followed).map_err(|e| self.error(e))?;
+        draft.truncate(keep);
+        Ok(masks)
+    }
+
     /// Follows `id`; true when the output is complete.
     fn advance(&mut self, id: u32) -> Result<bool> {
         self.guide.advance(id).map_err(|e| self.error(e))?;

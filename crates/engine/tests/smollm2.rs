@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use mlx_engine::{
-    text, CancelToken, Completion, Engine, GenerateRequest, LoadRequest, Loaded, Prompt,
+    text, CancelToken, Completion, Constraint, Engine, GenerateRequest, LoadRequest, Loaded, Prompt,
 };
 
 /// Loads `model` (a directory or a .gguf) and asks the capital of France, greedily.
@@ -126,6 +126,65 @@ fn prompt_lookup_drafts_are_accepted_and_change_nothing() {
     assert_eq!(plain.usage.drafted_tokens, 0);
 }
 
+/// Prompt lookup under constraints: the grammar follows each draft to mask every position, cuts
+/// drafts where it refuses a token (the regex below refuses the commas the prompt offers) and
+/// rolls back; the output is token for token what one-token steps give.
+#[test]
+fn constrained_prompt_lookup_changes_nothing() {
+    let _mlx = fixtures::mlx_test_lock();
+    let Some(dir) = fixtures::smollm2_dir() else {
+        return;
+    };
+    let mut engine = Engine::new();
+    let load = LoadRequest {
+        model: dir.display().to_string(),
+        ..Default::default()
+    };
+    engine
+        .load(&load, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    let record = r#"{"name": "Ada Lovelace", "born": 1815, "city": "London", "fields": ["mathematics", "computing"]}"#;
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "born": {"type": "integer", "maximum": 3000},
+            "city": {"type": "string"},
+            "fields": {"type": "array", "items": {"type": "string"}, "maxItems": 4}
+        },
+        "required": ["name", "born", "city", "fields"],
+        "additionalProperties": false
+    });
+    let cases = [
+        (
+            format!("Repeat this JSON exactly:\n{record}"),
+            Constraint::JsonSchema(schema),
+        ),
+        (
+            "Repeat exactly: the quick brown fox, the lazy dog, the quick brown fox, the lazy dog."
+                .to_string(),
+            Constraint::Regex("[a-z ]{1,80}".into()),
+        ),
+    ];
+    for (ask, constraint) in cases {
+        let mut req = chat(ask, 48);
+        req.constraint = Some(constraint);
+        let plain = fresh(&mut engine, &req);
+        req.speculative = Some(mlx_engine::Speculative::PromptLookup {
+            num_draft_tokens: 6,
+        });
+        let fast = fresh(&mut engine, &req);
+        assert_eq!(fast.token_ids, plain.token_ids, "{:?}", fast.text);
+        assert_eq!(fast.finish_reason, plain.finish_reason);
+        assert!(
+            fast.usage.accepted_tokens > 0,
+            "{:?} {:?}",
+            fast.usage,
+            fast.text
+        );
+    }
+}
+
 /// A draft model: SmolLM2 in float32 (imported from its Q4_1 GGUF) drafts for the same model
 /// quantized to 4 bits on load (the same vocabulary, slightly different numbers); greedy output
 /// is the same as without. A draft model with another vocabulary is
@@ -156,6 +215,17 @@ fn a_draft_model_drafts_and_changes_nothing() {
     // Some drafts taken, some rejected (the two differ in their numbers): both paths ran.
     let (drafted, accepted) = (fast.usage.drafted_tokens, fast.usage.accepted_tokens);
     assert!(0 < accepted && accepted < drafted, "{:?}", fast.usage);
+    // The same under a JSON object constraint: the draft model's tokens pass the grammar first.
+    req.constraint = Some(Constraint::JsonObject);
+    req.speculative = None;
+    let plain = fresh(&mut engine, &req);
+    req.speculative = Some(mlx_engine::Speculative::DraftModel {
+        num_draft_tokens: 3,
+    });
+    let fast = fresh(&mut engine, &req);
+    assert_eq!(fast.token_ids, plain.token_ids, "{:?}", fast.text);
+    assert!(fast.usage.accepted_tokens > 0, "{:?}", fast.usage);
+    req.constraint = None;
 
     let Some(gemma) = fixtures::gemma3_gguf() else {
         return;

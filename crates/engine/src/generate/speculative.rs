@@ -7,6 +7,8 @@
 //! of the sequence before it (mlx-lm's acceptance rule), so greedy output is that of one-token
 //! steps, up to float differences between a pass over several positions and one. The cache
 //! positions of rejected draft tokens are trimmed away, in the model and in the draft model.
+//! Under a constraint, the grammar follows the draft to give each position its mask, cuts the
+//! draft where it refuses a token, and rolls back; the tokens taken are then followed as usual.
 
 use mlx_rs::{ops, transforms, Array};
 
@@ -102,6 +104,11 @@ impl<'a> Drafter<'a> {
         Ok(self.last.clone())
     }
 
+    /// Only the first `n` tokens of the last draft are verified (a constraint refused the rest).
+    fn cut(&mut self, n: usize) {
+        self.drafted -= self.last.len() - n;
+    }
+
     /// The first `accepted` tokens of the last draft were taken, then `next`.
     fn taken(&mut self, accepted: usize, next: u32) {
         self.accepted += accepted;
@@ -191,11 +198,10 @@ impl DraftModel<'_> {
 
 impl Decoder<'_> {
     /// Whether draft positions can be taken back: every cache a plain KV cache (not a
-    /// sliding-window ring, a quantized cache or a recurrent state), no constraint (its mask
-    /// needs each token before the next), no explicit rotary positions.
+    /// sliding-window ring, a quantized cache or a recurrent state), no explicit rotary
+    /// positions. A constraint can: its grammar follows a draft and rolls back.
     fn can_speculate(&self) -> bool {
-        self.guide.is_none()
-            && self.positions.is_none()
+        self.positions.is_none()
             && self.ctx.kv_bits.is_none()
             && self
                 .caches
@@ -204,15 +210,22 @@ impl Decoder<'_> {
     }
 
     /// Runs `tokens` through the model in one pass and samples at every position, each with the
-    /// penalty history it would have had as a single step. Returns the steps and those histories.
-    fn verify(&mut self, tokens: &[u32]) -> Result<(Vec<Step>, Vec<Option<Array>>)> {
+    /// penalty history it would have had as a single step and the constraint's mask there
+    /// (`masks[i]` at position `i`; a position past them is never taken). Returns the steps and
+    /// those histories.
+    fn verify(
+        &mut self,
+        tokens: &[u32],
+        masks: Vec<Array>,
+    ) -> Result<(Vec<Step>, Vec<Option<Array>>)> {
         let logits = self.forward(&Array::from_slice(tokens, &[tokens.len() as i32]), None)?;
         let mut steps = Vec::with_capacity(tokens.len());
         let mut recents = Vec::with_capacity(tokens.len());
+        let mut masks = masks.into_iter();
         for (i, &token) in tokens.iter().enumerate() {
             let row = logits.take_axis(Array::from_int(i as i32), 1)?;
             self.remember(&Array::from_slice(&[token], &[1]))?;
-            steps.push(self.sample(row, None)?);
+            steps.push(self.sample(row, masks.next())?);
             recents.push(self.recent.clone());
         }
         Ok((steps, recents))
@@ -268,9 +281,17 @@ pub(super) fn decode(
             since_clear = 0;
         }
         // The token after the last draft must fit in max_new_tokens too.
-        let draft = drafter.draft(req.max_new_tokens - n - 1)?;
+        let mut draft = drafter.draft(req.max_new_tokens - n - 1)?;
+        let masks = match dec.guide.as_mut() {
+            Some(guide) => {
+                let masks = guide.draft_masks(&mut draft, &dec.ctx.eos)?;
+                drafter.cut(draft.len());
+                masks
+            }
+            None => Vec::new(),
+        };
         let tokens: Vec<u32> = std::iter::once(last).chain(draft.iter().copied()).collect();
-        let (steps, mut recents) = dec.verify(&tokens)?;
+        let (steps, mut recents) = dec.verify(&tokens, masks)?;
         transforms::eval(steps.iter().map(|s| &s.token))?;
         accepted = (draft.iter().zip(&steps))
             .take_while(|(d, s)| s.token.item_exact::<u32>() == **d)
