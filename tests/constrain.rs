@@ -633,9 +633,10 @@ async fn reasoning_is_its_own_channel_and_a_schema_constrains_the_answer() {
 /// assistant turns on the final channel, the generation prompt `<|start|>assistant`.
 const HARMONY: &str = "<|start|>system<|message|>Reasoning: low\n\n# Valid channels: analysis, commentary, final.<|end|>{% if tools %}<|start|>developer<|message|># Tools\n\n{{ tools | tojson }}<|end|>{% endif %}{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant";
 
-/// The token `<|end|>` of `fixtures::HARMONY_TOKENS`, and SmolLM2's token `analysis`.
+/// The token `<|end|>` of `fixtures::HARMONY_TOKENS`, and SmolLM2's tokens `analysis`, `final`.
 const HARMONY_END: u32 = 4;
 const ANALYSIS: u32 = 14975;
+const FINAL: u32 = 17254;
 
 /// Reasoning deltas, then content deltas, never mixed: (reasoning, content).
 fn channels(deltas: &[protocol::methods::GenerateDelta]) -> (String, String) {
@@ -724,6 +725,29 @@ async fn gpt_oss_harmony_tool_calls_channels_and_final_only_schema() {
         "{value}"
     );
     assert!(r.tool_calls.is_empty());
+
+    // A generation prompt that opens the analysis itself: the output starts inside it, ends it
+    // (`<|end|>`, the bias makes the thought empty) and the schema holds the final message.
+    let mut params = LoadParams::new(model_id(model.path()));
+    params.chat_template_override = Some(format!("{HARMONY}<|channel|>analysis<|message|>"));
+    params.force = true;
+    load_with(&w, params).await;
+    p.logit_bias = [(HARMONY_END.to_string(), BIAS), (FINAL.to_string(), BIAS)].into();
+    let (deltas, r) = within_for(LIMIT, w.generate(&p).unwrap().collect())
+        .await
+        .unwrap();
+    assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.text);
+    // Six tokens of structure came before the answer: `<|end|>`, `<|start|>` `assistant`,
+    // `<|channel|>` `final` `<|message|>` (from a header, as the grammar would have read the
+    // opened analysis without it, three).
+    assert!(
+        r.usage.completion_tokens as usize >= deltas.len() + 6,
+        "{:?} {deltas:?}",
+        r.usage
+    );
+    let (_, content) = channels(&deltas);
+    let value: Value = serde_json::from_str(&content).unwrap();
+    assert!(jsonschema::is_valid(&schema, &value), "{value}");
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 

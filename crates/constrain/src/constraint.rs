@@ -3,7 +3,7 @@
 use llguidance::api::TopLevelGrammar;
 use serde_json::{json, Value};
 
-use crate::{ConstraintError, ToolSyntax, Vocabulary};
+use crate::{ConstraintError, Opening, ToolSyntax, Vocabulary};
 
 /// What the output must be.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,7 +53,11 @@ impl Constraint {
         )
     }
 
-    pub(crate) fn grammar(&self, vocab: &Vocabulary) -> Result<TopLevelGrammar, ConstraintError> {
+    pub(crate) fn grammar(
+        &self,
+        vocab: &Vocabulary,
+        opening: Opening,
+    ) -> Result<TopLevelGrammar, ConstraintError> {
         Ok(match self {
             Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(json!({
                 "type": "object"
@@ -82,7 +86,14 @@ impl Constraint {
                     None => "\"[TOOL_CALLS]\"".into(),
                 };
                 let lark = syntax
-                    .grammar(tools, only.as_deref(), *parallel, &marker, &vocab.eos)
+                    .grammar(
+                        tools,
+                        only.as_deref(),
+                        *parallel,
+                        &marker,
+                        &vocab.eos,
+                        opening,
+                    )
                     .map_err(|reason| ConstraintError::Invalid {
                         field: self.field(),
                         reason,

@@ -2,7 +2,7 @@
 
 use llguidance::Matcher;
 
-use crate::{Constraint, ConstraintError, Reasoning, Vocabulary};
+use crate::{Constraint, ConstraintError, Opening, Reasoning, Vocabulary};
 
 /// A compiled constraint following one generation's tokens.
 pub struct Guide {
@@ -21,7 +21,11 @@ impl Guide {
         constraint: &Constraint,
         reasoning: Option<&Reasoning>,
     ) -> Result<Self, ConstraintError> {
-        let mut grammar = constraint.grammar(vocab)?;
+        let opening = match reasoning {
+            Some(Reasoning::Harmony(_, opening)) => *opening,
+            _ => Opening::Header,
+        };
+        let mut grammar = constraint.grammar(vocab, opening)?;
         if let Some(reasoning) = reasoning.filter(|_| !constraint.has_own_reasoning()) {
             grammar = reasoning.wrap(grammar, &vocab.eos);
         }

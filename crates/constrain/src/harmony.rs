@@ -21,6 +21,11 @@ const CONSTRAIN: &str = "<|constrain|>";
 const RETURN: &str = "<|return|>";
 const CALL: &str = "<|call|>";
 
+/// The most analysis or commentary messages a constrained output may open with. gpt-oss writes
+/// one or two; the bound keeps a model that keeps opening messages from never reaching the
+/// one the constraint holds.
+const MAX_PREAMBLES: usize = 8;
+
 /// The ids of harmony's marker tokens in a model's vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Harmony {
@@ -91,9 +96,24 @@ impl Harmony {
         }
     }
 
-    /// An optional analysis message (free text up to `<|end|>`, then the next message's
-    /// `<|start|>assistant`), as the output of a generation prompt `<|start|>assistant` begins.
-    fn analysis_rule(&self) -> String {
+    /// What comes before the message a constraint holds, from where the prompt left the output
+    /// (`opening`): the rest of a body the prompt opened (free text up to `<|end|>`, then the
+    /// next message's `<|start|>assistant`), then up to [`MAX_PREAMBLES`] preambles: analysis
+    /// or commentary messages without a recipient, as gpt-oss writes before its answer or a
+    /// call.
+    fn lead(&self, opening: Opening) -> String {
+        let Self { end, start, .. } = self;
+        let rest_of_body = match opening {
+            Opening::Header => String::new(),
+            Opening::Message | Opening::Final => {
+                format!("thought? <[{end}]> <[{start}]> \"assistant\" ")
+            }
+        };
+        format!("{rest_of_body}preamble{{0,{MAX_PREAMBLES}}}")
+    }
+
+    /// The rules [`Self::lead`] uses.
+    fn preamble_rules(&self) -> String {
         let Self {
             channel,
             message,
@@ -102,22 +122,33 @@ impl Harmony {
             ..
         } = self;
         format!(
-            "analysis: <[{channel}]> \"analysis\" <[{message}]> thought? <[{end}]> <[{start}]> \"assistant\"\n\
+            "preamble: <[{channel}]> preamble_channel <[{message}]> thought? <[{end}]> <[{start}]> \"assistant\"\n\
+             preamble_channel: \"analysis\" | \"commentary\"\n\
              thought: /(.|\\n)+/\n"
         )
     }
 
-    /// `content` (a constraint's grammar) as the body of the final message, after an optional
-    /// analysis: the reasoning is free, the answer is held to the constraint.
-    pub(crate) fn wrap(&self, content: TopLevelGrammar, eos: &BTreeSet<u32>) -> TopLevelGrammar {
+    /// `content` (a constraint's grammar) as the body of the final message, after what the
+    /// model may write before it: the reasoning and preambles are free, the answer is held to
+    /// the constraint. When the prompt opened the final message, `content` is the rest of it.
+    pub(crate) fn wrap(
+        &self,
+        content: TopLevelGrammar,
+        eos: &BTreeSet<u32>,
+        opening: Opening,
+    ) -> TopLevelGrammar {
         let mut grammars = content.grammars;
         grammars[0].name = Some("content".into());
         let (channel, message) = (self.channel, self.message);
-        let lark = format!(
-            "start: analysis? <[{channel}]> \"final\" <[{message}]> @content {}\n{}",
-            Self::closing(self.ret, eos),
-            self.analysis_rule()
-        );
+        let close = Self::closing(self.ret, eos);
+        let lark = match opening {
+            Opening::Final => format!("start: @content {close}\n"),
+            _ => format!(
+                "start: {} <[{channel}]> \"final\" <[{message}]> @content {close}\n{}",
+                self.lead(opening),
+                self.preamble_rules()
+            ),
+        };
         grammars.insert(0, GrammarWithLexer::from_lark(lark));
         TopLevelGrammar {
             grammars,
@@ -125,15 +156,18 @@ impl Harmony {
         }
     }
 
-    /// A Lark grammar of one call of `tools` (the named one only, with `only`), after an
-    /// optional analysis: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`
-    /// then the arguments as JSON valid against the tool's parameters, then `<|call|>`. Harmony
-    /// makes one call per turn (`<|call|>` stops the model), whatever `parallel_tool_calls` says.
+    /// A Lark grammar of one call of `tools` (the named one only, with `only`), after what the
+    /// model may write before it ([`Self::lead`]): `<|channel|>commentary to=functions.NAME
+    /// <|constrain|>json<|message|>` then the arguments as JSON valid against the tool's
+    /// parameters, then `<|call|>`. Harmony makes one call per turn (`<|call|>` stops the
+    /// model), whatever `parallel_tool_calls` says. A final message the prompt opened is ended
+    /// (`<|end|>`) before the call.
     pub(crate) fn tool_grammar(
         &self,
         tools: &[Value],
         only: Option<&str>,
         eos: &BTreeSet<u32>,
+        opening: Opening,
     ) -> Result<String, String> {
         let Self {
             channel,
@@ -142,7 +176,7 @@ impl Harmony {
             ..
         } = *self;
         let close = Self::closing(self.call, eos);
-        let mut lark = String::from("start: analysis? call\n");
+        let mut lark = format!("start: {} call\n", self.lead(opening));
         let mut calls = Vec::new();
         for (i, (name, parameters)) in functions(tools, only)?.into_iter().enumerate() {
             let recipient = serde_json::Value::from(format!("commentary to=functions.{name} "));
@@ -154,7 +188,7 @@ impl Harmony {
             calls.push(format!("call_{i}"));
         }
         lark.push_str(&format!("call: {}\n", calls.join(" | ")));
-        lark.push_str(&self.analysis_rule());
+        lark.push_str(&self.preamble_rules());
         Ok(lark)
     }
 
@@ -182,6 +216,19 @@ impl Harmony {
             })
             .collect()
     }
+}
+
+/// Where a prompt leaves a generation's output in harmony's structure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// A message's header, after its `<|start|>assistant` (a generation prompt), or no harmony
+    /// message at all.
+    Header,
+    /// Inside the body of a message that is not the final one (the prompt ended
+    /// `<|channel|>analysis<|message|>`, or a commentary preamble's).
+    Message,
+    /// Inside the body of the final message.
+    Final,
 }
 
 /// What part of a harmony output a token belongs to.
@@ -230,6 +277,17 @@ impl Splitter {
             self.channel.push_str(piece);
         }
         self.part
+    }
+
+    /// Where the output after the tokens pushed so far starts.
+    pub fn opening(&self) -> Opening {
+        let channel = self.channel.split_whitespace().next();
+        match (self.part, channel) {
+            (Part::Reasoning, _) => Opening::Message,
+            (Part::Content, Some("final")) => Opening::Final,
+            (Part::Content, Some(_)) => Opening::Message,
+            (Part::Content, None) | (Part::Header, _) => Opening::Header,
+        }
     }
 
     /// The part the next token's text will belong to, unless it changes it.

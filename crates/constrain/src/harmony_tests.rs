@@ -4,7 +4,7 @@
 use serde_json::json;
 use tokenizers::Tokenizer;
 
-use super::{Harmony, Part};
+use super::{Harmony, Opening, Part};
 use crate::tests::{admits_after, weather_tool};
 use crate::{Constraint, Reasoning, ToolSyntax, Vocabulary};
 
@@ -135,7 +135,7 @@ fn a_constraint_holds_only_the_final_message() {
         let json = Constraint::JsonSchema(
             json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
         );
-        let reasoning = Reasoning::Harmony(harmony);
+        let reasoning = Reasoning::Harmony(harmony, Opening::Header);
         let admits = |text: &str| admits_after(&tokenizer, &vocab, &json, Some(&reasoning), text);
         let thought = "<|channel|>analysis<|message|>Hmm, {not json} yet.<|end|><|start|>assistant";
         let answer = format!("<|channel|>final<|message|>{{\"a\": 1}}{end}");
@@ -165,7 +165,7 @@ fn harmony_tool_calls_are_constrained_and_parsed() {
             parallel: true,
         };
         // The call carries its own analysis: no second wrap around it.
-        let reasoning = Reasoning::Harmony(harmony);
+        let reasoning = Reasoning::Harmony(harmony, Opening::Header);
         let admits =
             |text: &str| admits_after(&tokenizer, &vocab, &constraint, Some(&reasoning), text);
         let call = format!("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{{\"city\": \"Paris\"}}{end}");
@@ -201,4 +201,113 @@ fn harmony_tool_calls_are_constrained_and_parsed() {
         "<|start|>assistant<|channel|>commentary to=functions.f<|message|>not json"
     )
     .is_empty());
+}
+
+#[test]
+fn the_opening_is_read_from_where_the_prompt_ends() {
+    let Some((tokenizer, _, harmony)) = harmony_tokenizer(&[2]) else {
+        return;
+    };
+    let ids = |text: &str| tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+    let piece = |id: u32| tokenizer.decode(&[id], true).unwrap();
+    let opening = |prompt: &str| harmony.splitter(&ids(prompt), piece).opening();
+    let user = "<|start|>user<|message|>Hi<|end|>";
+    assert_eq!(
+        opening(&format!("{user}<|start|>assistant")),
+        Opening::Header
+    );
+    assert_eq!(opening("Hello"), Opening::Header);
+    for channel in ["analysis", "commentary"] {
+        assert_eq!(
+            opening(&format!(
+                "{user}<|start|>assistant<|channel|>{channel}<|message|>"
+            )),
+            Opening::Message
+        );
+    }
+    assert_eq!(
+        opening(&format!(
+            "{user}<|start|>assistant<|channel|>final<|message|>"
+        )),
+        Opening::Final
+    );
+}
+
+#[test]
+fn several_messages_may_come_before_the_constrained_one() {
+    for eos in [&[8, 9, 2][..], &[2, 0]] {
+        let Some((tokenizer, vocab, harmony)) = harmony_tokenizer(eos) else {
+            return;
+        };
+        let (ret, call_end) = (
+            if eos.contains(&8) { "" } else { "<|return|>" },
+            if eos.contains(&9) { "" } else { "<|call|>" },
+        );
+        let json = Constraint::JsonSchema(
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+        );
+        let tools = Constraint::ToolCalls {
+            syntax: ToolSyntax::Harmony(harmony),
+            tools: vec![weather_tool()],
+            only: None,
+            parallel: false,
+        };
+        let admits = |constraint: &Constraint, opening: Opening, text: &str| {
+            let reasoning = Reasoning::Harmony(harmony, opening);
+            admits_after(&tokenizer, &vocab, constraint, Some(&reasoning), text)
+        };
+        let next = "<|end|><|start|>assistant";
+        let analysis = format!("<|channel|>analysis<|message|>Think {{freely}}.{next}");
+        let preamble = format!("<|channel|>commentary<|message|>Let me check.{next}");
+        let answer = format!("<|channel|>final<|message|>{{\"a\": 1}}{ret}");
+        let call = format!("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{{\"city\": \"Paris\"}}{call_end}");
+
+        // From a generation prompt's header: any analysis and commentary preambles first.
+        let header = Opening::Header;
+        assert!(admits(
+            &json,
+            header,
+            &format!("{analysis}{preamble}{analysis}{answer}")
+        ));
+        assert!(admits(
+            &tools,
+            header,
+            &format!("{analysis}{preamble}{call}")
+        ));
+        assert!(
+            !admits(&json, header, &format!("{call}{answer}")),
+            "a call is no preamble"
+        );
+        let eight = analysis.repeat(8);
+        assert!(admits(&json, header, &format!("{eight}{answer}")));
+        assert!(
+            !admits(&json, header, &format!("{analysis}{eight}{answer}")),
+            "at most 8 preambles"
+        );
+        assert!(!admits(
+            &json,
+            header,
+            &format!("{preamble}<|channel|>final<|message|>no{ret}")
+        ));
+
+        // From inside a body the prompt opened: its rest, its end, then as from a header.
+        let inside = Opening::Message;
+        assert!(admits(
+            &json,
+            inside,
+            &format!("more thought{next}{answer}")
+        ));
+        assert!(admits(&json, inside, &format!("{next}{preamble}{answer}")));
+        assert!(admits(&tools, inside, &format!("more{next}{call}")));
+        assert!(
+            !admits(&json, inside, &answer),
+            "the opened body ends first"
+        );
+
+        // Inside the final message the prompt opened: the rest of it is the constrained text.
+        let in_final = Opening::Final;
+        assert!(admits(&json, in_final, &format!("{{\"a\": 2}}{ret}")));
+        assert!(!admits(&json, in_final, &answer));
+        assert!(admits(&tools, in_final, &format!("Sure.{next}{call}")));
+    }
 }

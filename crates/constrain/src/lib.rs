@@ -17,7 +17,7 @@ mod vocabulary;
 
 pub use constraint::Constraint;
 pub use guide::Guide;
-pub use harmony::{Harmony, Part, Splitter};
+pub use harmony::{Harmony, Opening, Part, Splitter};
 pub use reasoning::Reasoning;
 pub use tools::{ToolCall, ToolSyntax};
 pub use vocabulary::Vocabulary;

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 
-use crate::Harmony;
+use crate::{Harmony, Opening};
 
 /// A model's reasoning markup.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,8 +17,9 @@ pub enum Reasoning {
         close: String,
         inside: bool,
     },
-    /// Harmony: an analysis message, then the final one.
-    Harmony(Harmony),
+    /// Harmony: analysis and commentary messages, then the final one; where the prompt left
+    /// the output.
+    Harmony(Harmony, Opening),
 }
 
 impl Reasoning {
@@ -31,7 +32,7 @@ impl Reasoning {
                 close,
                 inside,
             } => wrap_in_tags(content, open, close, *inside),
-            Reasoning::Harmony(harmony) => harmony.wrap(content, eos),
+            Reasoning::Harmony(harmony, opening) => harmony.wrap(content, eos, *opening),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 
-use crate::Harmony;
+use crate::{Harmony, Opening};
 
 /// How a family writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +59,8 @@ impl ToolSyntax {
     /// A Lark grammar of calls of `tools` (OpenAI tool definitions; the named one only, with
     /// `only`): one, or with `parallel` one or more; `marker` is how the grammar writes
     /// Mistral's `[TOOL_CALLS]` (a special token's `<[id]>`, or the quoted text); `eos` the
-    /// model's end-of-sequence ids (harmony's `<|call|>` may be one).
+    /// model's end-of-sequence ids (harmony's `<|call|>` may be one); `opening` where harmony's
+    /// output starts.
     pub(crate) fn grammar(
         self,
         tools: &[Value],
@@ -67,6 +68,7 @@ impl ToolSyntax {
         parallel: bool,
         marker: &str,
         eos: &BTreeSet<u32>,
+        opening: Opening,
     ) -> Result<String, String> {
         let calls: Vec<Value> = functions(tools, only)?
             .into_iter()
@@ -97,7 +99,9 @@ impl ToolSyntax {
                 more("\", \"", "body")
             ),
             // Harmony writes the name in the header and the arguments alone as the body.
-            ToolSyntax::Harmony(harmony) => return harmony.tool_grammar(tools, only, eos),
+            ToolSyntax::Harmony(harmony) => {
+                return harmony.tool_grammar(tools, only, eos, opening)
+            }
         })
     }
 

@@ -144,7 +144,7 @@ impl Markup {
                 close: "</think>".into(),
                 inside: *inside,
             },
-            Markup::Harmony(harmony, _) => Reasoning::Harmony(*harmony),
+            Markup::Harmony(harmony, splitter) => Reasoning::Harmony(*harmony, splitter.opening()),
         }
     }
 }
