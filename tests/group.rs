@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
-use crate::support::{greedy, model_id, ranks, rpc_error, within_for, worker, Ranks};
-use fixtures::{smollm2_dir, vision_fixture};
+use crate::support::{greedy, model_id, ranks, rpc_error, tiny_model, within_for, worker, Ranks};
+use fixtures::{
+    smollm2_dir, vision_fixture, write_tiny_dora, write_tiny_lora, AdapterLayout, TinyLlama,
+};
 use protocol::methods::{
     FinishReason, GenerateParams, GenerateResult, Initialize, InitializeParams, Load, LoadParams,
     ParallelMode, Status, StatusParams, Unload, UnloadParams,
@@ -31,6 +33,15 @@ async fn answers(
 ) -> Result<Vec<GenerateResult>, protocol::ClientError> {
     let mut params = LoadParams::new(model);
     params.parallel = parallel;
+    answers_with(w, params, questions).await
+}
+
+/// Loads as `params` asks, answers each question, unloads.
+async fn answers_with(
+    w: &Client,
+    params: LoadParams,
+    questions: &[GenerateParams],
+) -> Result<Vec<GenerateResult>, protocol::ClientError> {
     within_for(LIMIT, w.call::<Load>(&params)).await?;
     let mut out = Vec::new();
     for q in questions {
@@ -127,6 +138,63 @@ async fn smollm2_split_over_ranks_answers_as_one_process() {
     let split = answers(&g.rank0, &model, Some(ParallelMode::Tensor), &questions).await;
     same_answers(&expected, &split.unwrap(), "tensor over 3 ranks");
     check_split(&g, &model, ParallelMode::Tensor, whole).await;
+    within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
+}
+
+/// LoRA and DoRA adapters on a split model: each rank attaches the updates of what it holds (a
+/// pipeline stage's layers; under tensor parallel its part of each split layer's `a` or `b`:
+/// the adapter covers q and v, split by rows, and down, split by columns), and the split model
+/// answers as one process with the same adapter, with it on and off. DoRA under tensor
+/// parallel is refused by name.
+#[tokio::test]
+async fn adapters_on_a_split_model_answer_as_one_process() {
+    let base = tiny_model(&TinyLlama::default());
+    let base_id = model_id(base.path());
+    let dir = tempfile::tempdir().unwrap();
+    let (lora, dora) = (dir.path().join("lora"), dir.path().join("dora"));
+    write_tiny_lora(&lora, 7, AdapterLayout::MlxLm, &base_id).unwrap();
+    write_tiny_dora(&dora, 7, AdapterLayout::Peft, &base_id).unwrap();
+    let ask = |use_adapter| {
+        let mut q = greedy("Hello there, who are you?", 24);
+        q.use_adapter = use_adapter;
+        q
+    };
+    let questions = [ask(None), ask(Some(false))];
+    let with_adapter = |adapter: &std::path::Path, parallel| {
+        let mut params = LoadParams::new(&base_id);
+        params.adapter = Some(model_id(adapter));
+        params.parallel = parallel;
+        params
+    };
+    let alone = worker(&[]);
+    let g = ranks(2);
+    let cases = [
+        (&lora, ParallelMode::Pipeline),
+        (&lora, ParallelMode::Tensor),
+        (&dora, ParallelMode::Pipeline),
+    ];
+    for (adapter, mode) in cases {
+        let what = format!("{} {mode:?}", adapter.display());
+        let expected = answers_with(&alone, with_adapter(adapter, None), &questions).await;
+        let expected = expected.unwrap();
+        assert_ne!(
+            expected[0].text, expected[1].text,
+            "the adapter changes the text"
+        );
+        let split = answers_with(&g.rank0, with_adapter(adapter, Some(mode)), &questions).await;
+        let split = split.unwrap_or_else(|e| panic!("{what}: {e}"));
+        same_answers(&expected, &split, &what);
+    }
+    let refused = rpc_error(
+        within_for(
+            LIMIT,
+            g.rank0
+                .call::<Load>(&with_adapter(&dora, Some(ParallelMode::Tensor))),
+        )
+        .await,
+        ErrorCode::LoadFailed,
+    );
+    assert!(refused.message.contains("DoRA"), "{}", refused.message);
     within_for(LIMIT, g.rank0.shutdown()).await.unwrap();
 }
 

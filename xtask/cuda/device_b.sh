@@ -3,7 +3,8 @@
 # libmlx from its halves, install MLX 0.32.2 (CUDA) + mlx-lm 0.32.2 into /tmp/mlxcuda/site (Python
 # and the worker share that one libmlx.so), smoke-test both, then run bench.py.
 # Env: RUNS (7), MAX_NEW (256), PROMPTS (short,long,long4x), MODEL ($S/model); BENCH=batch runs
-# batch.py instead (RUNS 3, MAX_NEW 128, WIDTHS 1,2,4,8).
+# batch.py instead (RUNS 3, MAX_NEW 128, WIDTHS 1,2,4,8); BENCH=constrained constrained.py
+# (RUNS 5, MAX_NEW 256, MODEL $S/model2).
 set -uo pipefail
 S=/tmp/mlxcuda
 SITE=$S/site
@@ -46,7 +47,11 @@ mx.eval(a); dt = (time.perf_counter() - t) / 20
 print(f"bf16 4096^3 matmul: {2 * 4096**3 / dt / 1e12:.0f} TFLOP/s")
 PY
 echo "== bench ${BENCH:-single}"
-if [ "${BENCH:-single}" = batch ]; then
+if [ "${BENCH:-single}" = constrained ]; then
+  # Decode with a JSON schema vs free text, the worker alone (llguidance's mask on the GPU path).
+  (cd xtask/cuda && timeout ${BENCH_TIMEOUT:-420} python3 constrained.py --worker $S/bin/mlx-worker \
+    --model ${MODEL:-$S/model2} --runs ${RUNS:-5} --max-new-tokens ${MAX_NEW:-256} --out "$OUT")
+elif [ "${BENCH:-single}" = batch ]; then
   # Continuous batching: WIDTHS streams at once, worker (--max-batch) vs mlx-lm's batch_generate.
   timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/batch.py --worker $S/bin/mlx-worker --model ${MODEL:-$S/model} \
     --runs ${RUNS:-3} --max-new-tokens ${MAX_NEW:-128} --widths ${WIDTHS:-1,2,4,8} --out "$OUT"

@@ -358,12 +358,6 @@ impl Engine {
                  xtask launch`) to split a model over them",
             ));
         };
-        if req.adapter.is_some() {
-            return Err(load::refuse_parallel(
-                "a model split over ranks takes no adapter yet: fuse the adapter into the \
-                 weights (mlx_lm.fuse) or load without `parallel`",
-            ));
-        }
         Ok(Some(Placement {
             group: group.clone(),
             mode,

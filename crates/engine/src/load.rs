@@ -201,7 +201,11 @@ pub(crate) fn quantize(
         }
     }
     let adapter = match &files.adapter {
-        Some(dir) => Some(Adapter::load(dir)?.attach(dir, model.linears_mut())?),
+        Some(dir) => {
+            let mut adapter = Adapter::load(dir)?;
+            adapter.retain(|name| !model.held_elsewhere(name));
+            Some(adapter.attach(dir, model.linears_mut())?)
+        }
         None => None,
     };
     let arrays: Vec<Array> = model

@@ -35,6 +35,7 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    models::Split,
     nn::{Linear, Result},
 };
 
@@ -319,6 +320,11 @@ impl Adapter {
         })
     }
 
+    /// Keeps the updates of the layers `keep` names (a pipeline stage's own).
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.layers.retain(|name, _| keep(name));
+    }
+
     /// Adds the updates to `linears` (the model's, by checkpoint name); returns the switch.
     pub fn attach(
         mut self,
@@ -397,6 +403,24 @@ impl Adapter {
                 b.swap_axes(-1, -2).map_err(|e| invalid(dir, e))?,
             ),
             false => (a, b),
+        };
+        // A layer tensor parallel split takes this rank's part of the update: of `b`'s output
+        // columns where it keeps part of the outputs; of `a`'s input rows where it keeps part
+        // of the inputs (each rank's `(x a) b` is then summed with the layer's outputs, which
+        // gives the whole update). A part that does not divide fails the shape check below.
+        let (a, b) = match linear.split {
+            None => (a, b),
+            Some(_) if self.dora => {
+                return Err(unsupported(
+                    dir,
+                    format!(
+                        "DoRA on a layer tensor parallel splits (`{name}`) is not supported: \
+                         its rescaling needs whole rows; use parallel \"pipeline\""
+                    ),
+                ))
+            }
+            Some(split @ Split::Rows { .. }) => (a, split.part_of(&b, -1).unwrap_or(b)),
+            Some(split @ Split::Columns { .. }) => (split.part_of(&a, -2).unwrap_or(a), b),
         };
         // `(out, in)`; `dims` reads stacked experts' weights as `(experts, in)`.
         let (out_dims, in_dims) = (linear.weight.dim(-2), linear.dims().1);

@@ -21,6 +21,8 @@ pub struct Linear {
     pub quantized: Option<Quantized>,
     /// A LoRA or DoRA adapter's update, applied while its switch is on.
     pub lora: Option<Box<Lora>>,
+    /// This rank's part of the layer, when tensor parallel split it over a group.
+    pub split: Option<crate::models::Split>,
 }
 
 impl Linear {

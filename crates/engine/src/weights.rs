@@ -176,6 +176,7 @@ impl Weights {
             bias,
             quantized,
             lora: None,
+            split: None,
         })
     }
 

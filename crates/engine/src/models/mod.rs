@@ -28,7 +28,7 @@ mod qwen3_vl_text;
 mod smollm3;
 mod transformer;
 
-pub use parallel::Placement;
+pub use parallel::{Placement, Split};
 
 use mlx_rs::Array;
 use serde_json::Value;
@@ -100,6 +100,11 @@ pub trait LanguageModel {
     /// How this rank holds its part of a model split over a group, and the layers it runs.
     fn placement(&self) -> Option<(&Placement, std::ops::Range<usize>)> {
         None
+    }
+    /// Whether checkpoint name `name` is in a layer another rank of a pipeline holds (an
+    /// adapter's update for it is that rank's to attach).
+    fn held_elsewhere(&self, _name: &str) -> bool {
+        false
     }
 }
 

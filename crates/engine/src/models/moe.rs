@@ -201,6 +201,7 @@ impl SwitchLinear {
             bias: stack(|l| l.bias.as_ref())?,
             quantized,
             lora: None,
+            split: None,
         }))
     }
 }

@@ -51,6 +51,22 @@ impl Placement {
     }
 }
 
+/// Which part of a linear layer this rank holds under tensor parallel: `1/size` of its output
+/// rows, or of its input columns (its outputs then summed over the group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Rows { rank: usize, size: usize },
+    Columns { rank: usize, size: usize },
+}
+
+impl Split {
+    /// `x`'s part along `axis` (`x` split like the layer: an adapter's matrix).
+    pub fn part_of(self, x: &Array, axis: i32) -> mlx_rs::error::Result<Array> {
+        let (Split::Rows { rank, size } | Split::Columns { rank, size }) = self;
+        x.split_equal(size as i32, axis)?[rank].contiguous()
+    }
+}
+
 /// Sums a sharded-to-all projection's partial outputs over the group, then adds its bias
 /// (taken out of the layer when it was sharded: added once, after the sum).
 #[derive(Debug)]
@@ -105,7 +121,6 @@ pub fn shard_rows(
     group: &Group,
     name: &str,
 ) -> std::result::Result<(), EngineError> {
-    refuse_adapter(linear, name)?;
     linear.weight = part(&linear.weight, 0, group, name)?;
     if let Some(b) = &linear.bias {
         linear.bias = Some(part(b, 0, group, name)?);
@@ -116,6 +131,10 @@ pub fn shard_rows(
             q.biases = Some(part(b, 0, group, name)?);
         }
     }
+    linear.split = Some(Split::Rows {
+        rank: group.rank(),
+        size: group.size(),
+    });
     Ok(())
 }
 
@@ -126,7 +145,6 @@ pub fn shard_columns(
     group: &Rc<Group>,
     name: &str,
 ) -> std::result::Result<Reduce, EngineError> {
-    refuse_adapter(linear, name)?;
     linear.weight = part(&linear.weight, -1, group, name)?;
     if let Some(q) = &mut linear.quantized {
         q.scales = part(&q.scales, -1, group, name)?;
@@ -134,19 +152,14 @@ pub fn shard_columns(
             q.biases = Some(part(b, -1, group, name)?);
         }
     }
+    linear.split = Some(Split::Columns {
+        rank: group.rank(),
+        size: group.size(),
+    });
     Ok(Reduce {
         group: group.clone(),
         bias: linear.bias.take(),
     })
-}
-
-fn refuse_adapter(linear: &Linear, name: &str) -> std::result::Result<(), EngineError> {
-    match linear.lora {
-        Some(_) => Err(refuse(format!(
-            "`{name}` has an adapter; a split model takes none"
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// The pipeline's hand-over before a rank's layers: the previous rank's hidden state (shaped

@@ -555,6 +555,8 @@ pub struct Decoder<F: Family = Llama> {
     placement: Option<Placement>,
     /// The checkpoint index of `layers[0]` (a pipeline stage's first layer; else 0).
     first_layer: usize,
+    /// The checkpoint's layer count (more than `layers` holds on a pipeline's stage).
+    total_layers: usize,
 }
 
 fn norm(
@@ -844,6 +846,7 @@ impl<F: Family> Decoder<F> {
     pub fn load(mut weights: Weights, spec: DecoderSpec, family: F) -> LoadResult<Self> {
         let placement = weights.take_placement();
         let owned = stage(placement.as_ref(), &spec.layers)?;
+        let total_layers = spec.layers.len();
         // Linear-attention layers are a kind of their own (their cache gives no mask).
         let kind = |l: &LayerSpec| match l.attention {
             AttentionKind::Softmax { .. } => Some(l.shape.window),
@@ -884,6 +887,7 @@ impl<F: Family> Decoder<F> {
             mrope: None,
             placement,
             first_layer: owned.start,
+            total_layers,
         })
     }
 
@@ -1176,6 +1180,15 @@ impl<F: Family> LanguageModel for Decoder<F> {
     fn placement(&self) -> Option<(&Placement, std::ops::Range<usize>)> {
         let layers = self.first_layer..self.first_layer + self.layers.len();
         self.placement.as_ref().map(|p| (p, layers))
+    }
+
+    fn held_elsewhere(&self, name: &str) -> bool {
+        let layer = name
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|k| k.parse::<usize>().ok());
+        let owned = self.first_layer..self.first_layer + self.layers.len();
+        layer.is_some_and(|k| k < self.total_layers && !owned.contains(&k))
     }
 }
 
