@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
-use constrain::{Constraint, Guide, Vocabulary};
+use constrain::{Constraint, Guide, TokenMask, Vocabulary};
 use libfuzzer_sys::fuzz_target;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::Tokenizer;
@@ -56,15 +56,15 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut guide) = Guide::new(vocabulary(), &constraint, None) else {
         return;
     };
-    let mut allowed = Vec::new();
+    let mut allowed = TokenMask::default();
     for _ in 0..16 {
         if guide.is_finished() || guide.allowed(&mut allowed).is_err() {
             return;
         }
-        let Some(token) = allowed.iter().position(|&a| a) else {
+        let Some(token) = allowed.ids().next() else {
             return;
         };
-        if guide.advance(token as u32).is_err() {
+        if guide.advance(token).is_err() {
             return;
         }
     }

@@ -4,6 +4,48 @@ use llguidance::Matcher;
 
 use crate::{Constraint, ConstraintError, Opening, Reasoning, Vocabulary};
 
+/// The tokens allowed next: bit `id % 32` of word `id / 32` for each token id of the model's
+/// vocabulary (llguidance's own layout). Sent to the device as it is, a thirty-second of a
+/// boolean per token: on a GPU a step is short, and uploading a fresh boolean per token each
+/// step cost more than the mask itself.
+#[derive(Debug, Clone, Default)]
+pub struct TokenMask {
+    words: Vec<u32>,
+    size: usize,
+}
+
+impl TokenMask {
+    pub fn contains(&self, id: u32) -> bool {
+        let word = self.words.get(id as usize / 32).copied().unwrap_or(0);
+        (id as usize) < self.size && word >> (id % 32) & 1 == 1
+    }
+
+    /// The allowed ids, in order.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.size as u32).filter(|&id| self.contains(id))
+    }
+
+    /// The bits, `size.div_ceil(32)` words.
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// The vocabulary size the mask covers.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    fn allow(&mut self, id: u32) {
+        if let Some(word) = self
+            .words
+            .get_mut(id as usize / 32)
+            .filter(|_| (id as usize) < self.size)
+        {
+            *word |= 1 << (id % 32);
+        }
+    }
+}
+
 /// A compiled constraint following one generation's tokens.
 pub struct Guide {
     matcher: Matcher,
@@ -44,28 +86,29 @@ impl Guide {
         })
     }
 
-    /// Writes into `allowed` (resized to the model's vocabulary) which tokens may come next.
-    /// The end-of-sequence ids are allowed where the output may end.
-    pub fn allowed(&mut self, allowed: &mut Vec<bool>) -> Result<(), ConstraintError> {
-        let mask = self
+    /// Writes into `mask` which tokens of the model's vocabulary may come next. The
+    /// end-of-sequence ids are allowed where the output may end.
+    pub fn allowed(&mut self, mask: &mut TokenMask) -> Result<(), ConstraintError> {
+        let vob = self
             .matcher
             .compute_mask()
             .map_err(|e| ConstraintError::Stuck(e.to_string()))?;
-        allowed.clear();
-        allowed.resize(self.size, false);
-        let mut any = false;
-        mask.iter_set_entries(|id| {
-            if let Some(slot) = allowed.get_mut(id) {
-                *slot = true;
-                any = true;
-            }
-        });
-        if self.eos.iter().any(|&id| mask.is_allowed(id)) {
+        // llguidance's own bitset, cut or padded to the model's vocabulary.
+        let n = self.size.div_ceil(32);
+        let words = vob.as_slice();
+        mask.words.clear();
+        mask.words.extend_from_slice(&words[..n.min(words.len())]);
+        mask.words.resize(n, 0);
+        if let Some(last) = mask.words.last_mut().filter(|_| self.size % 32 != 0) {
+            *last &= (1u32 << (self.size % 32)) - 1;
+        }
+        mask.size = self.size;
+        if self.eos.iter().any(|&id| vob.is_allowed(id)) {
             for &id in &self.eos {
-                allowed[id as usize] = true;
+                mask.allow(id);
             }
         }
-        if !any {
+        if mask.words.iter().all(|&w| w == 0) {
             return Err(ConstraintError::Stuck(
                 "no token of this model's vocabulary can continue the output".into(),
             ));

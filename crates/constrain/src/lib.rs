@@ -16,7 +16,7 @@ mod tools;
 mod vocabulary;
 
 pub use constraint::Constraint;
-pub use guide::Guide;
+pub use guide::{Guide, TokenMask};
 pub use harmony::{Harmony, Opening, Part, Splitter};
 pub use reasoning::Reasoning;
 pub use tools::{ToolCall, ToolSyntax};

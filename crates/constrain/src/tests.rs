@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use serde_json::json;
 use tokenizers::Tokenizer;
 
-use crate::{Constraint, ConstraintError, Guide, Vocabulary};
+use crate::{Constraint, ConstraintError, Guide, TokenMask, Vocabulary};
 
 /// SmolLM2's vocabulary padded as its model's logits are (49152), EOS `<|im_end|>` (2).
 fn smollm2() -> Option<(Tokenizer, Vocabulary)> {
@@ -30,14 +30,15 @@ pub(crate) fn admits_after(
     text: &str,
 ) -> bool {
     let mut guide = Guide::new(vocab, constraint, reasoning).unwrap();
-    let mut allowed = Vec::new();
+    let mut allowed = TokenMask::default();
     for &id in tokenizer.encode(text, false).unwrap().get_ids() {
-        if guide.allowed(&mut allowed).is_err() || !allowed[id as usize] {
+        if guide.allowed(&mut allowed).is_err() || !allowed.contains(id) {
             return false;
         }
         guide.advance(id).unwrap();
     }
-    guide.is_finished() || (guide.allowed(&mut allowed).is_ok() && allowed[2] && allowed[0])
+    guide.is_finished()
+        || (guide.allowed(&mut allowed).is_ok() && allowed.contains(2) && allowed.contains(0))
 }
 
 #[test]
@@ -109,16 +110,16 @@ fn a_complete_output_is_finished() {
         return;
     };
     let mut guide = Guide::new(&vocab, &Constraint::Regex("(yes|no)".into()), None).unwrap();
-    let mut allowed = Vec::new();
+    let mut allowed = TokenMask::default();
     for &id in tok.encode("yes", false).unwrap().get_ids() {
         guide.allowed(&mut allowed).unwrap();
-        assert!(allowed[id as usize]);
+        assert!(allowed.contains(id));
         guide.advance(id).unwrap();
     }
     assert!(
         guide.is_finished() || {
             guide.allowed(&mut allowed).unwrap();
-            allowed.iter().filter(|&&a| a).count() == 2
+            allowed.ids().count() == 2
         }
     );
 }

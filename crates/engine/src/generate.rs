@@ -6,7 +6,7 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use constrain::{ConstraintError, Guide};
+use constrain::Guide;
 use mlx_rs::{ops, transforms, Array};
 use text::{StopMatcher, StreamingDetokenizer};
 
@@ -90,7 +90,10 @@ impl GenerationContext<'_> {
     }
 }
 
+mod guided;
 mod speculative;
+
+use guided::Guided;
 
 type Result<T> = std::result::Result<T, EngineError>;
 
@@ -237,81 +240,6 @@ impl Decoder<'_> {
     }
 }
 
-/// A generation's constraint and the buffer its masks are written to.
-struct Guided {
-    guide: Guide,
-    field: &'static str,
-    allowed: Vec<bool>,
-}
-
-impl Guided {
-    fn error(&self, e: ConstraintError) -> EngineError {
-        EngineError::InvalidParams {
-            field: self.field.into(),
-            reason: e.to_string(),
-        }
-    }
-
-    /// The tokens allowed next, as a `(1, V)` boolean row.
-    fn mask(&mut self) -> Result<Array> {
-        let mut allowed = std::mem::take(&mut self.allowed);
-        let result = self.guide.allowed(&mut allowed).map_err(|e| self.error(e));
-        let mask = result.map(|()| Array::from_slice(&allowed, &[1, allowed.len() as i32]));
-        self.allowed = allowed;
-        mask
-    }
-
-    /// The masks a draft is verified with: the tokens allowed after the output so far, then
-    /// after each draft token in turn. `draft` is cut before its first token the constraint
-    /// refuses (sampling could not take it, nor anything after it) and after a token that ends
-    /// the output (an end-of-sequence id, or one that completes it: nothing after it is taken).
-    /// The guide is left where it was.
-    fn draft_masks(
-        &mut self,
-        draft: &mut Vec<u32>,
-        eos: &std::collections::BTreeSet<u32>,
-    ) -> Result<Vec<Array>> {
-        let mut masks = vec![self.mask()?];
-        let (mut keep, mut followed) = (draft.len(), 0);
-        for (i, &token) in draft.iter().enumerate() {
-            if !self.allowed.get(token as usize).copied().unwrap_or(false) {
-                keep = i;
-                break;
-            }
-            if eos.contains(&token) {
-                keep = i + 1;
-                break;
-            }
-            if self.guide.advance(token).is_err() {
-                keep = i;
-                break;
-            }
-            followed += 1;
-            if self.guide.is_finished() {
-                keep = i + 1;
-                break;
-            }
-            match self.mask() {
-                Ok(mask) => masks.push(mask),
-                // One-token steps meet the same error when they get here, and report it.
-                Err(_) => {
-                    keep = i;
-                    break;
-                }
-            }
-        }
-        self.guide.rollback(followed).map_err(|e| self.error(e))?;
-        draft.truncate(keep);
-        Ok(masks)
-    }
-
-    /// Follows `id`; true when the output is complete.
-    fn advance(&mut self, id: u32) -> Result<bool> {
-        self.guide.advance(id).map_err(|e| self.error(e))?;
-        Ok(self.guide.is_finished())
-    }
-}
-
 /// Generates a completion for `prompt`, calling `on_delta` with each piece of new text.
 /// Starts from what `cache` holds of the prompt, and leaves this generation's caches there.
 pub(crate) fn generate(
@@ -409,11 +337,7 @@ pub(crate) fn start<'a>(
         sampled: Vec::new(),
         positions: prompt.positions.clone(),
         next: 0,
-        guide: guide.map(|(guide, field)| Guided {
-            guide,
-            field,
-            allowed: Vec::new(),
-        }),
+        guide: guide.map(|(guide, field)| Guided::new(guide, field)),
     };
     let begun = begin(&mut dec, req, prompt, reused, &mut *on_delta, cancel)?;
     let keep = reuse.then(|| keys.clone());
