@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use constrain::{ConstraintError, Guide, TokenMask};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::{ops, Array, Dtype};
 
 use super::Result;
 use crate::EngineError;
@@ -29,13 +29,15 @@ struct BitIndex {
 }
 
 impl BitIndex {
-    fn new(size: usize) -> Self {
-        let word: Vec<u32> = (0..size as u32).map(|id| id / 32).collect();
-        let place: Vec<u32> = (0..size as u32).map(|id| 1 << (id % 32)).collect();
-        Self {
-            word: Array::from_slice(&word, &[size as i32]),
-            place: Array::from_slice(&place, &[size as i32]),
-        }
+    /// Computed on the device: on a GPU, an array made from host memory costs far more per
+    /// byte than a kernel over it (xtask/cuda/mask_probe.py).
+    fn new(size: usize) -> Result<Self> {
+        let u32 = |x: i32| Array::from_int(x).as_dtype(Dtype::Uint32);
+        let ids = ops::arange::<_, u32>(0, size as u32, 1)?;
+        Ok(Self {
+            word: ids.floor_divide(u32(32)?)?,
+            place: u32(2)?.power(ids.remainder(u32(32)?)?)?,
+        })
     }
 
     /// `mask` as a `(1, V)` boolean row.
@@ -71,10 +73,11 @@ impl Guided {
         if let Err(e) = self.guide.allowed(&mut self.mask) {
             return Err(self.error(e));
         }
-        let size = self.mask.size();
-        self.bits
-            .get_or_insert_with(|| BitIndex::new(size))
-            .expand(&self.mask)
+        let bits = match &mut self.bits {
+            Some(bits) => bits,
+            empty => empty.insert(BitIndex::new(self.mask.size())?),
+        };
+        bits.expand(&self.mask)
     }
 
     /// The masks a draft is verified with: the tokens allowed after the output so far, then
