@@ -14,7 +14,7 @@ use crate::{
     constrained::Markup,
     distributed::Group,
     kv_cache::KvCache,
-    models::LanguageModel,
+    models::{LanguageModel, Placement},
     nn::row,
     prompt::{PromptEmbeds, PromptInputs},
     prompt_cache::PromptCache,
@@ -61,7 +61,7 @@ pub(crate) struct GenerationContext<'a> {
     pub group: Option<&'a Group>,
 }
 
-impl GenerationContext<'_> {
+impl<'a> GenerationContext<'a> {
     /// Whether to stop here. In a group, rank 0's answer on every rank: each rank runs the
     /// same steps, so they all ask at the same points and meet at the same collectives.
     pub fn cancelled(&self, cancel: &CancelToken) -> Result<bool> {
@@ -69,6 +69,12 @@ impl GenerationContext<'_> {
             Some(group) => Ok(group.any(cancel.is_cancelled())?),
             None => Ok(cancel.is_cancelled()),
         }
+    }
+
+    /// This rank's share of a model split into pipeline stages, if it is one.
+    fn pipeline_stage(&self) -> Option<&'a Placement> {
+        let (placement, _) = self.model.placement()?;
+        (placement.mode == crate::request::Parallel::Pipeline).then_some(placement)
     }
 
     /// [`memory::check_headroom`](crate::memory::check_headroom), agreed by every rank of a
@@ -91,6 +97,7 @@ impl GenerationContext<'_> {
 }
 
 mod guided;
+mod pipeline;
 mod speculative;
 
 use guided::Guided;
@@ -430,8 +437,16 @@ fn begin<'a>(
         }
         _ => None,
     };
-    // Prefill: all but the last prompt token, in chunks, checking for cancellation between them.
+    // Prefill: all but the last prompt token, in chunks, checking for cancellation between them
+    // (a pipeline's stages pass their chunks on as they go: `generate/pipeline.rs`).
     let mut rest = &prompt_ids[reused..];
+    if let Some(stage) = ctx.pipeline_stage() {
+        let chunks: Vec<&[u32]> = rest[..rest.len() - 1].chunks(ctx.prefill_chunk).collect();
+        if pipeline::prefill(dec, stage, &chunks, reused, cancel)? {
+            return cancelled(out);
+        }
+        rest = &rest[rest.len() - 1..];
+    }
     while rest.len() > 1 {
         if ctx.cancelled(cancel)? {
             return cancelled(out);

@@ -101,6 +101,12 @@ pub trait LanguageModel {
     fn placement(&self) -> Option<(&Placement, std::ops::Range<usize>)> {
         None
     }
+    /// Takes off the wire and drops the hidden state the previous rank of a pipeline sent for
+    /// `tokens` `(L,)`, which this rank will not run (its prefill stopped), so that the next
+    /// pass reads its own. Nothing for a model not in a pipeline.
+    fn discard_stage_input(&self, _tokens: &Array) -> Result<()> {
+        Ok(())
+    }
     /// Whether checkpoint name `name` is in a layer another rank of a pipeline holds (an
     /// adapter's update for it is that rank's to attach).
     fn held_elsewhere(&self, _name: &str) -> bool {

@@ -1182,6 +1182,16 @@ impl<F: Family> LanguageModel for Decoder<F> {
         self.placement.as_ref().map(|p| (p, layers))
     }
 
+    fn discard_stage_input(&self, tokens: &Array) -> Result<()> {
+        let pipeline = self.placement.as_ref();
+        let Some(p) = pipeline.filter(|p| p.mode == Parallel::Pipeline) else {
+            return Ok(());
+        };
+        let like = self.embed(&tokens.reshape(&[1, -1])?)?;
+        let like = self.family.scale_embeddings(like)?;
+        parallel::receive(p, like)?.eval()
+    }
+
     fn held_elsewhere(&self, name: &str) -> bool {
         let layer = name
             .strip_prefix("model.layers.")
