@@ -233,6 +233,22 @@ async fn family_fixtures_split_over_two_ranks_answer_as_one_process() {
         let split = split.unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"));
         same_answers(&expected, &split, &format!("{name} {mode:?}"));
     }
+    // An untied head's vocabulary is split too: each rank holds half of it (the embedding
+    // table, as large, stays whole), so a rank holds about three quarters of the model.
+    let untied = model_id(&vision_fixture("tiny-untied").unwrap());
+    let whole = within_for(LIMIT, alone.call::<Load>(&LoadParams::new(&untied)))
+        .await
+        .unwrap()
+        .memory
+        .active_bytes;
+    let mut params = LoadParams::new(&untied);
+    params.parallel = Some(ParallelMode::Tensor);
+    let loaded = within_for(LIMIT, g.rank0.call::<Load>(&params))
+        .await
+        .unwrap();
+    for r in &loaded.info.parallel.unwrap().ranks {
+        assert!(r.weight_bytes * 5 < whole * 4, "{r:?} of {whole}");
+    }
     for name in refused {
         let mut params = LoadParams::new(model_id(&vision_fixture(name).unwrap()));
         params.parallel = Some(ParallelMode::Tensor);

@@ -7,8 +7,9 @@
 //! - tensor: every rank holds all layers with `1/N` of each attention's heads and each MLP's
 //!   columns: the query/key/value and gate/up projections split by output rows
 //!   ("all-to-sharded"), the output and down projections by input columns ("sharded-to-all",
-//!   summed over the group, then their bias added), as mlx-lm's `shard_linear` does. Embedding,
-//!   norms and head stay whole.
+//!   summed over the group, then their bias added), as mlx-lm's `shard_linear` does. Embedding
+//!   and norms stay whole; an untied head whose vocabulary the ranks divide is split by rows
+//!   (`Decoder::split_vocabulary`), its logits gathered.
 //!
 //! Every rank then samples the same token from the same logits, so all ranks run the same
 //! steps and meet at the same collectives.

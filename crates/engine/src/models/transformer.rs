@@ -557,6 +557,9 @@ pub struct Decoder<F: Family = Llama> {
     first_layer: usize,
     /// The checkpoint's layer count (more than `layers` holds on a pipeline's stage).
     total_layers: usize,
+    /// Under tensor parallel, the group an untied head's vocabulary is split over: each rank
+    /// computes its rows' logits, gathered after.
+    vocab_split: Option<Rc<Group>>,
 }
 
 fn norm(
@@ -873,7 +876,7 @@ impl<F: Family> Decoder<F> {
             layers.push(block);
         }
         check_kv_sharing(&mut layers)?;
-        Ok(Self {
+        let mut model = Self {
             embed_tokens,
             layers,
             mask_sources,
@@ -882,13 +885,34 @@ impl<F: Family> Decoder<F> {
                 true => None,
                 false => Some(weights.linear("lm_head")?),
             },
+            vocab_split: None,
             max_position_embeddings: spec.max_position_embeddings,
             family,
             mrope: None,
             placement,
             first_layer: owned.start,
             total_layers,
-        })
+        };
+        model.split_vocabulary()?;
+        Ok(model)
+    }
+
+    /// Under tensor parallel, an untied head whose vocabulary the ranks divide keeps this rank's
+    /// share of its rows (a tied head is the embedding table, which every rank holds whole).
+    fn split_vocabulary(&mut self) -> LoadResult<()> {
+        let tensor = self
+            .placement
+            .as_ref()
+            .filter(|p| p.mode == Parallel::Tensor);
+        let (Some(p), Some(head)) = (tensor, self.lm_head.as_mut()) else {
+            return Ok(());
+        };
+        if head.weight.dim(0) % p.group.size() as i32 != 0 {
+            return Ok(());
+        }
+        parallel::shard_rows(head, &p.group, "lm_head")?;
+        self.vocab_split = Some(p.group.clone());
+        Ok(())
     }
 
     /// Every layer rotates by `mrope` at explicit positions
@@ -956,6 +980,13 @@ impl<F: Family> Decoder<F> {
         let logits = match &self.lm_head {
             Some(head) => head.forward(&h)?,
             None => self.embed_tokens.as_linear(&h)?,
+        };
+        let logits = match &self.vocab_split {
+            // Each rank's rows of the vocabulary, gathered in rank order along the last axis.
+            Some(group) => group
+                .all_gather(&logits.transpose_axes(&[2, 0, 1])?)?
+                .transpose_axes(&[1, 2, 0])?,
+            None => logits,
         };
         self.family.logits(logits)
     }
