@@ -99,7 +99,11 @@ impl Guide {
         mask.words.clear();
         mask.words.extend_from_slice(&words[..n.min(words.len())]);
         mask.words.resize(n, 0);
-        if let Some(last) = mask.words.last_mut().filter(|_| self.size % 32 != 0) {
+        if let Some(last) = mask
+            .words
+            .last_mut()
+            .filter(|_| !self.size.is_multiple_of(32))
+        {
             *last &= (1u32 << (self.size % 32)) - 1;
         }
         mask.size = self.size;

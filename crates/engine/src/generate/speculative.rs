@@ -284,7 +284,7 @@ pub(super) fn decode(
         let mut draft = drafter.draft(req.max_new_tokens - n - 1)?;
         let masks = match dec.guide.as_mut() {
             Some(guide) => {
-                let masks = guide.draft_masks(&mut draft, &dec.ctx.eos)?;
+                let masks = guide.draft_masks(&mut draft, dec.ctx.eos)?;
                 drafter.cut(draft.len());
                 masks
             }
