@@ -76,6 +76,20 @@ fn chat(content: impl Into<String>, max_new_tokens: usize) -> GenerateRequest {
     )
 }
 
+/// An engine with the real SmolLM2 loaded, or `None` when it is not there.
+fn smollm2_engine() -> Option<Engine> {
+    let dir = fixtures::smollm2_dir()?;
+    let mut engine = Engine::new();
+    let load = LoadRequest {
+        model: dir.display().to_string(),
+        ..Default::default()
+    };
+    engine
+        .load(&load, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    Some(engine)
+}
+
 /// Generates `req` from an empty prompt cache.
 fn fresh(engine: &mut Engine, req: &GenerateRequest) -> Completion {
     engine.reset();
@@ -89,17 +103,9 @@ fn fresh(engine: &mut Engine, req: &GenerateRequest) -> Completion {
 #[test]
 fn prompt_lookup_drafts_are_accepted_and_change_nothing() {
     let _mlx = fixtures::mlx_test_lock();
-    let Some(dir) = fixtures::smollm2_dir() else {
+    let Some(mut engine) = smollm2_engine() else {
         return;
     };
-    let mut engine = Engine::new();
-    let load = LoadRequest {
-        model: dir.display().to_string(),
-        ..Default::default()
-    };
-    engine
-        .load(&load, &mut |_| {}, &CancelToken::new())
-        .unwrap();
     let text = "The quick brown fox jumps over the lazy dog. It was a sunny day in the small \
                 village, and the children were playing in the park near the old church.";
     let ask = format!("Repeat this text exactly, replacing 'fox' with 'cat':\n\n{text}");
@@ -132,17 +138,9 @@ fn prompt_lookup_drafts_are_accepted_and_change_nothing() {
 #[test]
 fn constrained_prompt_lookup_changes_nothing() {
     let _mlx = fixtures::mlx_test_lock();
-    let Some(dir) = fixtures::smollm2_dir() else {
+    let Some(mut engine) = smollm2_engine() else {
         return;
     };
-    let mut engine = Engine::new();
-    let load = LoadRequest {
-        model: dir.display().to_string(),
-        ..Default::default()
-    };
-    engine
-        .load(&load, &mut |_| {}, &CancelToken::new())
-        .unwrap();
     let record = r#"{"name": "Ada Lovelace", "born": 1815, "city": "London", "fields": ["mathematics", "computing"]}"#;
     let schema = serde_json::json!({
         "type": "object",
