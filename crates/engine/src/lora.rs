@@ -407,7 +407,13 @@ impl Adapter {
         // A layer tensor parallel split takes this rank's part of the update: of `b`'s output
         // columns where it keeps part of the outputs; of `a`'s input rows where it keeps part
         // of the inputs (each rank's `(x a) b` is then summed with the layer's outputs, which
-        // gives the whole update). A part that does not divide fails the shape check below.
+        // gives the whole update).
+        let cut = |e| {
+            invalid(
+                dir,
+                format!("`{name}`: its update cannot be split like the layer over the ranks: {e}"),
+            )
+        };
         let (a, b) = match linear.split {
             None => (a, b),
             Some(_) if self.dora => {
@@ -419,8 +425,8 @@ impl Adapter {
                     ),
                 ))
             }
-            Some(split @ Split::Rows { .. }) => (a, split.part_of(&b, -1).unwrap_or(b)),
-            Some(split @ Split::Columns { .. }) => (split.part_of(&a, -2).unwrap_or(a), b),
+            Some(split @ Split::Rows { .. }) => (a, split.part_of(&b, -1).map_err(cut)?),
+            Some(split @ Split::Columns { .. }) => (split.part_of(&a, -2).map_err(cut)?, b),
         };
         // `(out, in)`; `dims` reads stacked experts' weights as `(experts, in)`.
         let (out_dims, in_dims) = (linear.weight.dim(-2), linear.dims().1);

@@ -87,7 +87,7 @@ impl Guided {
     /// The guide is left where it was.
     pub fn draft_masks(&mut self, draft: &mut Vec<u32>, eos: &BTreeSet<u32>) -> Result<Vec<Array>> {
         let mut masks = vec![self.mask()?];
-        let (mut keep, mut followed) = (draft.len(), 0);
+        let (mut keep, mut followed, mut failed) = (draft.len(), 0, None);
         for (i, &token) in draft.iter().enumerate() {
             if !self.mask.contains(token) {
                 keep = i;
@@ -97,7 +97,8 @@ impl Guided {
                 keep = i + 1;
                 break;
             }
-            if self.guide.advance(token).is_err() {
+            if let Err(e) = self.guide.advance(token) {
+                failed = Some(self.error(e));
                 keep = i;
                 break;
             }
@@ -108,14 +109,21 @@ impl Guided {
             }
             match self.mask() {
                 Ok(mask) => masks.push(mask),
-                // One-token steps meet the same error when they get here, and report it.
-                Err(_) => {
+                // Nothing could follow this token: cut before it (one-token steps meet the same
+                // state only if the model takes it, and report it then).
+                Err(e) => {
+                    failed = Some(e);
                     keep = i;
                     break;
                 }
             }
         }
-        self.guide.rollback(followed).map_err(|e| self.error(e))?;
+        // llguidance keeps an error of its own (a parser limit) and cannot roll back from it:
+        // the request then fails with that error, though the model might not have taken the
+        // token that led there.
+        if let Err(e) = self.guide.rollback(followed) {
+            return Err(failed.unwrap_or_else(|| self.error(e)));
+        }
         draft.truncate(keep);
         Ok(masks)
     }
