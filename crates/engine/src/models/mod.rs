@@ -185,6 +185,17 @@ pub fn build(
 /// Refuses a config.json that asks for more layers than the checkpoint holds, or another
 /// vocabulary than its embedding table's, before a family sizes anything by it (an absurd count
 /// must be an error, not an allocation failure; mlx-lm refuses both by the weights' shapes).
+/// config.json's sizes that must be positive where given.
+const POSITIVE_SIZES: &[&str] = &[
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+];
+
 fn check_sizes(config: &Value, weights: &Weights) -> std::result::Result<(), EngineError> {
     let refuse = |what: String| {
         Err(EngineError::load(
@@ -192,6 +203,14 @@ fn check_sizes(config: &Value, weights: &Weights) -> std::result::Result<(), Eng
             format!("{what}: config.json does not describe these weights"),
         ))
     };
+    // Sizes a model is built from must be positive: a zero divides by zero (`hidden_size /
+    // num_attention_heads`), a negative one makes shapes no array has (fuzz/checkpoint).
+    for key in POSITIVE_SIZES {
+        let value = config.get(*key).and_then(Value::as_i64);
+        if let Some(n) = value.filter(|&n| n <= 0) {
+            return refuse(format!("config.json's {key} is {n}, which no model has"));
+        }
+    }
     let field = |key: &str| config.get(key).and_then(Value::as_u64);
     let held = weights.count_indexed("model.layers.") as u64;
     if let Some(asked) = field("num_hidden_layers").filter(|&n| n > held) {
@@ -285,6 +304,22 @@ mod tests {
         let (kind, detail) = refusal(config);
         assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
         assert!(detail.contains("`chunked_attention`"), "{detail}");
+    }
+
+    /// Found by fuzz/checkpoint: `num_attention_heads: 0` divided by zero building the spec.
+    #[test]
+    fn sizes_that_are_not_positive_are_refused_by_name() {
+        for (key, value) in [
+            ("num_attention_heads", 0),
+            ("hidden_size", -64),
+            ("head_dim", 0),
+        ] {
+            let mut config = tiny("llama");
+            config[key] = json!(value);
+            let (kind, detail) = refusal(config);
+            assert_eq!(kind, LoadErrorKind::InvalidWeights);
+            assert!(detail.contains(key), "{detail}");
+        }
     }
 
     #[test]
