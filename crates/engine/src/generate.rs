@@ -179,6 +179,16 @@ impl Decoder<'_> {
         Ok(logits)
     }
 
+    /// Runs a prefill chunk `tokens` `(L,)` (or its input embeddings) into the caches, evaluated,
+    /// and frees MLX's buffer cache after it.
+    fn prefill_chunk(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<()> {
+        self.forward(tokens, embeds)?;
+        self.quantize_caches()?;
+        transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
+        mlx_rs::memory::clear_cache()?;
+        Ok(())
+    }
+
     /// Appends `tokens` `(L,)` to the penalties' history, when they keep one.
     fn remember(&mut self, tokens: &Array) -> Result<()> {
         if let Some(recent) = &self.recent {
@@ -458,11 +468,8 @@ fn begin<'a>(
             embeds = Some(later);
             chunk
         });
-        dec.forward(&chunk, chunk_embeds)?;
-        dec.quantize_caches()?;
-        transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
+        dec.prefill_chunk(&chunk, chunk_embeds)?;
         rest = &rest[n..];
-        mlx_rs::memory::clear_cache()?;
         ctx.check_headroom(prompt_ids.len() - rest.len())?;
     }
 

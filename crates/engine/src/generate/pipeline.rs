@@ -12,7 +12,7 @@
 use mlx_rs::{transforms, Array};
 
 use super::{Decoder, Result};
-use crate::{kv_cache::KvCache, models::Placement, CancelToken, EngineError};
+use crate::{models::Placement, CancelToken, EngineError};
 
 /// Runs `chunks` (the prompt's token ids after the `done` already in the caches, but its last)
 /// through this rank's stage; whether the prefill was cancelled. One agreement of the group at
@@ -53,10 +53,7 @@ pub(super) fn prefill(
             dec.ctx.model.discard_stage_input(&tokens)?;
             continue;
         }
-        dec.forward(&tokens, None)?;
-        dec.quantize_caches()?;
-        transforms::eval(dec.caches.iter().flat_map(KvCache::arrays))?;
-        mlx_rs::memory::clear_cache()?;
+        dec.prefill_chunk(&tokens, None)?;
         group.touch();
         done += chunk.len();
         past_limit = crate::memory::check_headroom(done).err();
