@@ -321,6 +321,36 @@ async fn an_image_for_a_text_model_is_refused() {
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 
+/// A multimodal checkpoint whose tower the worker does not run (`models::TEXT_OF_MULTIMODAL`)
+/// loads its language model alone, as mlx-lm does: not a vision model, images refused, text
+/// answered.
+#[tokio::test]
+async fn a_multimodal_checkpoint_without_its_tower_runs_as_text() {
+    let Some((dir, images)) = fixture("tiny-mistral3") else {
+        return;
+    };
+    let w = worker(&[]);
+    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
+        .await
+        .expect("load the mistral3 fixture");
+    assert!(!loaded.info.is_vision);
+    assert_eq!(loaded.info.architecture, "mistral3");
+    let p = greedy(vec![user(vec![
+        text("what is this?"),
+        image(model_id(&images.join("gradient.png"))),
+    ])]);
+    let e = rpc_error(
+        within_for(LIMIT, w.generate(&p).unwrap().finish()).await,
+        ErrorCode::InvalidParams,
+    );
+    let data = e.data_as::<InvalidParamsData>().unwrap();
+    assert_eq!(data.field, "messages[0].content[1]");
+    assert!(data.reason.contains("tower"), "{}", data.reason);
+    let ok = generate(&w, &greedy(vec![ChatMessage::new("user", "hi")])).await;
+    assert_eq!(ok.usage.completion_tokens, 8);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
 /// The encoder of `tiny-gemma3-vl-448` (a 448 px tower: 1024 patches) takes seconds on a CPU.
 #[tokio::test]
 async fn a_cancel_while_the_encoder_runs_ends_before_any_token() {

@@ -288,7 +288,57 @@ def config_for(spec):
     config["model_type"] = model_type
     config.update(FAMILY_BASE[model_type])
     config.update(spec.get("config", {}))
+    if outer := spec.get("wrap"):
+        return wrap(config, outer)
     return config
+
+
+# Multimodal checkpoints whose language model mlx-lm runs alone (the spec's "wrap": the outer
+# model_type), with the tower tensors Hugging Face stores beside it, which both sides drop.
+WRAPPERS = {
+    "gemma4": ("Gemma4ForConditionalGeneration", ["vision_tower", "embed_vision", "audio_tower"]),
+    "mistral3": ("Mistral3ForConditionalGeneration", ["vision_tower", "multi_modal_projector"]),
+    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", ["visual"]),
+}
+
+
+def wrap(config, outer):
+    """The family's tiny text config under `text_config` of a multimodal config.json (Gemma 4
+    also repeats the vocabulary at the top, which mlx-lm writes over the text config's)."""
+    arch, _ = WRAPPERS[outer]
+    wrapped = {
+        "architectures": [arch],
+        "model_type": outer,
+        "text_config": config,
+        "vision_config": {"hidden_size": 16},
+        "tie_word_embeddings": config["tie_word_embeddings"],
+    }
+    if outer == "gemma4":
+        wrapped["vocab_size"] = config["vocab_size"]
+    return wrapped
+
+
+def hf_multimodal(weights, outer):
+    """A wrapped model's tensors as transformers 5 saves them: the language model under
+    `model.language_model.`, the head at the top, fused experts (`experts.gate_up_proj`, gate rows
+    then up rows, and `experts.down_proj`), and a small tensor per tower."""
+    out = {}
+    for key, value in weights.items():
+        if key.startswith("language_model.model."):
+            key = "model.language_model." + key.removeprefix("language_model.model.")
+        elif key.startswith("language_model."):
+            key = key.removeprefix("language_model.")
+        out[key] = value
+    for key in [k for k in out if k.endswith(("switch_mlp.gate_proj.weight", "switch_glu.gate_proj.weight"))]:
+        experts = key.rsplit(".", 3)[0]
+        up = out.pop(key.replace("gate_proj", "up_proj"))
+        parent = experts.removesuffix(".switch_mlp").removesuffix(".switch_glu")
+        parent = parent if parent.endswith(".experts") else parent + ".experts"
+        out[f"{parent}.gate_up_proj"] = mx.concatenate([out.pop(key), up], axis=-2)
+        out[f"{parent}.down_proj"] = out.pop(key.replace("gate_proj", "down_proj"))
+    for tower in WRAPPERS[outer][1]:
+        out[f"model.{tower}.proj.weight"] = mx.random.normal((16, 16))
+    return out
 
 
 def write_adapter(model, adapter, out):
@@ -394,10 +444,12 @@ def build(spec, out):
     # `dt_bias`: scaled, every step would forget the recurrent state almost entirely).
     scale = spec.get("block_scale", 4.0)
     unscaled = ["norm"] + spec.get("unscaled", [])
+    # A wrapped model's language model is under `language_model.`.
+    layers = "language_model.model.layers." if spec.get("wrap") else "model.layers."
     model.update(
         tree_map_with_path(
             lambda path, p: p * scale
-            if path.startswith("model.layers.") and not any(u in path for u in unscaled)
+            if path.startswith(layers) and not any(u in path for u in unscaled)
             else p,
             model.parameters(),
         )
@@ -451,6 +503,8 @@ def build(spec, out):
         write_adapter(model, adapter, tmp / "adapter")
     if spec.get("openai_experts"):
         weights = openai_experts(model, config)
+    if spec.get("wrap") and not spec.get("quantize"):
+        weights = hf_multimodal(weights, spec["wrap"])
     if (names := spec.get("hf_experts")) is not None:
         weights = unstack_experts(weights, names)
     # Convolutions as Hugging Face stores them, `(channels, 1, kernel)` (Qwen3.5: mlx-lm then

@@ -62,8 +62,9 @@ pub(crate) fn prompt_inputs(
         return match parts.first() {
             Some(part) => Err(EngineError::InvalidParams {
                 field: part.field.clone(),
-                reason: "this model takes no images (it is not a vision model: see \
-                         `info.is_vision`); send text only or load a vision model"
+                reason: "this model takes no images (`info.is_vision` is false: it is not a \
+                         vision model, or a multimodal one whose tower this worker does not \
+                         run); send text only or load a vision model"
                     .into(),
             }),
             None => Ok(text_only(render(tokenizer, &messages, options, |t| {

@@ -6,12 +6,14 @@
 
 mod gated_delta;
 mod gemma3_text;
+mod gemma4;
 mod gemma4_text;
 mod glm4_moe;
 mod gpt_oss;
 mod llama;
 mod ministral3;
 mod mistral;
+mod mistral3;
 mod mixtral;
 mod moe;
 mod olmo2;
@@ -117,12 +119,14 @@ pub trait LanguageModel {
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3_text",
+    "gemma4",
     "gemma4_text",
     "glm4_moe",
     "gpt_oss",
     "llama",
     "ministral3",
     "mistral",
+    "mistral3",
     "mixtral",
     "olmo2",
     "olmoe",
@@ -130,10 +134,53 @@ pub const ARCHITECTURES: &[&str] = &[
     "qwen2",
     "qwen3",
     "qwen3_5",
+    "qwen3_5_moe",
     "qwen3_moe",
     "qwen3_next",
     "smollm3",
 ];
+
+/// Multimodal `model_type`s whose language model runs alone, as mlx-lm's text wrappers run them
+/// (their towers are not built: `info.is_vision` is false and an image is refused).
+pub const TEXT_OF_MULTIMODAL: &[&str] = &["gemma4", "mistral3", "qwen3_5", "qwen3_5_moe"];
+
+/// Where multimodal checkpoints keep what is not the language model (Hugging Face's layout:
+/// under `model.`; mlx-vlm's: at the top).
+const TOWERS: &[&str] = &[
+    "visual",
+    "vision_tower",
+    "multi_modal_projector",
+    "audio_tower",
+    "embed_audio",
+    "embed_vision",
+    "vision_embedder",
+];
+
+/// The language model's tensors of a multimodal checkpoint, under `model.` and `lm_head` (as
+/// [`build`] expects them before sizing anything): `language_model.` (mlx-lm's and mlx-vlm's
+/// layout) split off, keeping its path for per-layer quantization, or Hugging Face's
+/// `model.language_model.` renamed and the towers ([`TOWERS`]) dropped.
+fn language_model(mut weights: Weights) -> Weights {
+    if weights.names().any(|n| n.starts_with("language_model.")) {
+        let placement = weights.take_placement();
+        let mut language = weights.split_off("language_model.");
+        language.set_placement(placement);
+        return language;
+    }
+    weights.rename_prefix("model.language_model.", "model.");
+    let towers: Vec<String> = weights
+        .names()
+        .filter(|n| {
+            let rest = n.strip_prefix("model.").unwrap_or(n);
+            TOWERS.iter().any(|t| rest.starts_with(t))
+        })
+        .cloned()
+        .collect();
+    for name in towers {
+        weights.remove(&name);
+    }
+    weights
+}
 
 /// Builds the model named by config.json's `model_type` from its weights.
 pub fn build(
@@ -144,11 +191,22 @@ pub fn build(
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or("");
-    // A checkpoint whose language model sits under another prefix: moved to `model.` first.
-    let weights = match model_type {
-        "qwen3_5" => qwen3_5::language_model(weights),
-        _ => weights,
+    // A multimodal checkpoint: its language model's tensors moved to `model.` first, and (for
+    // the wrappers) its text config, built as the model that names.
+    let (unwrapped, weights) = match model_type {
+        "gemma4" => (Some(gemma4::text_config(config)?), language_model(weights)),
+        "mistral3" => (
+            Some(mistral3::text_config(config)?),
+            language_model(weights),
+        ),
+        "qwen3_5" | "qwen3_5_moe" => (None, language_model(weights)),
+        _ => (None, weights),
     };
+    let config = unwrapped.as_ref().unwrap_or(config);
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     check_sizes(config, &weights)?;
     match model_type {
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
@@ -168,7 +226,7 @@ pub fn build(
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
         // Only under a Qwen3-VL, likewise.
         "qwen3_vl_text" => Ok(Box::new(qwen3_vl_text::load(config, weights)?)),
-        "qwen3_5" => Ok(Box::new(qwen3_5::load(config, weights)?)),
+        "qwen3_5" | "qwen3_5_moe" => Ok(Box::new(qwen3_5::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
         "qwen3_next" => Ok(Box::new(qwen3_next::load(config, weights)?)),
         "smollm3" => Ok(Box::new(smollm3::load(config, weights)?)),

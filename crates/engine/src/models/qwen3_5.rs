@@ -1,8 +1,10 @@
 //! Qwen3.5 (text): Qwen3-Next's hybrid layers (`qwen3_next.rs`) with the delta-nets'
 //! projections stored separately (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`), RoPE
 //! from `rope_parameters`, and every MLP dense (or, with `num_experts`, sparse with a shared
-//! expert). The language model of a Qwen3.5 checkpoint (config in `text_config` or flat,
-//! tensors under `model.language_model.` or `language_model.`); the vision tower is not used.
+//! expert). The language model of a Qwen3.5 or Qwen3.5-MoE checkpoint (config in `text_config`
+//! or flat; `models::language_model` finds the tensors); the vision tower is not used. Experts in
+//! Hugging Face's fused layout (`experts.gate_up_proj`, `experts.down_proj`) become mlx-lm's
+//! `switch_mlp` (mlx-lm's qwen3_5_moe.py).
 //! Norms are stored as offsets from 1 when the convolution weights are in Hugging Face's layout,
 //! which is mlx-lm's test for a checkpoint it has not converted.
 
@@ -10,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::{
-    error::EngineError,
+    error::{EngineError, LoadErrorKind},
     models::{
         gated_delta::{DeltaProjections, GatedDeltaSpec},
         moe::MoeSpec,
@@ -81,29 +83,6 @@ fn default_rope_parameters() -> Value {
     json!({"type": "default", "rope_theta": 100000.0, "partial_rotary_factor": 0.25})
 }
 
-/// The language model's tensors under `model.` and `lm_head` (as `models::build` expects them
-/// before sizing anything): `language_model.` (mlx-lm's layout) split off, keeping its path for
-/// per-layer quantization, or Hugging Face's `model.language_model.` renamed; the rest (the
-/// vision tower) dropped.
-pub fn language_model(mut weights: Weights) -> Weights {
-    if weights.names().any(|n| n.starts_with("language_model.")) {
-        let placement = weights.take_placement();
-        let mut language = weights.split_off("language_model.");
-        language.set_placement(placement);
-        return language;
-    }
-    weights.rename_prefix("model.language_model.", "model.");
-    let vision: Vec<String> = weights
-        .names()
-        .filter(|n| n.starts_with("model.visual") || n.starts_with("vision_tower"))
-        .cloned()
-        .collect();
-    for name in vision {
-        weights.remove(&name);
-    }
-    weights
-}
-
 pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, EngineError> {
     let args: Args = parse_args(config.get("text_config").unwrap_or(config))?;
     let c = &args.common;
@@ -147,6 +126,31 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, 
         .filter(|n| n.contains("conv1d.weight"))
         .any(|n| weights.shape(n).and_then(|s| s.last().copied()) != Some(1));
     drop_mtp(&mut weights);
+    unfuse_experts(&mut weights)?;
     sanitize(&mut weights, args.tie_word_embeddings);
     Decoder::load(weights, spec, Qwen3Next { shift_norms: hf })
+}
+
+/// Hugging Face's fused experts as mlx-lm's qwen3_5_moe.py splits them: `experts.gate_up_proj`
+/// `(experts, 2 * moe, hidden)` into `switch_mlp.gate_proj` (first half of the rows) and
+/// `switch_mlp.up_proj`, `experts.down_proj` renamed `switch_mlp.down_proj`.
+fn unfuse_experts(weights: &mut Weights) -> Result<(), EngineError> {
+    let fused: Vec<String> = weights
+        .names()
+        .filter(|n| n.ends_with(".experts.gate_up_proj"))
+        .cloned()
+        .collect();
+    for name in fused {
+        let mlp = name.trim_end_matches(".experts.gate_up_proj");
+        let gate_up = weights.take(&name)?;
+        let halves = gate_up.split_equal(2, -2).map_err(|e| {
+            EngineError::load(LoadErrorKind::InvalidWeights, format!("`{name}`: {e}"))
+        })?;
+        for (half, part) in halves.into_iter().zip(["gate_proj", "up_proj"]) {
+            weights.insert(format!("{mlp}.switch_mlp.{part}.weight"), half);
+        }
+        let down = weights.take(&format!("{mlp}.experts.down_proj"))?;
+        weights.insert(format!("{mlp}.switch_mlp.down_proj.weight"), down);
+    }
+    Ok(())
 }

@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn,
+    models, nn,
     rope::MropePositions,
     weights::Weights,
 };
@@ -140,6 +140,8 @@ pub(crate) fn split(
             let (vision, text) = idefics3::load(family, dir, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
+        // Their language model alone, as mlx-lm runs them (`models::build` takes it out).
+        m if models::TEXT_OF_MULTIMODAL.contains(&m) => Ok((None, config.clone())),
         _ if config.get("vision_config").is_some_and(|v| !v.is_null()) => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(

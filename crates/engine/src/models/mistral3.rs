@@ -1,0 +1,34 @@
+//! Mistral 3 as Hugging Face releases it (`Mistral3ForConditionalGeneration`: Mistral Small
+//! 3.x, Ministral 3, Devstral): its language model run alone, as mlx-lm's mistral3.py runs it
+//! (the Pixtral tower and projector are not built). The text config is `text_config`, its head
+//! untied unless it says otherwise; a `ministral3` text model is `ministral3.rs`, any other
+//! (Mistral Small's `mistral`) is built as a Llama, as mlx-lm builds it.
+
+use serde_json::{json, Value};
+
+use crate::error::{EngineError, LoadErrorKind};
+
+/// The text model's config of a `mistral3` checkpoint's config.json.
+pub fn text_config(config: &Value) -> Result<Value, EngineError> {
+    let invalid =
+        |detail: &str| EngineError::load(LoadErrorKind::InvalidWeights, detail.to_owned());
+    let mut text = config.get("text_config").cloned().ok_or_else(|| {
+        invalid("config.json: mistral3 needs a `text_config` (its language model)")
+    })?;
+    let fields = text
+        .as_object_mut()
+        .ok_or_else(|| invalid("config.json: mistral3 `text_config` must be an object"))?;
+    fields.entry("tie_word_embeddings").or_insert(json!(false));
+    let model_type = match fields.get("model_type").and_then(Value::as_str) {
+        Some("ministral3") => "ministral3",
+        Some("mistral4") => {
+            return Err(EngineError::load(
+                LoadErrorKind::UnsupportedArchitecture,
+                "mistral3: a `mistral4` language model (Mistral Small 4) is not supported",
+            ))
+        }
+        _ => "llama",
+    };
+    fields.insert("model_type".into(), json!(model_type));
+    Ok(text)
+}
