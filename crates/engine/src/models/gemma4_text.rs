@@ -17,7 +17,10 @@
 //! the last earlier layer of its kind, and has no cache. mlx-lm's defaults for both fields are
 //! E2B's (256 and 20), so a config.json without them gets them.
 //!
-//! Not supported (refused by name): the mixture-of-experts block (`enable_moe_block`).
+//! The mixture-of-experts model (26B-A4B, `enable_moe_block`) has in every layer a dense MLP
+//! and `num_experts` GeGLU experts (`top_k_experts` per token) side by side
+//! (`MlpSpec::DenseAndMoe`, Gemma 4's own router in `moe.rs`); Hugging Face's fused
+//! `experts.gate_up_proj` is split as mlx-lm's sanitize splits it.
 
 use mlx_rs::{ops, Array};
 use serde::Deserialize;
@@ -26,8 +29,9 @@ use serde_json::{json, Value};
 use crate::{
     error::{EngineError, LoadErrorKind},
     models::{
+        moe::{MoeSpec, Routing, PROJECTIONS},
         parse_args,
-        transformer::{sanitize, Decoder, DecoderSpec, Family, LayerSpec, NormLayout},
+        transformer::{sanitize, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec, NormLayout},
     },
     nn::{self, scalar_like, Activation, AttentionShape, QkNormOver},
     rope::rope_from_config,
@@ -150,6 +154,8 @@ struct Args {
     attention_k_eq_v: bool,
     final_logit_softcapping: Option<f64>,
     enable_moe_block: bool,
+    num_experts: Option<i32>,
+    top_k_experts: Option<i32>,
     layer_types: Option<Vec<String>>,
     tie_word_embeddings: bool,
 }
@@ -175,6 +181,8 @@ impl Default for Args {
             attention_k_eq_v: false,
             final_logit_softcapping: Some(30.0),
             enable_moe_block: false,
+            num_experts: None,
+            top_k_experts: None,
             layer_types: None,
             tie_word_embeddings: true,
         }
@@ -199,13 +207,10 @@ fn default_rope_parameters() -> Value {
 
 pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, EngineError> {
     let args: Args = parse_args(config)?;
-    if args.enable_moe_block {
-        return Err(EngineError::load(
-            LoadErrorKind::UnsupportedArchitecture,
-            "gemma4_text: the mixture-of-experts block (`enable_moe_block`) is not supported; \
-             the dense Gemma 4 models are",
-        ));
-    }
+    let mlp = match args.enable_moe_block {
+        true => MlpSpec::DenseAndMoe(experts(&args)?),
+        false => MlpSpec::Dense,
+    };
     let per_layer_width = args.hidden_size_per_layer_input.unwrap_or(0) as i32;
     let rope_parameters = args
         .rope_parameters
@@ -256,9 +261,11 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
             layer_scalar: true,
             per_layer_input: per_layer_width != 0,
             kv_from,
+            mlp: mlp.clone(),
             ..LayerSpec::llama(args.rms_norm_eps, shape, rope)
         });
     }
+    unfuse_experts(&mut weights)?;
     sanitize(&mut weights, args.tie_word_embeddings);
     let spec = DecoderSpec {
         layers,
@@ -276,6 +283,56 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
         per_layer,
     };
     Decoder::load(weights, spec, family)
+}
+
+/// The experts of the MoE model: `router` and `experts.switch_glu` under the block, GeGLU.
+fn experts(args: &Args) -> Result<MoeSpec, EngineError> {
+    let need = |field: &str| {
+        EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("config.json: gemma4_text with `enable_moe_block` needs `{field}`"),
+        )
+    };
+    Ok(MoeSpec {
+        name: "experts",
+        router: "router.proj",
+        stacked: "experts.switch_glu",
+        activation: Activation::GeluApprox,
+        ..MoeSpec::switch_glu(
+            "experts",
+            args.num_experts.ok_or_else(|| need("num_experts"))?,
+            args.top_k_experts.ok_or_else(|| need("top_k_experts"))?,
+            Routing::ScaledNormTopK {
+                rms_norm_eps: args.rms_norm_eps,
+            },
+            PROJECTIONS,
+        )
+    })
+}
+
+/// Hugging Face's fused experts as mlx-lm's sanitize splits them: `experts.gate_up_proj`
+/// `(experts, 2 * moe, hidden)` into `experts.switch_glu.gate_proj` (the first half of the rows)
+/// and `.up_proj`, `experts.down_proj` renamed `experts.switch_glu.down_proj`.
+fn unfuse_experts(weights: &mut Weights) -> Result<(), EngineError> {
+    let fused: Vec<String> = weights
+        .names()
+        .filter(|n| n.ends_with(".experts.gate_up_proj"))
+        .cloned()
+        .collect();
+    for name in fused {
+        let experts = name.trim_end_matches(".gate_up_proj");
+        let gate_up = weights.take(&name)?;
+        let failed =
+            |e: mlx_rs::error::Exception| EngineError::load(LoadErrorKind::InvalidWeights, format!("`{name}`: {e}"));
+        let halves = gate_up.split_equal(2, -2).map_err(failed)?;
+        for (half, part) in halves.into_iter().zip(["gate_proj", "up_proj"]) {
+            let half = half.contiguous().map_err(failed)?;
+            weights.insert(format!("{experts}.switch_glu.{part}.weight"), half);
+        }
+        let down = weights.take(&format!("{experts}.down_proj"))?;
+        weights.insert(format!("{experts}.switch_glu.down_proj.weight"), down);
+    }
+    Ok(())
 }
 
 /// For each layer, the earlier layer whose keys and values it attends to (`None`: its own):

@@ -10,7 +10,7 @@ use mlx_rs::{ops, Array, Dtype};
 use crate::{
     error::{EngineError, LoadErrorKind},
     models::transformer::{LayerSpec, MlpSpec},
-    nn::{Activation, GateUp, GatedMlp, Linear, Quantized, Result},
+    nn::{self, Activation, GateUp, GatedMlp, Linear, Quantized, Result},
     weights::Weights,
 };
 
@@ -44,6 +44,10 @@ pub enum Routing {
         norm_topk_prob: bool,
         scaling: f32,
     },
+    /// Gemma 4's `router`: the input RMS-normed (weight `router.scale * hidden^-0.5`) through
+    /// `router.proj`, the top k logits (`argpartition(s, -k)[-k:]`), softmax over those k (not
+    /// `precise`), each weight times its expert's `router.per_expert_scale`.
+    ScaledNormTopK { rms_norm_eps: f32 },
 }
 
 /// A dense expert every token also goes through.
@@ -300,6 +304,8 @@ pub struct SparseMoe {
     pub routing: Routing,
     /// The router's `e_score_correction_bias` (`(E,)`), for [`Routing::GroupedSigmoid`].
     correction_bias: Option<Array>,
+    /// The router's input norm weight and per-expert scales, for [`Routing::ScaledNormTopK`].
+    router_scales: Option<(Array, Array)>,
     pub shared_expert: Option<Box<SharedExpert>>,
 }
 
@@ -364,6 +370,23 @@ impl SparseMoe {
             }
             _ => None,
         };
+        let router_scales = match spec.routing {
+            Routing::ScaledNormTopK { .. } => {
+                let router = spec.router.trim_end_matches(".proj");
+                let scale = weights.take(&format!("{prefix}.{router}.scale"))?;
+                let root = nn::scalar_like((scale.dim(0) as f64).powf(-0.5) as f32, &scale);
+                let norm = root.and_then(|r| scale.multiply(r));
+                let norm = norm.map_err(|e| invalid(format!("`{prefix}.{router}.scale`: {e}")))?;
+                let per_expert = weights.take(&format!("{prefix}.{router}.per_expert_scale"))?;
+                if per_expert.shape() != [experts] {
+                    return Err(invalid(format!(
+                        "`{prefix}.{router}.per_expert_scale` is not one scale per expert"
+                    )));
+                }
+                Some((norm, per_expert))
+            }
+            _ => None,
+        };
         Ok(Self {
             gate,
             names: (spec.router, spec.stacked),
@@ -371,12 +394,25 @@ impl SparseMoe {
             top_k: spec.top_k,
             routing: spec.routing,
             correction_bias,
+            router_scales,
             shared_expert,
         })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (indices, scores) = self.route(&self.gate.forward(x)?)?;
+        self.forward_routed(x, x)
+    }
+
+    /// The experts on `x`, chosen and weighed from `route_from` (Gemma 4 routes from the
+    /// block's input and runs the experts on its own pre-norm of it).
+    pub fn forward_routed(&self, route_from: &Array, x: &Array) -> Result<Array> {
+        let route_from = match (&self.routing, &self.router_scales) {
+            (Routing::ScaledNormTopK { rms_norm_eps }, Some((norm, _))) => {
+                mlx_rs::fast::rms_norm(route_from, Some(norm), *rms_norm_eps)?
+            }
+            _ => route_from.clone(),
+        };
+        let (indices, scores) = self.route(&self.gate.forward(&route_from)?)?;
         let y = self.switch_mlp.forward(x, &indices)?;
         // Qwen3-MoE casts back to `y`'s dtype; elsewhere it is already that dtype.
         let y = y
@@ -409,6 +445,12 @@ impl SparseMoe {
                 let indices = first_k_of_negated(&probs, k)?;
                 let scores = probs.take_along_axis(&indices, -1)?;
                 Ok((indices, renormalise(scores, norm_topk_prob)?))
+            }
+            Routing::ScaledNormTopK { .. } => {
+                let (_, per_expert) = self.router_scales.as_ref().expect("loaded with it");
+                let indices = last_k(logits, k)?;
+                let scores = ops::softmax_axis(&logits.take_along_axis(&indices, -1)?, -1, false)?;
+                Ok((indices.clone(), scores.multiply(per_expert.take_axis(&indices, 0)?)?))
             }
             Routing::TopKSoftmax | Routing::TopKTailSoftmax => {
                 let indices = match self.routing {

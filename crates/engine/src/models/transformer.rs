@@ -253,6 +253,11 @@ pub enum MlpSpec {
     Dense,
     /// Router and experts ([`crate::models::moe`]).
     Moe(MoeSpec),
+    /// A dense MLP (`mlp`) and router and experts (named from the block) side by side, each
+    /// output normed (`post_feedforward_layernorm_1`, `_2`), summed: Gemma 4's MoE block. The
+    /// experts run on their own pre-norm (`pre_feedforward_layernorm_2`) of the block's input,
+    /// which the router takes un-normed.
+    DenseAndMoe(MoeSpec),
 }
 
 impl LayerSpec {
@@ -345,27 +350,52 @@ enum Mlp {
     Dense(GatedMlp),
     /// Under its checkpoint name (`mlp`, Mixtral's `block_sparse_moe`).
     Moe(SparseMoe, &'static str),
+    DenseAndMoe(Box<DenseAndMoe>),
+}
+
+/// [`MlpSpec::DenseAndMoe`]'s layers.
+struct DenseAndMoe {
+    dense: GatedMlp,
+    post_dense: RmsNorm,
+    pre_experts: RmsNorm,
+    post_experts: RmsNorm,
+    moe: SparseMoe,
 }
 
 impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array> {
+    /// The MLP's output for `x` (the block's input after the norm before the MLP, if any);
+    /// `block_input` is that input un-normed.
+    fn forward(&self, x: &Array, block_input: &Array) -> Result<Array> {
         match self {
             Mlp::Dense(mlp) => mlp.forward(x),
             Mlp::Moe(moe, _) => moe.forward(x),
+            Mlp::DenseAndMoe(m) => {
+                let dense = m.post_dense.forward(&m.dense.forward(x)?)?;
+                let experts = m.pre_experts.forward(block_input)?;
+                let experts = m.moe.forward_routed(block_input, &experts)?;
+                dense.add(m.post_experts.forward(&experts)?)
+            }
         }
     }
 
     /// The linear layers under their checkpoint names (relative to the block).
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let (prefix, linears) = match self {
-            Mlp::Dense(mlp) => {
-                let named = mlp.linears_mut().into_iter();
-                ("mlp", named.map(|(n, l)| (n.to_owned(), l)).collect())
+        fn dense(mlp: &mut GatedMlp) -> Vec<(String, &mut Linear)> {
+            let named = mlp.linears_mut().into_iter();
+            named.map(|(n, l)| (format!("mlp.{n}"), l)).collect()
+        }
+        match self {
+            Mlp::Dense(mlp) => dense(mlp),
+            Mlp::Moe(moe, name) => {
+                let named = moe.linears_mut().into_iter();
+                named.map(|(n, l)| (format!("{name}.{n}"), l)).collect()
             }
-            Mlp::Moe(moe, name) => (*name, moe.linears_mut()),
-        };
-        let named = |(n, l)| (format!("{prefix}.{n}"), l);
-        linears.into_iter().map(named).collect()
+            Mlp::DenseAndMoe(m) => {
+                let mut out = dense(&mut m.dense);
+                out.extend(m.moe.linears_mut());
+                out
+            }
+        }
     }
 }
 
@@ -489,9 +519,10 @@ impl Block {
         Ok((out, kept))
     }
 
-    /// The MLP's output (summed over the group under tensor parallel).
-    fn mlp_forward(&self, x: &Array) -> Result<Array> {
-        let out = self.mlp.forward(x)?;
+    /// The MLP's output (summed over the group under tensor parallel); `block_input`: `x`
+    /// before its norm ([`Mlp::forward`]).
+    fn mlp_forward(&self, x: &Array, block_input: &Array) -> Result<Array> {
+        let out = self.mlp.forward(x, block_input)?;
         match &self.tensor {
             Some(t) => t.mlp.apply(out),
             None => Ok(out),
@@ -511,7 +542,7 @@ impl Block {
                 post_attention_layernorm,
             } => {
                 let h = family.residual(x, &attn(&input_layernorm.forward(x)?)?)?;
-                let r = self.mlp_forward(&post_attention_layernorm.forward(&h)?)?;
+                let r = self.mlp_forward(&post_attention_layernorm.forward(&h)?, &h)?;
                 family.residual(&h, &r)
             }
             Norms::Sandwich {
@@ -522,7 +553,7 @@ impl Block {
             } => {
                 let r = attn(&input_layernorm.forward(x)?)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
-                let r = self.mlp_forward(&pre_feedforward_layernorm.forward(&h)?)?;
+                let r = self.mlp_forward(&pre_feedforward_layernorm.forward(&h)?, &h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }
             Norms::PostNorm {
@@ -531,7 +562,7 @@ impl Block {
             } => {
                 let r = attn(x)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
-                let r = self.mlp_forward(&h)?;
+                let r = self.mlp_forward(&h, &h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }
         }
@@ -640,27 +671,39 @@ fn load_block(
         }),
         false => None,
     };
-    let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
+    let mut dense_mlp = || -> LoadResult<GatedMlp> {
+        let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
+        let gate_up = match spec.fused {
+            true => GateUp::Fused {
+                gate_up_proj: linear("mlp.gate_up_proj")?,
+            },
+            false => GateUp::Split {
+                gate_proj: linear("mlp.gate_proj")?,
+                up_proj: linear("mlp.up_proj")?,
+            },
+        };
+        Ok(GatedMlp {
+            gate_up,
+            down_proj: linear("mlp.down_proj")?,
+            activation: spec.activation,
+        })
+    };
     let mlp = match &spec.mlp {
-        MlpSpec::Dense => {
-            let gate_up = match spec.fused {
-                true => GateUp::Fused {
-                    gate_up_proj: linear("mlp.gate_up_proj")?,
-                },
-                false => GateUp::Split {
-                    gate_proj: linear("mlp.gate_proj")?,
-                    up_proj: linear("mlp.up_proj")?,
-                },
-            };
-            Mlp::Dense(GatedMlp {
-                gate_up,
-                down_proj: linear("mlp.down_proj")?,
-                activation: spec.activation,
-            })
-        }
+        MlpSpec::Dense => Mlp::Dense(dense_mlp()?),
         MlpSpec::Moe(moe) => {
             let layer = SparseMoe::load(weights, &format!("{p}.{}", moe.name), moe)?;
             Mlp::Moe(layer, moe.name)
+        }
+        MlpSpec::DenseAndMoe(moe) => {
+            let dense = dense_mlp()?;
+            let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, family);
+            Mlp::DenseAndMoe(Box::new(DenseAndMoe {
+                dense,
+                post_dense: load_norm("post_feedforward_layernorm_1")?,
+                pre_experts: load_norm("pre_feedforward_layernorm_2")?,
+                post_experts: load_norm("post_feedforward_layernorm_2")?,
+                moe: SparseMoe::load(weights, p, moe)?,
+            }))
         }
     };
     Ok(Block {
@@ -739,7 +782,7 @@ fn load_attention(
 /// Refuses a block whose tensors do not have the shapes config.json implies (mlx-lm's strict
 /// `load_weights` does): such a checkpoint would otherwise load and compute garbage, or fail in
 /// the middle of a forward pass. `hidden` is the embedding table's width.
-fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
+fn check_shapes<'a>(block: &'a Block, p: &str, hidden: i32) -> LoadResult<()> {
     // A linear-attention layer checks its convolution at load; its projections' sizes follow.
     let Mixer::SelfAttn(a) = &block.mixer else {
         return Ok(());
@@ -778,28 +821,34 @@ fn check_shapes(block: &Block, p: &str, hidden: i32) -> LoadResult<()> {
             ),
         ));
     }
-    match &block.mlp {
-        Mlp::Dense(mlp) => {
-            let intermediate = mlp.down_proj.dims().1;
-            match &mlp.gate_up {
-                GateUp::Split { gate_proj, up_proj } => {
-                    expected.push(("mlp.gate_proj", gate_proj, (intermediate, hidden)));
-                    expected.push(("mlp.up_proj", up_proj, (intermediate, hidden)));
-                }
-                GateUp::Fused { gate_up_proj } => {
-                    expected.push(("mlp.gate_up_proj", gate_up_proj, (2 * intermediate, hidden)))
-                }
+    let dense = |mlp: &'a GatedMlp, expected: &mut Vec<_>| {
+        let intermediate = mlp.down_proj.dims().1;
+        match &mlp.gate_up {
+            GateUp::Split { gate_proj, up_proj } => {
+                expected.push(("mlp.gate_proj", gate_proj, (intermediate, hidden)));
+                expected.push(("mlp.up_proj", up_proj, (intermediate, hidden)));
             }
-            expected.push(("mlp.down_proj", &mlp.down_proj, (hidden, intermediate)));
+            GateUp::Fused { gate_up_proj } => {
+                expected.push(("mlp.gate_up_proj", gate_up_proj, (2 * intermediate, hidden)))
+            }
         }
-        // The router gives one logit per expert; the experts' gate and up projections read the
-        // hidden state (`dims` of a stacked projection: experts x inputs).
-        Mlp::Moe(moe, name) => {
-            let switch = &moe.switch_mlp;
-            let experts = switch.gate_proj.0.weight.dim(0);
-            expected.push((name, &moe.gate, (experts, hidden)));
-            expected.push((name, &switch.gate_proj.0, (experts, hidden)));
-            expected.push((name, &switch.up_proj.0, (experts, hidden)));
+        expected.push(("mlp.down_proj", &mlp.down_proj, (hidden, intermediate)));
+    };
+    // The router gives one logit per expert; the experts' gate and up projections read the
+    // hidden state (`dims` of a stacked projection: experts x inputs).
+    let moe = |moe: &'a SparseMoe, name: &'a str, expected: &mut Vec<_>| {
+        let switch = &moe.switch_mlp;
+        let experts = switch.gate_proj.0.weight.dim(0);
+        expected.push((name, &moe.gate, (experts, hidden)));
+        expected.push((name, &switch.gate_proj.0, (experts, hidden)));
+        expected.push((name, &switch.up_proj.0, (experts, hidden)));
+    };
+    match &block.mlp {
+        Mlp::Dense(mlp) => dense(mlp, &mut expected),
+        Mlp::Moe(m, name) => moe(m, name, &mut expected),
+        Mlp::DenseAndMoe(m) => {
+            dense(&m.dense, &mut expected);
+            moe(&m.moe, "experts", &mut expected);
         }
     }
     for (name, linear, (out, inputs)) in expected {
