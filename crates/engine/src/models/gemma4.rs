@@ -24,3 +24,21 @@ pub fn text_config(config: &Value) -> Result<Value, EngineError> {
     fields.insert("model_type".into(), json!("gemma4_text"));
     Ok(text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checkpoints_vocabulary_is_written_over_the_text_configs() {
+        let config =
+            json!({"vocab_size": 1000, "text_config": {"vocab_size": 5, "hidden_size": 8}});
+        let c = text_config(&config).unwrap();
+        assert_eq!(c["vocab_size"], 1000);
+        assert_eq!(c["hidden_size"], 8);
+        assert_eq!(c["model_type"], "gemma4_text");
+        // mlx-lm's default when the checkpoint gives none.
+        let c = text_config(&json!({"text_config": {"vocab_size": 5}})).unwrap();
+        assert_eq!(c["vocab_size"], 262144);
+    }
+}

@@ -322,8 +322,9 @@ fn unfuse_experts(weights: &mut Weights) -> Result<(), EngineError> {
     for name in fused {
         let experts = name.trim_end_matches(".gate_up_proj");
         let gate_up = weights.take(&name)?;
-        let failed =
-            |e: mlx_rs::error::Exception| EngineError::load(LoadErrorKind::InvalidWeights, format!("`{name}`: {e}"));
+        let failed = |e: mlx_rs::error::Exception| {
+            EngineError::load(LoadErrorKind::InvalidWeights, format!("`{name}`: {e}"))
+        };
         let halves = gate_up.split_equal(2, -2).map_err(failed)?;
         for (half, part) in halves.into_iter().zip(["gate_proj", "up_proj"]) {
             let half = half.contiguous().map_err(failed)?;

@@ -32,3 +32,35 @@ pub fn text_config(config: &Value) -> Result<Value, EngineError> {
     fields.insert("model_type".into(), json!(model_type));
     Ok(text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_model_is_ministral3_or_llama_with_an_untied_head_unless_said() {
+        let c = text_config(&json!({"text_config": {"model_type": "mistral"}})).unwrap();
+        assert_eq!(c["model_type"], "llama");
+        assert_eq!(c["tie_word_embeddings"], false);
+        let config =
+            json!({"text_config": {"model_type": "ministral3", "tie_word_embeddings": true}});
+        let c = text_config(&config).unwrap();
+        assert_eq!(c["model_type"], "ministral3");
+        assert_eq!(c["tie_word_embeddings"], true);
+    }
+
+    #[test]
+    fn no_text_config_or_a_mistral4_one_is_refused_by_name() {
+        match text_config(&json!({"model_type": "mistral3"})) {
+            Err(EngineError::Load { detail, .. }) => assert!(detail.contains("text_config")),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        match text_config(&json!({"text_config": {"model_type": "mistral4"}})) {
+            Err(EngineError::Load { kind, detail }) => {
+                assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+                assert!(detail.contains("mistral4"), "{detail}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}

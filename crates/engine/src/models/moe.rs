@@ -450,7 +450,10 @@ impl SparseMoe {
                 let (_, per_expert) = self.router_scales.as_ref().expect("loaded with it");
                 let indices = last_k(logits, k)?;
                 let scores = ops::softmax_axis(&logits.take_along_axis(&indices, -1)?, -1, false)?;
-                Ok((indices.clone(), scores.multiply(per_expert.take_axis(&indices, 0)?)?))
+                Ok((
+                    indices.clone(),
+                    scores.multiply(per_expert.take_axis(&indices, 0)?)?,
+                ))
             }
             Routing::TopKSoftmax | Routing::TopKTailSoftmax => {
                 let indices = match self.routing {
