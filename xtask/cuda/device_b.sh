@@ -4,7 +4,7 @@
 # and the worker share that one libmlx.so), smoke-test both, then run bench.py.
 # Env: RUNS (7), MAX_NEW (256), PROMPTS (short,long,long4x), MODEL ($S/model); BENCH=batch runs
 # batch.py instead (RUNS 3, MAX_NEW 128, WIDTHS 1,2,4,8); BENCH=constrained constrained.py
-# (RUNS 5, MAX_NEW 256, MODEL $S/model2).
+# (RUNS 5, MAX_NEW 256, MODEL $S/model2); BENCH=launch launch_probe.py (mlx-lm alone).
 set -uo pipefail
 S=/tmp/mlxcuda
 SITE=$S/site
@@ -51,6 +51,9 @@ if [ "${BENCH:-single}" = constrained ]; then
   # Decode with a JSON schema vs free text, the worker alone (llguidance's mask on the GPU path).
   (cd xtask/cuda && timeout ${BENCH_TIMEOUT:-420} python3 constrained.py --worker $S/bin/mlx-worker \
     --model ${MODEL:-$S/model2} --runs ${RUNS:-5} --max-new-tokens ${MAX_NEW:-256} --out "$OUT")
+elif [ "${BENCH:-single}" = launch ]; then
+  # Fewer kernels per layer in mlx-lm's own decode (launch_probe.py).
+  timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/launch_probe.py ${MODEL:-$S/model2} ${RUNS:-5} ${MAX_NEW:-256}
 elif [ "${BENCH:-single}" = batch ]; then
   # Continuous batching: WIDTHS streams at once, worker (--max-batch) vs mlx-lm's batch_generate.
   timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/batch.py --worker $S/bin/mlx-worker --model ${MODEL:-$S/model} \

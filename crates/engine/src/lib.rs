@@ -13,6 +13,7 @@ mod device;
 mod distributed;
 mod engine;
 mod error;
+mod fused;
 mod generate;
 mod kv_cache;
 mod load;

@@ -259,7 +259,7 @@ pub fn scalar_like(v: f32, like: &Array) -> Result<Array> {
 }
 
 /// The activation of a gated MLP: `act(gate) * up`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// `silu(gate) * up` (SwiGLU: Llama, Qwen, Mistral, Phi-3).
     Silu,
@@ -272,7 +272,14 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// `act(gate) * up`: one fused kernel on a GPU, as mlx-lm's compiled activations
+    /// (`crate::fused`), the ops below on the CPU.
     pub fn gated(self, gate: &Array, up: &Array) -> Result<Array> {
+        crate::fused::gated(self, gate, up)
+    }
+
+    /// `act(gate) * up` as MLX ops, unfused.
+    pub fn gated_ops(self, gate: &Array, up: &Array) -> Result<Array> {
         match self {
             Self::Silu => gate.multiply(ops::sigmoid(gate)?)?.multiply(up),
             Self::GeluApprox => gelu_approx(gate)?.multiply(up),
