@@ -84,7 +84,7 @@ mod tests {
             }
             let row = |a: &Array| a.reshape(&[120]).unwrap();
             let got = gated_compiled(act, &row(&gate), &row(&up)).unwrap();
-            let close = got.all_close(&row(&want), 1e-5, 1e-6, None).unwrap();
+            let close = got.all_close(row(&want), 1e-5, 1e-6, None).unwrap();
             assert!(close, "{act:?}");
         }
         COMPILED.with(|c| assert_eq!(c.borrow().len(), 3, "one trace per activation"));

@@ -305,7 +305,7 @@ pub struct SparseMoe {
     /// The router's `e_score_correction_bias` (`(E,)`), for [`Routing::GroupedSigmoid`].
     correction_bias: Option<Array>,
     /// The router's input norm weight and per-expert scales, for [`Routing::ScaledNormTopK`].
-    router_scales: Option<(Array, Array)>,
+    router_scales: Option<Box<(Array, Array)>>,
     pub shared_expert: Option<Box<SharedExpert>>,
 }
 
@@ -383,7 +383,7 @@ impl SparseMoe {
                         "`{prefix}.{router}.per_expert_scale` is not one scale per expert"
                     )));
                 }
-                Some((norm, per_expert))
+                Some(Box::new((norm, per_expert)))
             }
             _ => None,
         };
@@ -407,8 +407,8 @@ impl SparseMoe {
     /// block's input and runs the experts on its own pre-norm of it).
     pub fn forward_routed(&self, route_from: &Array, x: &Array) -> Result<Array> {
         let route_from = match (&self.routing, &self.router_scales) {
-            (Routing::ScaledNormTopK { rms_norm_eps }, Some((norm, _))) => {
-                mlx_rs::fast::rms_norm(route_from, Some(norm), *rms_norm_eps)?
+            (Routing::ScaledNormTopK { rms_norm_eps }, Some(scales)) => {
+                mlx_rs::fast::rms_norm(route_from, Some(&scales.0), *rms_norm_eps)?
             }
             _ => route_from.clone(),
         };
@@ -447,7 +447,7 @@ impl SparseMoe {
                 Ok((indices, renormalise(scores, norm_topk_prob)?))
             }
             Routing::ScaledNormTopK { .. } => {
-                let (_, per_expert) = self.router_scales.as_ref().expect("loaded with it");
+                let (_, per_expert) = &**self.router_scales.as_ref().expect("loaded with it");
                 let indices = last_k(logits, k)?;
                 let scores = ops::softmax_axis(&logits.take_along_axis(&indices, -1)?, -1, false)?;
                 Ok((
