@@ -297,7 +297,8 @@ def config_for(spec):
 # model_type), with the tower tensors Hugging Face stores beside it, which both sides drop.
 WRAPPERS = {
     "gemma4": ("Gemma4ForConditionalGeneration", ["vision_tower", "embed_vision", "audio_tower"]),
-    "mistral3": ("Mistral3ForConditionalGeneration", ["vision_tower", "multi_modal_projector"]),
+    # Without a vision_config (a mistral3 with one is a vision model: make_vision_fixtures.py).
+    "mistral3": ("Mistral3ForConditionalGeneration", []),
     "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", ["visual"]),
 }
 
@@ -310,9 +311,10 @@ def wrap(config, outer):
         "architectures": [arch],
         "model_type": outer,
         "text_config": config,
-        "vision_config": {"hidden_size": 16},
         "tie_word_embeddings": config["tie_word_embeddings"],
     }
+    if WRAPPERS[outer][1]:
+        wrapped["vision_config"] = {"hidden_size": 16}
     if outer == "gemma4":
         wrapped["vocab_size"] = config["vocab_size"]
     return wrapped

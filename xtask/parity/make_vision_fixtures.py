@@ -800,7 +800,126 @@ def build_idefics3(spec, out, tokenizer_dirs):
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
 
 
+# Mistral 3's chat template, shortened (mistralai/Mistral-Small-3.1-24B-Instruct-2503's writes
+# `[IMG]` for each image part in the host's order, between the text parts).
+MISTRAL3_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "    {%- if message['role'] == 'user' -%}{{ '[INST]' }}\n"
+    "    {%- elif message['role'] == 'system' -%}{{ '[SYSTEM_PROMPT]' }}{%- endif -%}\n"
+    "    {%- if message['content'] is string -%}{{ message['content'] }}\n"
+    "    {%- else -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'text' -%}{{ item['text'] }}\n"
+    "            {%- elif item['type'] == 'image' -%}{{ '[IMG]' }}{%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- if message['role'] == 'user' -%}{{ '[/INST]' }}\n"
+    "    {%- elif message['role'] == 'system' -%}{{ '[/SYSTEM_PROMPT]' }}\n"
+    "    {%- else -%}{{ eos_token }}{%- endif -%}\n"
+    "{%- endfor -%}\n"
+)
+
+# The tiny Mistral 3: a Pixtral tower of two layers (2-D RoPE, images fitted into 112 px in
+# patches of 14, so up to 8x8 patches), the projector merging 2x2 patches, a two-layer Llama
+# (Mistral Small's `mistral` text model). SmolLM2's vocabulary plus `[IMG]`, `[IMG_BREAK]`,
+# `[IMG_END]`, padded to a multiple of 64.
+MISTRAL3 = {
+    "model_type": "mistral3",
+    "architectures": ["Mistral3ForConditionalGeneration"],
+    "image_token_index": 49152,
+    "spatial_merge_size": 2,
+    "vision_feature_layer": -1,
+    "multimodal_projector_bias": False,
+    "projector_hidden_act": "gelu",
+    "eos_token_id": [2],
+    "text_config": {
+        "model_type": "mistral",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "vocab_size": 49216,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+    },
+    "vision_config": {
+        "model_type": "pixtral",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "head_dim": 16,
+        "image_size": 112,
+        "patch_size": 14,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+    },
+}
+MISTRAL3_IMAGE_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+
+
+def build_mistral3(spec, out, tokenizer_dirs):
+    from mlx_vlm.models import mistral3
+
+    model, config = random_model(mistral3, MISTRAL3, spec, lambda path, p: None)
+    quantize_like_convert(model, config, spec)
+    weights = dict(tree_flatten(model.parameters()))
+    if spec.get("layout") == "transformers":
+        # transformers 5's names: the tower without `vision_model`, under `model.`.
+        renamed = {}
+        for k, v in weights.items():
+            if k.startswith("vision_tower.vision_model."):
+                k = "model.vision_tower." + k.removeprefix("vision_tower.vision_model.")
+            elif k.startswith("multi_modal_projector."):
+                k = "model." + k
+            elif k.startswith("language_model.model."):
+                k = "model.language_model." + k.removeprefix("language_model.model.")
+            elif k.startswith("language_model.lm_head"):
+                k = k.removeprefix("language_model.")
+            renamed[k] = v
+        weights = renamed
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    src = tokenizer_dirs["smollm2"]
+    tokenizer = json.loads((src / "tokenizer.json").read_text())
+    first = len(tokenizer["model"]["vocab"])
+    tok_config = json.loads((src / "tokenizer_config.json").read_text())
+    tok_config.pop("chat_template", None)
+    for i, content in enumerate(MISTRAL3_IMAGE_TOKENS):
+        entry = {"content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": True}
+        tokenizer["added_tokens"].append(dict(entry, id=first + i))
+        tok_config.setdefault("added_tokens_decoder", {})[str(first + i)] = entry
+    assert first == config["image_token_index"], (first, config["image_token_index"])
+    tok_config["processor_class"] = "PixtralProcessor"
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    shutil.copy(src / "generation_config.json", out / "generation_config.json")
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": MISTRAL3_TEMPLATE}, indent=2))
+    vision = config["vision_config"]
+    preprocessor = {
+        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "PixtralImageProcessor",
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "patch_size": {"height": vision["patch_size"], "width": vision["patch_size"]},
+        "processor_class": "PixtralProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
+        "size": {"longest_edge": vision["image_size"]},
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    processor = {
+        "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]",
+        "patch_size": vision["patch_size"], "processor_class": "PixtralProcessor",
+        "spatial_merge_size": config["spatial_merge_size"],
+    }
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
 BUILDERS = {
+    "mistral3": build_mistral3,
     "gemma3": build_gemma3,
     "llava": build_llava,
     "qwen2_vl": build_qwen2_vl,

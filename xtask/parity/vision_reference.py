@@ -108,7 +108,8 @@ def main():
             ids = ids[1:]
         tokens = []
         # Qwen-VL: the image grids, for the tower and the M-RoPE positions.
-        extra = {k: inputs[k] for k in ("image_grid_thw",) if inputs.get(k) is not None}
+        # Mistral 3: the images' sizes before padding, for the tower and the patch merger.
+        extra = {k: inputs[k] for k in ("image_grid_thw", "image_sizes") if inputs.get(k) is not None}
         steps = generate_step(
             mx.array([ids]),
             model,

@@ -301,6 +301,14 @@ pub(crate) fn check_experts_run_on(
     }
 }
 
+/// The model's output width as config.json gives it: `vocab_size`, or its language model's
+/// (`text_config`: multimodal checkpoints, which often keep it only there).
+fn output_width(config: &Value) -> Option<u64> {
+    config["vocab_size"]
+        .as_u64()
+        .or_else(|| config["text_config"]["vocab_size"].as_u64())
+}
+
 /// What is known about the model, as `load` answers it.
 pub(crate) fn describe(
     req: &LoadRequest,
@@ -329,9 +337,7 @@ pub(crate) fn describe(
         num_parameters: built.num_parameters,
         // The model's output width (embeddings are often padded past the tokenizer's size):
         // what the sampler's logit-bias row and token checks must match.
-        vocab_size: config["vocab_size"]
-            .as_u64()
-            .map_or_else(|| tokenizer.vocab_size(), |v| v as usize),
+        vocab_size: output_width(config).map_or_else(|| tokenizer.vocab_size(), |v| v as usize),
         eos_token_ids: tokenizer.eos_token_ids().iter().copied().collect(),
         chat_template_present: tokenizer.chat_template().is_some(),
         chat_template_text: tokenizer.chat_template().map(|t| t.source().to_owned()),
@@ -457,6 +463,16 @@ fn from_mlx(d: Dtype) -> WeightDtype {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_output_width_is_the_language_models_where_only_it_says() {
+        let flat = serde_json::json!({"vocab_size": 100, "text_config": {"vocab_size": 7}});
+        assert_eq!(output_width(&flat), Some(100));
+        let nested =
+            serde_json::json!({"model_type": "mistral3", "text_config": {"vocab_size": 7}});
+        assert_eq!(output_width(&nested), Some(7));
+        assert_eq!(output_width(&serde_json::json!({})), None);
+    }
 
     #[test]
     fn display_names_are_the_last_component() {

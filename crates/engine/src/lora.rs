@@ -489,6 +489,20 @@ enum Part {
 
 /// Sorts an adapter file's tensors by layer; `part` tells each tensor's layer and part
 /// (`None`: not an adapter weight, refused).
+/// A layer of a multimodal checkpoint's language model under the name the model gives it
+/// (`model.layers.N...`): adapters trained on the whole checkpoint name it under
+/// `language_model.` (mlx-lm's and mlx-vlm's wrappers) or `model.language_model.` (PEFT on
+/// transformers 5's classes).
+fn language_model_layer(layer: String) -> String {
+    if let Some(rest) = layer.strip_prefix("language_model.") {
+        return rest.to_owned();
+    }
+    match layer.strip_prefix("model.language_model.") {
+        Some(rest) => format!("model.{rest}"),
+        None => layer,
+    }
+}
+
 fn sort_out(
     dir: &Path,
     tensors: HashMap<String, Array>,
@@ -502,7 +516,7 @@ fn sort_out(
                 format!("tensor `{name}` is not a LoRA or DoRA weight"),
             ));
         };
-        let update = out.entry(layer).or_default();
+        let update = out.entry(language_model_layer(layer)).or_default();
         match part {
             Part::A => update.a = Some(t),
             Part::B => update.b = Some(t),
@@ -513,4 +527,25 @@ fn sort_out(
         return Err(invalid(dir, "it holds no LoRA weights"));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrapped_checkpoints_layers_are_named_as_its_language_model_names_them() {
+        let name = |n: &str| language_model_layer(n.to_owned());
+        let layer = "model.layers.0.self_attn.q_proj";
+        assert_eq!(
+            name("language_model.model.layers.0.self_attn.q_proj"),
+            layer
+        );
+        assert_eq!(
+            name("model.language_model.layers.0.self_attn.q_proj"),
+            layer
+        );
+        assert_eq!(name(layer), layer);
+        assert_eq!(name("language_model.lm_head"), "lm_head");
+    }
 }

@@ -286,6 +286,23 @@ fn matches_pillow_transformers_and_mlx_vlm() {
                 "{label}: end to end from the file, differs by up to {e2e_max}"
             ));
         }
+        if let Some(sizes) = run.get("image_sizes") {
+            let sizes: Vec<[usize; 2]> = sizes
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    let s = usizes(s);
+                    [s[0], s[1]]
+                })
+                .collect();
+            if ours.image_sizes != sizes {
+                failures.push(format!(
+                    "{label}: image sizes {:?}, Python {sizes:?}",
+                    ours.image_sizes
+                ));
+            }
+        }
         if let Some(grid) = run.get("image_grid_thw") {
             let grid: Vec<[usize; 3]> = grid
                 .as_array()

@@ -205,6 +205,7 @@ from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3I
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 from mlx_vlm.models.qwen3_vl.processing_qwen3_vl import Qwen3VLImageProcessor, _qwen_vl_image_kwargs
+from mlx_vlm.models.pixtral.image_processing_pixtral import PixtralImageProcessor, _size_to_pair
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -254,14 +255,26 @@ MODELS = {
         "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "merge_size": 2, "temporal_patch_size": 2,
         "size": {"longest_edge": 64 * 64 * 3, "shortest_edge": 32 * 32 * 4}}, None),
     "qwen2_vl_defaults": ("qwen2_vl", None, None, None),
+    # mistralai/Mistral-Small-3.1-24B-Instruct-2503's files; a small one with a merge of 2.
+    "pixtral_mistral_small": ("mistral3", None, {
+        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+        "image_mean": CLIP_MEAN, "image_processor_type": "PixtralImageProcessor", "image_std": CLIP_STD,
+        "patch_size": {"height": 14, "width": 14}, "processor_class": "PixtralProcessor", "resample": 3,
+        "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1540}}, {
+        "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]",
+        "patch_size": 14, "processor_class": "PixtralProcessor", "spatial_merge_size": 2}),
+    "pixtral_small": ("mistral3", None, {"size": {"longest_edge": 64}, "patch_size": 8},
+                      {"spatial_merge_size": 2}),
 }
+# The patch Mistral3Processor passes its image processor: patch_size * spatial_merge_size.
+PIXTRAL_PATCH = {"pixtral_mistral_small": 28, "pixtral_small": 16}
 
 # Which images each model sees: every image one at a time where it is cheap, a few big ones.
 small = [n for n in decoded if decoded[n].width * decoded[n].height <= 5000]
 big = ["photo_799x601.png", "tall_3x1000.png", "wide_1000x3.png", "photo_799x601_q90.jpg", "exif6_64x48.jpg"]
 # Models with big outputs (real checkpoints' sizes: 896 px, 2048 px in 512 px tiles) see a few
 # images, the small configurations all of them, so that the test stays within ~100 MB of disk.
-FEW = {"gemma3_896", "clip_llava", "siglip_384", "idefics3_default", "smolvlm_256m"}
+FEW = {"gemma3_896", "clip_llava", "siglip_384", "idefics3_default", "smolvlm_256m", "pixtral_mistral_small"}
 few = ["photo_799x601.png", "rgb_trns_24x18.png", "tall_3x1000.png", "palette_trns_40x30.gif"]
 for mname, (model_type, cls, pre, proc) in MODELS.items():
     d = model_dir(mname, pre, proc)
@@ -282,6 +295,12 @@ for mname, (model_type, cls, pre, proc) in MODELS.items():
             default_patch = 16 if model_type == "qwen3_vl" else 14
             p = Qwen3VLImageProcessor(**_qwen_vl_image_kwargs(d, default_patch_size=default_patch))
             out = p(pil)
+        elif model_type == "mistral3":
+            p = PixtralImageProcessor.from_pretrained(d)
+            edge = _size_to_pair(p.size)[0]
+            if any(min(i.size) * edge // max(i.size) == 0 for i in pil if max(i.size) > edge):
+                continue  # a side fits to 0 pixels: refused (checked in Rust unit tests)
+            out = p(pil, patch_size=PIXTRAL_PATCH[mname])
         else:
             p = cls.from_pretrained(d)
             kwargs = {"return_row_col_info": True} if model_type in ("idefics3", "smolvlm") else {}
@@ -306,6 +325,8 @@ for mname, (model_type, cls, pre, proc) in MODELS.items():
             write(tag + ".mask", m, "u1")
             entry["mask"] = "proc/" + tag + ".mask"
             entry["mask_shape"] = list(m.shape)
+        if "image_sizes" in out:
+            entry["image_sizes"] = [list(map(int, s)) for s in out["image_sizes"]]
         if "rows" in out:
             entry["rows"] = np.asarray(out["rows"]).reshape(-1).tolist()
             entry["cols"] = np.asarray(out["cols"]).reshape(-1).tolist()

@@ -32,6 +32,8 @@ mod transformer;
 
 pub use parallel::{Placement, Split};
 
+pub(crate) use mistral3::text_config as mistral3_text_config;
+
 use mlx_rs::Array;
 use serde_json::Value;
 
@@ -126,7 +128,6 @@ pub const ARCHITECTURES: &[&str] = &[
     "llama",
     "ministral3",
     "mistral",
-    "mistral3",
     "mixtral",
     "olmo2",
     "olmoe",
@@ -141,7 +142,9 @@ pub const ARCHITECTURES: &[&str] = &[
 ];
 
 /// Multimodal `model_type`s whose language model runs alone, as mlx-lm's text wrappers run them
-/// (their towers are not built: `info.is_vision` is false and an image is refused).
+/// (their towers are not built: `info.is_vision` is false and an image is refused). A
+/// `mistral3` with a `vision_config` is a vision model (`vision/mistral3.rs`); without one, its
+/// language model alone.
 pub const TEXT_OF_MULTIMODAL: &[&str] = &["gemma4", "mistral3", "qwen3_5", "qwen3_5_moe"];
 
 /// Where multimodal checkpoints keep what is not the language model (Hugging Face's layout:

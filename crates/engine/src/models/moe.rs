@@ -414,11 +414,14 @@ impl SparseMoe {
         };
         let (indices, scores) = self.route(&self.gate.forward(&route_from)?)?;
         let y = self.switch_mlp.forward(x, &indices)?;
-        // Qwen3-MoE casts back to `y`'s dtype; elsewhere it is already that dtype.
-        let y = y
-            .multiply(scores.expand_dims(-1)?)?
-            .sum_axis(-2, false)?
-            .as_dtype(y.dtype())?;
+        // Qwen3-MoE casts back to `y`'s dtype; elsewhere it is already that dtype, but for
+        // Gemma 4, whose weights may take another dtype from its per-expert scales (mlx-lm
+        // does not cast there).
+        let weighed = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        let y = match self.routing {
+            Routing::ScaledNormTopK { .. } => weighed,
+            _ => weighed.as_dtype(y.dtype())?,
+        };
         match &self.shared_expert {
             Some(shared) => y.add(shared.forward(x)?),
             None => Ok(y),

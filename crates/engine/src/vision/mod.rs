@@ -11,6 +11,8 @@ mod clip;
 mod gemma3;
 mod idefics3;
 mod llava;
+mod mistral3;
+mod pixtral;
 mod qwen2_5_vit;
 mod qwen3_vit;
 mod qwen_vit;
@@ -33,6 +35,7 @@ use crate::{
 pub const ARCHITECTURES: &[&str] = &[
     "gemma3",
     "llava",
+    "mistral3",
     "qwen2_vl",
     "qwen2_5_vl",
     "qwen3_vl",
@@ -46,6 +49,8 @@ pub struct ImageInputs {
     pub pixel_values: Array,
     /// Qwen-VL: `[t, h, w]` in patches, per image.
     pub grid_thw: Vec<[usize; 3]>,
+    /// Mistral 3: each image's `[height, width]` in pixels before the batch's padding.
+    pub image_sizes: Vec<[usize; 2]>,
 }
 
 /// A rendered prompt with its image placeholders expanded.
@@ -129,6 +134,11 @@ pub(crate) fn split(
             };
             let processor = image_processor(dir, model_type)?;
             let (vision, text) = qwen_vl::load(family, config, weights, processor)?;
+            Ok((Some(Box::new(vision)), text))
+        }
+        "mistral3" if config.get("vision_config").is_some_and(|v| !v.is_null()) => {
+            let processor = image_processor(dir, model_type)?;
+            let (vision, text) = mistral3::load(dir, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
         "idefics3" | "smolvlm" => {
@@ -247,6 +257,7 @@ fn pixel_values(
     Ok(ImageInputs {
         pixel_values: Array::from_slice(&p.data, &shape),
         grid_thw: processed.image_grid_thw,
+        image_sizes: processed.image_sizes,
     })
 }
 

@@ -7,6 +7,7 @@ use std::path::Path;
 pub mod basic;
 pub mod hf;
 pub mod idefics3;
+pub mod pixtral;
 pub mod qwen_vl;
 
 use crate::error::{ImageError, Result};
@@ -14,6 +15,7 @@ use crate::RgbImage;
 
 pub use basic::{BasicImageProcessor, BasicKind};
 pub use idefics3::Idefics3ImageProcessor;
+pub use pixtral::PixtralImageProcessor;
 pub use qwen_vl::{smart_resize, QwenVlImageProcessor};
 
 /// A float32 tensor, row-major.
@@ -45,6 +47,8 @@ pub struct ProcessedImages {
     /// the prompt's image tokens depend on them.
     pub rows: Vec<usize>,
     pub cols: Vec<usize>,
+    /// Pixtral: each image's `[height, width]` before the batch's padding.
+    pub image_sizes: Vec<[usize; 2]>,
 }
 
 /// A model's image processor.
@@ -56,12 +60,15 @@ pub enum Processor {
     QwenVl(QwenVlImageProcessor),
     /// Idefics3, SmolVLM.
     Idefics3(Idefics3ImageProcessor),
+    /// Mistral 3 (Pixtral).
+    Pixtral(PixtralImageProcessor),
 }
 
 impl Processor {
     /// The processor mlx-vlm builds for a model directory with config.json's `model_type`:
     /// `gemma3`; `qwen2_vl`, `qwen2_5_vl` (patch 14 by default), `qwen3_vl` (16); `idefics3`,
-    /// `smolvlm`; `llava` (CLIP or SigLIP by `image_processor_type`). Others are refused.
+    /// `smolvlm`; `mistral3` (Pixtral); `llava` (CLIP or SigLIP by `image_processor_type`).
+    /// Others are refused.
     pub fn from_model_dir(dir: &Path, model_type: &str) -> Result<Self> {
         match model_type {
             "qwen2_vl" | "qwen2_5_vl" => {
@@ -70,6 +77,7 @@ impl Processor {
             "qwen3_vl" | "qwen3_vl_moe" => {
                 Ok(Self::QwenVl(QwenVlImageProcessor::from_model_dir(dir, 16)?))
             }
+            "mistral3" => Ok(Self::Pixtral(PixtralImageProcessor::from_model_dir(dir)?)),
             _ => Self::from_hf_config(&hf::hf_config(dir)?, model_type),
         }
     }
@@ -109,6 +117,7 @@ impl Processor {
             Self::Basic(p) => p.preprocess(images),
             Self::QwenVl(p) => p.preprocess(images),
             Self::Idefics3(p) => p.preprocess(images),
+            Self::Pixtral(p) => p.preprocess(images),
         }
     }
 }
