@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use crate::{
     error::{EngineError, LoadErrorKind},
     models::{
-        moe::{MoeSpec, Routing, PROJECTIONS},
+        moe::{split_fused_experts, MoeSpec, Routing, PROJECTIONS},
         parse_args,
         transformer::{sanitize, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec, NormLayout},
     },
@@ -265,7 +265,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
             ..LayerSpec::llama(args.rms_norm_eps, shape, rope)
         });
     }
-    unfuse_experts(&mut weights)?;
+    split_fused_experts(&mut weights, |layer| format!("{layer}.experts.switch_glu"))?;
     sanitize(&mut weights, args.tie_word_embeddings);
     let spec = DecoderSpec {
         layers,
@@ -308,32 +308,6 @@ fn experts(args: &Args) -> Result<MoeSpec, EngineError> {
             PROJECTIONS,
         )
     })
-}
-
-/// Hugging Face's fused experts as mlx-lm's sanitize splits them: `experts.gate_up_proj`
-/// `(experts, 2 * moe, hidden)` into `experts.switch_glu.gate_proj` (the first half of the rows)
-/// and `.up_proj`, `experts.down_proj` renamed `experts.switch_glu.down_proj`.
-fn unfuse_experts(weights: &mut Weights) -> Result<(), EngineError> {
-    let fused: Vec<String> = weights
-        .names()
-        .filter(|n| n.ends_with(".experts.gate_up_proj"))
-        .cloned()
-        .collect();
-    for name in fused {
-        let experts = name.trim_end_matches(".gate_up_proj");
-        let gate_up = weights.take(&name)?;
-        let failed = |e: mlx_rs::error::Exception| {
-            EngineError::load(LoadErrorKind::InvalidWeights, format!("`{name}`: {e}"))
-        };
-        let halves = gate_up.split_equal(2, -2).map_err(failed)?;
-        for (half, part) in halves.into_iter().zip(["gate_proj", "up_proj"]) {
-            let half = half.contiguous().map_err(failed)?;
-            weights.insert(format!("{experts}.switch_glu.{part}.weight"), half);
-        }
-        let down = weights.take(&format!("{experts}.down_proj"))?;
-        weights.insert(format!("{experts}.switch_glu.down_proj.weight"), down);
-    }
-    Ok(())
 }
 
 /// For each layer, the earlier layer whose keys and values it attends to (`None`: its own):

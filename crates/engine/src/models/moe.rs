@@ -522,6 +522,34 @@ impl SparseMoe {
     }
 }
 
+/// transformers' fused experts as mlx-lm's sanitizes split them: `<p>.experts.gate_up_proj`
+/// `(experts, 2 * moe, hidden)` into `<stacked(p)>.gate_proj.weight` (the first half of the
+/// rows) and `.up_proj.weight`, `<p>.experts.down_proj` renamed `<stacked(p)>.down_proj.weight`
+/// (Qwen3.5-MoE: `<p>.switch_mlp`; Gemma 4: `<p>.experts.switch_glu`).
+pub fn split_fused_experts(
+    weights: &mut Weights,
+    stacked: impl Fn(&str) -> String,
+) -> LoadResult<()> {
+    let fused: Vec<String> = weights
+        .names()
+        .filter(|n| n.ends_with(".experts.gate_up_proj"))
+        .cloned()
+        .collect();
+    for name in fused {
+        let target = stacked(name.trim_end_matches(".experts.gate_up_proj"));
+        let gate_up = weights.take(&name)?;
+        let halves = gate_up
+            .split_equal(2, -2)
+            .map_err(|e| invalid(format!("`{name}`: {e}")))?;
+        for (half, part) in halves.into_iter().zip(["gate_proj", "up_proj"]) {
+            weights.insert(format!("{target}.{part}.weight"), half);
+        }
+        let down = weights.take(&name.replace("gate_up_proj", "down_proj"))?;
+        weights.insert(format!("{target}.down_proj.weight"), down);
+    }
+    Ok(())
+}
+
 /// `argpartition(x, -k)[..., -k:]`: the k largest of `x`, as Qwen3-MoE and GPT-OSS pick them.
 fn last_k(x: &Array, k: i32) -> Result<Array> {
     let e = x.dim(-1);

@@ -12,10 +12,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::{
-    error::{EngineError, LoadErrorKind},
+    error::EngineError,
     models::{
         gated_delta::{DeltaProjections, GatedDeltaSpec},
-        moe::MoeSpec,
+        moe::{split_fused_experts, MoeSpec},
         parse_args,
         qwen3_next::{drop_mtp, hybrid_layers, Qwen3Next},
         transformer::{sanitize, CommonArgs, Decoder},
@@ -126,31 +126,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, 
         .filter(|n| n.contains("conv1d.weight"))
         .any(|n| weights.shape(n).and_then(|s| s.last().copied()) != Some(1));
     drop_mtp(&mut weights);
-    unfuse_experts(&mut weights)?;
+    split_fused_experts(&mut weights, |mlp| format!("{mlp}.switch_mlp"))?;
     sanitize(&mut weights, args.tie_word_embeddings);
     Decoder::load(weights, spec, Qwen3Next { shift_norms: hf })
-}
-
-/// Hugging Face's fused experts as mlx-lm's qwen3_5_moe.py splits them: `experts.gate_up_proj`
-/// `(experts, 2 * moe, hidden)` into `switch_mlp.gate_proj` (first half of the rows) and
-/// `switch_mlp.up_proj`, `experts.down_proj` renamed `switch_mlp.down_proj`.
-fn unfuse_experts(weights: &mut Weights) -> Result<(), EngineError> {
-    let fused: Vec<String> = weights
-        .names()
-        .filter(|n| n.ends_with(".experts.gate_up_proj"))
-        .cloned()
-        .collect();
-    for name in fused {
-        let mlp = name.trim_end_matches(".experts.gate_up_proj");
-        let gate_up = weights.take(&name)?;
-        let halves = gate_up.split_equal(2, -2).map_err(|e| {
-            EngineError::load(LoadErrorKind::InvalidWeights, format!("`{name}`: {e}"))
-        })?;
-        for (half, part) in halves.into_iter().zip(["gate_proj", "up_proj"]) {
-            weights.insert(format!("{mlp}.switch_mlp.{part}.weight"), half);
-        }
-        let down = weights.take(&format!("{mlp}.experts.down_proj"))?;
-        weights.insert(format!("{mlp}.switch_mlp.down_proj.weight"), down);
-    }
-    Ok(())
 }
