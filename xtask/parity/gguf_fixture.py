@@ -18,6 +18,10 @@ What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is
   format); `"matrices": "Q8_0"` (or another type gguf-py can quantize: Q4_0, Q4_1, Q5_0, Q5_1)
   for the other 2-D weights. The checkpoint's weights are first rounded to the values those
   blocks hold (`exact_in_gguf`), so checkpoint and GGUF are still the same model;
+- K-quants (Q2_K..Q6_K), which gguf-py reads but cannot write: `"matrices"` may also be a
+  list of types taken in turn, tensor by tensor (a llama.cpp "Q4_K_M" file mixes Q4_K and
+  Q6_K). A K-quant tensor's blocks are drawn at random (seeded by its name, scales kept
+  small and finite) and the checkpoint takes what gguf-py's dequantizer reads from them;
 - Qwen3-MoE, Mixtral (as `llama`), GPT-OSS: the experts stacked, one 3-D tensor per projection
   (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`.
 """
@@ -69,44 +73,87 @@ def gguf_name(name, arch, name_map):
     return mapped
 
 
-def quantized_kind(name, value, spec):
-    """The ggml type `name` is stored as: the spec's `"experts"` type (e.g. "MXFP4", GPT-OSS's
-    released format) for expert weights, its `"matrices"` type (e.g. "Q8_0") for the other
-    2-D weights (embedding and head included, as llama.cpp quantizes them), else None
-    (float32)."""
-    kind = None
-    if ".mlp.experts." in name:
-        kind = spec.get("experts")
-    elif value.ndim == 2:
-        kind = spec.get("matrices")
-    if kind and name.endswith(".weight"):
-        return gguf.GGMLQuantizationType[kind]
-    return None
+def quantized_kinds(weights, spec):
+    """The ggml type each tensor of `weights` is stored as, by name: the spec's `"experts"`
+    type (e.g. "MXFP4", GPT-OSS's released format) for expert weights, its `"matrices"` type
+    (e.g. "Q8_0", or a list taken in turn over the sorted names) for the other 2-D weights
+    (embedding and head included, as llama.cpp quantizes them); float32 tensors are absent."""
+    kinds, turn = {}, 0
+    for name in sorted(weights):
+        if not name.endswith(".weight"):
+            continue
+        kind = None
+        if ".mlp.experts." in name:
+            kind = spec.get("experts")
+        elif weights[name].ndim == 2:
+            kind = spec.get("matrices")
+            if isinstance(kind, list):
+                kind, turn = kind[turn % len(kind)], turn + 1
+        if kind:
+            kinds[name] = gguf.GGMLQuantizationType[kind]
+    return kinds
+
+
+# K-quant block layouts (ggml's): where each block's float16 scales sit and the magnitude
+# drawn for them (values stay near a small model's weights: scale x code up to about 0.1).
+K_QUANT_SCALES = {
+    gguf.GGMLQuantizationType.Q2_K: ((80, 82), 2e-3),
+    gguf.GGMLQuantizationType.Q3_K: ((108,), 8e-4),
+    gguf.GGMLQuantizationType.Q4_K: ((0, 2), 1e-4),
+    gguf.GGMLQuantizationType.Q5_K: ((0, 2), 5e-5),
+    gguf.GGMLQuantizationType.Q6_K: ((208,), 3e-5),
+}
+
+
+def k_quant_blocks(name, shape, kind):
+    """Random `kind` blocks for a tensor of `shape`, drawn from a generator seeded by the
+    tensor's name (so the checkpoint and the GGUF writer draw the same ones), every float16
+    scale finite and small."""
+    rng = np.random.default_rng(int.from_bytes(name.encode(), "little") % 2**63)
+    blocks = rng.integers(0, 256, size=gguf.quant_shape_to_byte_shape(shape, kind), dtype=np.uint8)
+    offsets, magnitude = K_QUANT_SCALES[kind]
+    _, type_size = gguf.GGML_QUANT_SIZES[kind]
+    per_block = blocks.reshape(-1, type_size)
+    for at in offsets:
+        scales = rng.uniform(0.25, 1.0, size=per_block.shape[0]) * magnitude
+        per_block[:, at : at + 2] = scales.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return blocks
+
+
+def stored_blocks(name, w, kind):
+    """What the GGUF stores for checkpoint tensor `name` (values `w`) as `kind`."""
+    if kind in K_QUANT_SCALES:
+        return k_quant_blocks(name, w.shape, kind)
+    return gguf.quants.quantize(w, kind)
 
 
 def exact_in_gguf(weights, spec):
     """`weights` with every tensor the GGUF stores quantized replaced by the values it holds
-    there (quantized and dequantized by gguf-py), so that the checkpoint and the GGUF are the
+    there (quantized, or for K-quants drawn, then dequantized by gguf-py), so that the checkpoint and the GGUF are the
     same model and the import must reproduce it exactly."""
     out = dict(weights)
-    for name, value in weights.items():
-        if (kind := quantized_kind(name, value, spec)) is not None:
-            w = np.array(value, dtype=np.float32)
-            out[name] = mx.array(gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind))
+    for name, kind in quantized_kinds(weights, spec).items():
+        w = np.array(weights[name], dtype=np.float32)
+        out[name] = mx.array(gguf.quants.dequantize(stored_blocks(name, w, kind), kind))
     return out
 
 
 def tensors(config, weights, arch, spec):
     name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    kinds = quantized_kinds(weights, spec)
     for name, value in weights.items():
         w = np.array(value, dtype=np.float32)
         if arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.q_proj.weight"):
             w = regroup_rotary_rows(w, heads)
         elif arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.k_proj.weight"):
             w = regroup_rotary_rows(w, kv_heads)
-        if (kind := quantized_kind(name, w, spec)) is not None:
-            q = gguf.quants.quantize(w, kind)
+        if (kind := kinds.get(name)) is not None:
+            q = stored_blocks(name, np.array(value, dtype=np.float32), kind)
+            if arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.q_proj.weight"):
+                q = regroup_rotary_rows(q, heads)
+            elif arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.k_proj.weight"):
+                q = regroup_rotary_rows(q, kv_heads)
             # exact_in_gguf made the checkpoint hold these values already.
             assert np.array_equal(gguf.quants.dequantize(q, kind), w), name
             yield gguf_name(name, arch, name_map), q, kind

@@ -13,8 +13,19 @@ pub fn stats() -> MemoryStats {
     }
 }
 
+/// The share of the memory limit MLX's CPU allocator may keep as freed buffers for reuse.
+///
+/// Its default keeps 32 MB, so every larger buffer (a prefill chunk's attention scores, an
+/// image encoder's: 1 GiB a layer for a 4096-patch SigLIP tower) is a fresh `malloc`, and the
+/// kernel zeroes its pages again on first touch (a tenth to a fifth of a vision request's CPU
+/// time here; docs/decisions/mlx-on-linux.md has the measurement). Metal's allocator keeps up
+/// to the whole memory limit by default; the CPU gets a quarter. The engine empties the cache after each prefill chunk, after an image's features,
+/// every 256 decode steps and on unload, so cached buffers live within one of those stretches.
+const CPU_CACHE_SHARE: f64 = 0.25;
+
 /// Caps MLX memory before weights are read: 85% of the recommended working set on Metal (and
-/// wires that much), 85% of the device's memory elsewhere, as the seed backend did.
+/// wires that much), 85% of the device's memory elsewhere, as the seed backend did; on the CPU
+/// lets MLX cache large freed buffers ([`CPU_CACHE_SHARE`]).
 pub fn apply_limits(device: &DeviceInfo) {
     let base = device
         .recommended_working_set_bytes
@@ -29,6 +40,12 @@ pub fn apply_limits(device: &DeviceInfo) {
     if device.backend == crate::Backend::Metal {
         if let Err(e) = mlx_rs::memory::set_wired_limit(limit) {
             tracing::warn!("set_wired_limit({limit}): {e}");
+        }
+    }
+    if device.backend == crate::Backend::Cpu {
+        let cache = (limit as f64 * CPU_CACHE_SHARE) as usize;
+        if let Err(e) = mlx_rs::memory::set_cache_limit(cache) {
+            tracing::warn!("set_cache_limit({cache}): {e}");
         }
     }
 }
