@@ -3,18 +3,20 @@
 //! at 896 px (4 of its 27 layers, float32, so that a CPU run takes minutes) and 4 language layers
 //! of its width with its whole vocabulary; random weights built by mlx-vlm's classes),
 //! one 800 px PNG and a question: time to first token (image decoding, preprocessing, the
-//! encoder, prefill) and decode tok/s, medians over the runs, as ratios. mlx-vlm runs first in
-//! its own process (`xtask/bench/mlx_vlm_bench.py`), then the worker over the protocol; each
-//! side warms up once, and the worker's prompt cache is reset before every run.
+//! encoder, prefill) and decode tok/s, medians over the runs, as ratios. mlx-vlm runs in its own
+//! long-lived process (`xtask/bench/mlx_vlm_bench.py`), the worker over the protocol; each side
+//! warms up once, then every round runs each side once, the two taking turns to go first (a
+//! machine that slows down or speeds up over minutes then weighs on both sides alike); the
+//! worker's prompt cache is reset before every run.
 
 use std::path::Path;
-use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use protocol::methods::{ChatMessage, ContentPart, MessageContent};
 use serde::Deserialize;
+use serde_json::json;
 
-use crate::bench::{median, BenchPrompt, Sample, Worker};
+use crate::bench::{median, BenchPrompt, MlxLm, Sample, Worker};
 use crate::{parity, venv, worker_bin, workspace_root};
 
 #[derive(Debug, Deserialize)]
@@ -47,65 +49,58 @@ pub fn run(runs: u32, max_new_tokens: Option<u32>) -> anyhow::Result<()> {
     let max = max_new_tokens.unwrap_or(file.max_new_tokens);
     let fixtures = parity::make_vision_fixtures(&path)?;
     let image = fixtures.join("images").join(&file.image);
+    let python = venv::reference_python()?;
+    let bin = worker_bin::build_release()?;
+    let runtime = tokio::runtime::Runtime::new()?;
     for model in &file.models {
         let dir = fixtures.join(&model.name);
-        eprintln!("bench --vision: {} on mlx-vlm ({runs} runs)", model.name);
-        let reference = mlx_vlm(&dir, &image, &file.question, max, runs)?;
-        eprintln!("bench --vision: {} on the worker ({runs} runs)", model.name);
-        let ours = worker(&dir, &image, &file.question, max, runs)?;
-        print_table(&model.name, max, &reference, &ours);
+        eprintln!(
+            "bench --vision: {} ({runs} rounds, each side once a round)",
+            model.name
+        );
+        // The worker links Debian's OpenBLAS; mlx-vlm gets the same (as in `cargo xtask parity`).
+        let mut reference = MlxLm::start_openblas(&python, SCRIPT, &[&dir])?;
+        let request = json!({
+            "image": image,
+            "question": file.question,
+            "max_new_tokens": max,
+        });
+        let prompt = image_prompt(&image, &file.question);
+        let (theirs, ours) = runtime.block_on(async {
+            let w = Worker::start(&bin, &dir).await?;
+            // One warm-up each, then the rounds, alternating which side goes first.
+            reference.request(&request)?;
+            w.generate(&prompt, max).await?;
+            let (mut theirs, mut ours) = (Vec::new(), Vec::new());
+            for round in 0..runs {
+                if round % 2 == 0 {
+                    theirs.push(mlx_vlm(&mut reference, &request)?);
+                    ours.push(w.generate(&prompt, max).await?);
+                } else {
+                    ours.push(w.generate(&prompt, max).await?);
+                    theirs.push(mlx_vlm(&mut reference, &request)?);
+                }
+            }
+            w.client.shutdown().await.ok();
+            anyhow::Ok((theirs, ours))
+        })?;
+        print_table(&model.name, max, &theirs, &ours);
     }
     Ok(())
 }
 
-fn mlx_vlm(
-    dir: &Path,
-    image: &Path,
-    question: &str,
-    max: u32,
-    runs: u32,
-) -> anyhow::Result<Vec<PySample>> {
-    let python = venv::reference_python()?;
-    let mut command = Command::new(python);
-    // The worker links Debian's OpenBLAS; mlx-vlm gets the same (as in `cargo xtask parity`).
-    if cfg!(target_os = "linux") {
-        command.env("LD_PRELOAD", venv::DEBIAN_OPENBLAS);
-    }
-    let out = command
-        .arg(workspace_root().join("xtask/bench/mlx_vlm_bench.py"))
-        .arg(dir)
-        .arg(image)
-        .arg(question)
-        .arg(max.to_string())
-        .arg(runs.to_string())
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .context("starting mlx_vlm_bench.py")?;
-    if !out.status.success() {
-        bail!(
-            "mlx_vlm_bench.py failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    #[derive(Deserialize)]
-    struct Out {
-        samples: Vec<PySample>,
-    }
-    let parsed: Out = serde_json::from_slice(&out.stdout).context("mlx_vlm_bench.py's answer")?;
-    Ok(parsed.samples)
+/// mlx-vlm's side, `xtask/bench/`.
+const SCRIPT: &str = "mlx_vlm_bench.py";
+
+/// One measured mlx-vlm generation.
+fn mlx_vlm(reference: &mut MlxLm, request: &serde_json::Value) -> anyhow::Result<PySample> {
+    let answer = reference.request(request)?;
+    serde_json::from_value(answer).context("mlx_vlm_bench.py's answer")
 }
 
-fn worker(
-    dir: &Path,
-    image: &Path,
-    question: &str,
-    max: u32,
-    runs: u32,
-) -> anyhow::Result<Vec<Sample>> {
-    let bin = worker_bin::build_release()?;
-    let runtime = tokio::runtime::Runtime::new()?;
-    let prompt = BenchPrompt {
+/// The image first, then the question: one user message, as mlx_vlm_bench.py sends it.
+fn image_prompt(image: &Path, question: &str) -> BenchPrompt {
+    BenchPrompt {
         name: "image".into(),
         messages: vec![ChatMessage {
             role: "user".into(),
@@ -121,17 +116,7 @@ fn worker(
         }],
         next_turn: false,
         after_another_chat: false,
-    };
-    runtime.block_on(async {
-        let w = Worker::start(&bin, dir).await?;
-        w.generate(&prompt, max).await?;
-        let mut samples = Vec::new();
-        for _ in 0..runs {
-            samples.push(w.generate(&prompt, max).await?);
-        }
-        w.client.shutdown().await.ok();
-        Ok(samples)
-    })
+    }
 }
 
 fn print_table(name: &str, max: u32, reference: &[PySample], ours: &[Sample]) {

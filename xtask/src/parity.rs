@@ -403,8 +403,7 @@ fn answer_as_group(
     std::fs::write(&hostfile, crate::launch::hosts(ranks)?)?;
     let rank = |r: usize| {
         let mut c = command(r);
-        one_blas_thread(&mut c)
-            .env("MLX_RANK", r.to_string())
+        c.env("MLX_RANK", r.to_string())
             .env("MLX_HOSTFILE", &hostfile);
         c
     };
@@ -426,16 +425,6 @@ fn answer_as_group(
 }
 
 /// Runs one side with `request` on stdin and reads its answer from stdout.
-/// Both sides compute with one OpenBLAS thread. With two, the one float32 GEMM of
-/// `tiny-llava-q4`'s two-image case that OpenBLAS splits across threads (the patch
-/// convolution, 32 x 588 by 588 x 64) rounds differently in the worker and in mlx-vlm, though
-/// both make the same calls with the same arguments (logged by an interposed `cblas_sgemm`),
-/// and a bfloat16 tie at token 13 goes the other way; with one thread they agree, as does every
-/// other case either way (docs/traps.md, "BLAS threads").
-fn one_blas_thread(command: &mut Command) -> &mut Command {
-    command.env("OPENBLAS_NUM_THREADS", "1")
-}
-
 fn answer(
     command: &mut Command,
     request: &Value,
@@ -443,7 +432,7 @@ fn answer(
     cases: usize,
 ) -> anyhow::Result<Answer> {
     let what = format!("{:?}", command.get_program());
-    let mut child = one_blas_thread(command)
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
