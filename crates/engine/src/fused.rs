@@ -4,7 +4,9 @@
 //! (`xtask/cuda/launch_probe.py`, docs/decisions/cuda.md). On the CPU the ops run unfused:
 //! MLX's CPU compile builds each kernel with the system C++ compiler into a directory that
 //! concurrent processes race on, a decode step there is bound by reading weights, and the CPU
-//! path is what the parity tests prove bit for bit.
+//! path is what the parity tests prove bit for bit. The exact GELU is compiled everywhere
+//! ([`gelu`]): mlx-vlm's is MLX's compiled `nn.gelu`, and on some CPUs the compiled kernel and
+//! the unfused ops differ in the last bit.
 //!
 //! A compiled function is traced once per activation (constants included) and thread: MLX's
 //! compiled closures are not `Send`, and one thread runs MLX.
@@ -28,6 +30,29 @@ thread_local! {
 fn on_gpu() -> bool {
     static ON_GPU: OnceLock<bool> = OnceLock::new();
     *ON_GPU.get_or_init(|| crate::device::device_info().backend != Backend::Cpu)
+}
+
+type Compiled1 = Box<dyn for<'a> FnMut(&'a Array) -> Result<Array>>;
+
+thread_local! {
+    static GELU: RefCell<Option<Compiled1>> = const { RefCell::new(None) };
+}
+
+/// The exact (erf) GELU through MLX's compile on every device, as mlx-vlm's `nn.gelu` (compiled
+/// in MLX's own `nn`) runs it. On the CPU the compiled kernel is not always the unfused ops bit
+/// for bit: on an AVX-512 machine (AMD family 26) MLX's float32 `erf` op and the compiled
+/// kernel's differ in the last bit for 42% of inputs (docs/traps.md), enough to turn a
+/// near-tie of a LLaVA model's next token.
+pub(crate) fn gelu(x: &Array) -> Result<Array> {
+    GELU.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let f = cell.get_or_insert_with(|| {
+            let f = |x: &Array| -> std::result::Result<Array, Exception> { crate::nn::gelu_ops(x) };
+            let mut traced = compile(f, true);
+            Box::new(move |x| traced(x))
+        });
+        f(x)
+    })
 }
 
 /// `act(gate) * up`, fused into one kernel on a GPU.
@@ -88,5 +113,20 @@ mod tests {
             assert!(close, "{act:?}");
         }
         COMPILED.with(|c| assert_eq!(c.borrow().len(), 3, "one trace per activation"));
+    }
+
+    #[test]
+    fn the_compiled_gelu_computes_what_its_ops_compute() {
+        let _mlx = fixtures::mlx_test_lock();
+        let x = mlx_rs::random::normal::<f32>(&[5, 64], None, None, None).unwrap();
+        let want = crate::nn::gelu_ops(&x).unwrap();
+        for x in [&x, &x.reshape(&[320]).unwrap()] {
+            let got = gelu(x).unwrap();
+            let close = got
+                .reshape(&[5, 64])
+                .unwrap()
+                .all_close(&want, 1e-6, 1e-6, None);
+            assert!(close.unwrap());
+        }
     }
 }

@@ -311,6 +311,11 @@ pub fn quick_gelu(x: &Array) -> Result<Array> {
 
 /// MLX's exact `gelu` (`nn.GELU()`): `x * (1 + erf(x / sqrt(2))) / 2`, constants in `x`'s dtype.
 pub fn gelu(x: &Array) -> Result<Array> {
+    crate::fused::gelu(x)
+}
+
+/// [`gelu`] as MLX ops, unfused.
+pub fn gelu_ops(x: &Array) -> Result<Array> {
     let c = |v: f64| scalar_like(v as f32, x);
     let erf = ops::erf(x.divide(c(std::f64::consts::SQRT_2)?)?)?;
     x.multiply(c(1.0)?.add(&erf)?)?.divide(c(2.0)?)
