@@ -21,21 +21,17 @@ use crate::{
 };
 
 type Compiled = Box<dyn for<'a> FnMut((&'a Array, &'a Array)) -> Result<Array>>;
+type Compiled1 = Box<dyn for<'a> FnMut(&'a Array) -> Result<Array>>;
 
 thread_local! {
     static COMPILED: RefCell<Vec<(Activation, Compiled)>> = const { RefCell::new(Vec::new()) };
+    static GELU: RefCell<Option<Compiled1>> = const { RefCell::new(None) };
 }
 
 /// Whether MLX computes on a GPU (Metal or CUDA), read once.
 fn on_gpu() -> bool {
     static ON_GPU: OnceLock<bool> = OnceLock::new();
     *ON_GPU.get_or_init(|| crate::device::device_info().backend != Backend::Cpu)
-}
-
-type Compiled1 = Box<dyn for<'a> FnMut(&'a Array) -> Result<Array>>;
-
-thread_local! {
-    static GELU: RefCell<Option<Compiled1>> = const { RefCell::new(None) };
 }
 
 /// The exact (erf) GELU through MLX's compile on every device, as mlx-vlm's `nn.gelu` (compiled
