@@ -1,6 +1,9 @@
 //! What MLX computes on: version, backend, device name and memory (MLX's `device_info`).
 
-use std::ffi::{CStr, CString};
+use std::{
+    ffi::{CStr, CString},
+    sync::OnceLock,
+};
 
 use mlx_sys as sys;
 
@@ -61,6 +64,12 @@ pub fn device_info() -> DeviceInfo {
             cpu_blas: sys::cpu_blas(),
         }
     }
+}
+
+/// Whether MLX computes on a GPU (Metal or CUDA), read once.
+pub(crate) fn on_gpu() -> bool {
+    static ON_GPU: OnceLock<bool> = OnceLock::new();
+    *ON_GPU.get_or_init(|| device_info().backend != Backend::Cpu)
 }
 
 /// The backend the default device runs on. A GPU left unused is worth a warning: on a Mac

@@ -11,13 +11,13 @@
 //! A compiled function is traced once per activation (constants included) and thread: MLX's
 //! compiled closures are not `Send`, and one thread runs MLX.
 
-use std::{cell::RefCell, sync::OnceLock};
+use std::cell::RefCell;
 
 use mlx_rs::{error::Exception, transforms::compile::compile, Array};
 
 use crate::{
+    device::on_gpu,
     nn::{Activation, Result},
-    request::Backend,
 };
 
 type Compiled = Box<dyn for<'a> FnMut((&'a Array, &'a Array)) -> Result<Array>>;
@@ -26,12 +26,6 @@ type Compiled1 = Box<dyn for<'a> FnMut(&'a Array) -> Result<Array>>;
 thread_local! {
     static COMPILED: RefCell<Vec<(Activation, Compiled)>> = const { RefCell::new(Vec::new()) };
     static GELU: RefCell<Option<Compiled1>> = const { RefCell::new(None) };
-}
-
-/// Whether MLX computes on a GPU (Metal or CUDA), read once.
-fn on_gpu() -> bool {
-    static ON_GPU: OnceLock<bool> = OnceLock::new();
-    *ON_GPU.get_or_init(|| crate::device::device_info().backend != Backend::Cpu)
 }
 
 /// The exact (erf) GELU through MLX's compile on every device, as mlx-vlm's `nn.gelu` (compiled

@@ -6,6 +6,7 @@
 //! below runs there. What other threads need while a generation runs (a resident model's
 //! tokenizer for `tokenize`, a [`CancelToken`]) is `Send + Sync`.
 
+mod attention;
 mod batch;
 mod cancel;
 mod constrained;

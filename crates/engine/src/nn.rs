@@ -532,7 +532,7 @@ impl Attention {
         let s = &self.shape;
         let (k, v) = (&kv.keys, &kv.values);
         let sinks = self.sinks.as_ref();
-        let out = fast::scaled_dot_product_attention(q, k, v, s.scale, mask.as_sdpa(), sinks)?;
+        let out = crate::attention::sdpa(&q, k, v, s.scale, mask.as_sdpa(), sinks)?;
         self.output(out, gate)
     }
 

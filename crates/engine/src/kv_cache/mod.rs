@@ -13,10 +13,7 @@ mod rotating;
 mod standard;
 mod state;
 
-use mlx_rs::{
-    fast::{self, ScaledDotProductAttentionMask},
-    Array,
-};
+use mlx_rs::{fast::ScaledDotProductAttentionMask, Array};
 
 pub use quantized::QuantizedCache;
 pub use rotating::RotatingCache;
@@ -118,7 +115,7 @@ impl KvCache {
             return c.update_and_attend(&q, k, v, scale, mask);
         }
         let (k, v) = self.update_and_fetch(k, v)?;
-        fast::scaled_dot_product_attention(q, k, v, scale, mask.as_sdpa(), sinks)
+        crate::attention::sdpa(&q, &k, &v, scale, mask.as_sdpa(), sinks)
     }
 
     /// Forgets the last `n` positions (mlx-lm's `trim`); false when this cache cannot (a

@@ -8,7 +8,7 @@
 //! of 0 and -1e9 in the tower's dtype). Every layer's output is kept: the model takes one of
 //! them (`vision_feature_layer`).
 
-use mlx_rs::{fast, ops, ops::indexing::IndexOp, Array};
+use mlx_rs::{ops, ops::indexing::IndexOp, Array};
 use serde::Deserialize;
 
 use crate::{
@@ -210,8 +210,7 @@ impl PixtralTower {
         let turn =
             |t: &Array| -> Result<Array> { t.multiply(cos)?.add(rotate_half(t)?.multiply(sin)?) };
         let (q, k) = (turn(&q)?, turn(&k)?);
-        let o =
-            fast::scaled_dot_product_attention(&q, &k, &v, self.scale, Some(mask.into()), None)?;
+        let o = crate::attention::sdpa(&q, &k, &v, self.scale, Some(mask.into()), None)?;
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, n, -1])?;
         let x = x.add(l.o_proj.forward(&o)?)?;
         let y = l.ffn_norm.forward(&x)?;

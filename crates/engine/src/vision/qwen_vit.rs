@@ -3,7 +3,7 @@
 //! patches, attention with a fused `qkv` and 2-D rotary embedding (each patch's row and column
 //! angles) within spans of patches, and those angles.
 
-use mlx_rs::{fast, ops, Array};
+use mlx_rs::{ops, Array};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
@@ -117,9 +117,7 @@ impl VitAttention {
         );
         let mut outs = Vec::with_capacity(qs.len());
         for ((q, k), v) in qs.iter().zip(&ks).zip(&vs) {
-            outs.push(fast::scaled_dot_product_attention(
-                q, k, v, self.scale, None, None,
-            )?);
+            outs.push(crate::attention::sdpa(q, k, v, self.scale, None, None)?);
         }
         let o = ops::concatenate(&outs, 2)?
             .transpose_axes(&[0, 2, 1, 3])?

@@ -3,7 +3,7 @@
 //! patches, learned position embeddings are added, pre-norm encoder layers (LayerNorm,
 //! attention with biases, tanh-GELU MLP), and a final LayerNorm.
 
-use mlx_rs::{fast, ops, Array};
+use mlx_rs::{ops, Array};
 use serde::Deserialize;
 
 use crate::{
@@ -99,7 +99,7 @@ impl EncoderLayer {
         let q = split(self.q_proj.forward(x)?)?;
         let k = split(self.k_proj.forward(x)?)?;
         let v = split(self.v_proj.forward(x)?)?;
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, None, None)?;
+        let o = crate::attention::sdpa(&q, &k, &v, scale, None, None)?;
         self.out_proj
             .forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, n, -1])?)
     }
