@@ -116,10 +116,13 @@ fn system_memory() -> u64 {
 /// `mlx/scheduler.cpp`) until someone waits on work queued after it or MLX's main thread queues
 /// more: a failed step that nobody read would otherwise fail the next request. A tiny
 /// computation queued behind everything and waited on does both (`mlx_synchronize` alone may
-/// throw that error away).
+/// throw that error away). The attention's extra CPU streams are probed too
+/// (`attention::synchronize_lanes`).
 pub fn synchronize() -> Result<(), mlx_rs::error::Exception> {
-    let probe = mlx_rs::Array::from_int(0).add(mlx_rs::Array::from_int(0))?;
-    probe.eval()
+    let probe = mlx_rs::Array::from_int(0).add(mlx_rs::Array::from_int(0));
+    let settled = probe.and_then(|p| p.eval());
+    let lanes = crate::attention::synchronize_lanes();
+    settled.and(lanes)
 }
 
 #[cfg(test)]

@@ -55,6 +55,31 @@ fn a_failed_step_nobody_read_is_taken_by_synchronize_not_left_for_the_next_reque
     assert_eq!(six(), 6.0);
 }
 
+/// An error in the graph a split attention waits on (`attention::sdpa` on the CPU's lanes)
+/// reaches the reader; `synchronize` then leaves no copy on any lane for the next request.
+#[test]
+fn an_error_behind_a_split_attention_is_not_left_on_a_lane() {
+    let _mlx = fixtures::mlx_test_lock();
+    let _ = device::synchronize();
+    // 2 heads x 512 x 512 scores: split over the lanes on a machine of two cores or more.
+    let x = Array::ones::<f32>(&[1, 2, 512, 64]).unwrap();
+    let split = |x: &Array| crate::attention::sdpa(x, x, x, 0.125, None, None).unwrap();
+    let poisoned = x
+        .add(failing_on_the_stream_thread().sum(None).unwrap())
+        .unwrap();
+    let e = split(&poisoned).eval().unwrap_err();
+    assert!(e.what().contains("[Inverse::eval_cpu]"), "{e}");
+    let _ = device::synchronize();
+    assert_eq!(device::synchronize(), Ok(()));
+    let clean = split(&x);
+    assert_eq!(clean.eval(), Ok(()));
+    assert!(
+        clean.eq_values(&x).unwrap(),
+        "attention over equal keys returns the values"
+    );
+    assert_eq!(six(), 6.0);
+}
+
 fn load(engine: &mut Engine, dir: &std::path::Path, force: bool) {
     let req = LoadRequest {
         model: dir.display().to_string(),
