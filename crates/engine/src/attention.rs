@@ -9,10 +9,11 @@
 //! so [`sdpa`] cuts them into one group per core (whole groups of query heads per key-value
 //! head), runs each group on its own CPU stream and concatenates the outputs. Each head runs
 //! exactly the ops it runs in one call, so the result is the same bit for bit (unit test
-//! below; the parity suite runs through it). A GPU, a one-query decode step and small
-//! attentions take the single call.
+//! below; the parity suite runs through it). A GPU, a one-query decode step, a model with one
+//! key-value head and small attentions take the single call. The lanes' GEMMs may reach
+//! OpenBLAS at once: its threaded level-3 driver takes one caller at a time (`level3_lock`).
 
-use std::cell::RefCell;
+use std::{cell::RefCell, sync::OnceLock};
 
 use mlx_rs::{
     error::Exception,
@@ -59,13 +60,16 @@ pub(crate) fn sdpa(
             k.index((.., lo..hi)),
             v.index((.., lo..hi)),
         );
-        let mask_part = match &mask {
-            Some(Mask::Array(m)) if m.ndim() == 4 && m.dim(1) > 1 => {
-                Some(m.index((.., heads.clone())))
-            }
+        // A mask with a head axis of its own (`(.., Hq, L, S)`) is cut with the heads; any
+        // other broadcasts over them whole.
+        let own = match &mask {
+            Some(Mask::Array(m)) if m.ndim() >= 3 && m.dim(-3) > 1 => Some(match m.ndim() {
+                3 => m.index(heads.clone()),
+                _ => m.index((.., heads.clone())),
+            }),
             _ => None,
         };
-        let mask = match (&mask_part, &mask) {
+        let mask = match (&own, &mask) {
             (Some(m), _) => Some(Mask::Array(m)),
             (None, Some(Mask::Array(m))) => Some(Mask::Array(m)),
             (None, Some(Mask::Causal)) => Some(Mask::Causal),
@@ -73,17 +77,15 @@ pub(crate) fn sdpa(
         };
         let sinks = sinks.map(|s| s.index(heads));
         let attend = || fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, sinks.as_ref());
-        outs.push(in_lane(i, parts, attend)?);
+        outs.push(in_lane(i, attend)?);
     }
     ops::concatenate(&outs, 1)
 }
 
-/// Runs `f` (which queues MLX ops) on lane `i % lanes` of the CPU: lane 0 is the caller's
-/// stream, each other lane a CPU stream of its own, made once per thread. On a GPU, or with
-/// one core, on the caller's stream.
-pub(crate) fn in_lane<T>(i: usize, lanes: usize, f: impl FnOnce() -> T) -> T {
-    let lane = i % lanes.min(cores()).max(1);
-    if lane == 0 || on_gpu() {
+/// Runs `f` (which queues MLX ops) on CPU lane `lane`: lane 0 is the caller's stream, each
+/// other a CPU stream of its own, made once per thread (`lane < cores()`).
+fn in_lane<T>(lane: usize, f: impl FnOnce() -> T) -> T {
+    if lane == 0 {
         return f();
     }
     let stream = STREAMS.with(|s| {
@@ -112,15 +114,21 @@ pub(crate) fn synchronize_lanes() -> std::result::Result<(), Exception> {
     first
 }
 
-/// The cores MLX's CPU streams can run on.
-pub(crate) fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// The cores MLX's CPU streams can run on, read once.
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// How many head groups to run at once: one per core on the CPU, for an attention large enough.
+/// How many head groups to run at once: one per core on the CPU (at most one per key-value
+/// head: a model with one, multi-query attention, takes the single call), for an attention
+/// large enough.
 fn parts(q: &Array, k: &Array) -> usize {
+    if on_gpu() || q.ndim() != 4 || k.ndim() != 4 || k.dim(1) < 2 || q.dim(1) % k.dim(1) != 0 {
+        return 1;
+    }
     let scores = q.dim(1) as i64 * q.dim(2) as i64 * k.dim(2) as i64;
-    if on_gpu() || q.dim(2) < 2 || scores < MIN_SCORES || q.dim(1) % k.dim(1) != 0 {
+    if q.dim(2) < 2 || scores < MIN_SCORES {
         return 1;
     }
     cores().min(k.dim(1) as usize)
@@ -132,30 +140,43 @@ mod tests {
 
     use super::*;
 
-    fn take<const N: usize>(masks: [Option<Mask>; N], at: usize) -> Option<Mask> {
-        masks.into_iter().nth(at).unwrap()
-    }
-
     /// Every split the worker makes gives the single call's result bit for bit: heads and GQA
-    /// groups, a causal prefill chunk past an offset, a per-head mask, sinks.
+    /// groups, a batch of two, a causal prefill chunk past an offset, masks broadcast over the
+    /// heads (additive `(1, 1, L, S)`, a boolean `(L, S)` window) or one per head (`(B, Hq, L,
+    /// S)` and `(Hq, L, S)`), sinks.
     #[test]
     fn split_heads_equal_one_call() {
+        let _mlx = fixtures::mlx_test_lock();
         let normal = |shape: &[i32], seed: u64| {
             random::normal::<f32>(shape, None, None, &random::key(seed).unwrap()).unwrap()
         };
-        for (hq, hkv, l, s) in [(16, 16, 256, 256), (9, 3, 128, 384), (8, 2, 200, 200)] {
+        for (b, hq, hkv, l, s) in [
+            (1, 16, 16, 256, 256),
+            (1, 9, 3, 128, 384),
+            (2, 8, 2, 200, 200),
+        ] {
             let (q, k, v) = (
-                normal(&[1, hq, l, 64], 1),
-                normal(&[1, hkv, s, 64], 2),
-                normal(&[1, hkv, s, 64], 3),
+                normal(&[b, hq, l, 64], 1),
+                normal(&[b, hkv, s, 64], 2),
+                normal(&[b, hkv, s, 64], 3),
             );
-            assert!(parts(&q, &k) >= 2 || std::thread::available_parallelism().unwrap().get() < 2);
-            let per_head = normal(&[1, hq, l, s], 4);
-            let sinks = normal(&[hq], 5);
-            let masks = || -> [Option<Mask>; 3] {
-                [None, Some(Mask::Causal), Some(Mask::Array(&per_head))]
+            assert!(on_gpu() || cores() < 2 || parts(&q, &k) >= 2);
+            let per_head = normal(&[b, hq, l, s], 4);
+            let per_head_3d = normal(&[hq, l, s], 5);
+            let broadcast = normal(&[1, 1, l, s], 6);
+            let window = normal(&[l, s], 7).gt(Array::from_f32(-0.5)).unwrap();
+            let sinks = normal(&[hq], 8);
+            let masks = || -> [Option<Mask>; 6] {
+                [
+                    None,
+                    Some(Mask::Causal),
+                    Some(Mask::Array(&per_head)),
+                    Some(Mask::Array(&per_head_3d)),
+                    Some(Mask::Array(&broadcast)),
+                    Some(Mask::Array(&window)),
+                ]
             };
-            for at in 0..3 {
+            for at in 0..6 {
                 for sinks in [None, Some(&sinks)] {
                     let one = fast::scaled_dot_product_attention(
                         &q,
@@ -170,10 +191,14 @@ mod tests {
                     assert_eq!(one.shape(), split.shape());
                     assert!(
                         one.eq_values(&split).unwrap(),
-                        "{hq}/{hkv} heads, {l}x{s}: the split differs from one call"
+                        "batch {b}, {hq}/{hkv} heads, {l}x{s}, mask {at}: the split differs"
                     );
                 }
             }
         }
+    }
+
+    fn take<const N: usize>(masks: [Option<Mask>; N], at: usize) -> Option<Mask> {
+        masks.into_iter().nth(at).unwrap()
     }
 }
