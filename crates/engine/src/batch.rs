@@ -86,9 +86,12 @@ impl Engine {
         };
         batch.admit(cache, vocabulary, first, started);
         loop {
-            while open && batch.seqs.len() < max_batch {
-                let Some(admission) = more(&fits) else { break };
-                batch.admit(cache, vocabulary, admission, Instant::now());
+            // One joiner per step while others decode: each waiting request's first token
+            // comes after its own prefill and one step, not after every other joiner's prefill.
+            if open && batch.seqs.len() < max_batch {
+                if let Some(admission) = more(&fits) {
+                    batch.admit(cache, vocabulary, admission, Instant::now());
+                }
             }
             if batch.seqs.is_empty() {
                 return;
