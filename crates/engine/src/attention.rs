@@ -16,7 +16,6 @@
 use std::{cell::RefCell, sync::OnceLock};
 
 use mlx_rs::{
-    error::Exception,
     fast::{self, ScaledDotProductAttentionMask as Mask},
     ops::{self, indexing::IndexOp},
     Array, Device, Stream,
@@ -98,20 +97,11 @@ fn in_lane<T>(lane: usize, f: impl FnOnce() -> T) -> T {
     mlx_rs::with_stream(&stream, f)
 }
 
-/// Takes an error a lane's stream holds (see `device::synchronize`): a failure in the graph a
-/// lane waited on poisons the lane too (MLX 0.32.2 passes errors along events), and the lane
-/// would throw it at the next request's first split. A probe queued on each lane, waited on.
-pub(crate) fn synchronize_lanes() -> std::result::Result<(), Exception> {
-    let lanes = STREAMS.with(|s| s.borrow().clone());
-    let mut first = Ok(());
-    for lane in &lanes {
-        let probe = mlx_rs::with_stream(lane, || Array::from_int(0).add(Array::from_int(0)));
-        let settled = probe.and_then(|p| p.eval());
-        if first.is_ok() {
-            first = settled;
-        }
-    }
-    first
+/// The lanes this thread has made (`device::synchronize` probes each: a failure in the graph
+/// a lane waited on poisons the lane too, MLX 0.32.2 passing errors along events, and the lane
+/// would throw it at the next request's first split).
+pub(crate) fn lanes() -> Vec<Stream> {
+    STREAMS.with(|s| s.borrow().clone())
 }
 
 /// The cores MLX's CPU streams can run on, read once.

@@ -117,13 +117,20 @@ fn system_memory() -> u64 {
 /// more: a failed step that nobody read would otherwise fail the next request. A tiny
 /// computation queued behind everything and waited on does both (`mlx_synchronize` alone may
 /// throw that error away). The attention's extra CPU streams are probed too
-/// (`attention::synchronize_lanes`); they belong to the thread that made them, so this runs on
+/// (`attention::lanes`); they belong to the thread that made them, so this runs on
 /// the thread that runs MLX.
 pub fn synchronize() -> Result<(), mlx_rs::error::Exception> {
-    let probe = mlx_rs::Array::from_int(0).add(mlx_rs::Array::from_int(0));
-    let settled = probe.and_then(|p| p.eval());
-    let lanes = crate::attention::synchronize_lanes();
-    settled.and(lanes)
+    let probe = || {
+        mlx_rs::Array::from_int(0)
+            .add(mlx_rs::Array::from_int(0))?
+            .eval()
+    };
+    let lanes = crate::attention::lanes();
+    let lanes = lanes.iter().map(|lane| mlx_rs::with_stream(lane, probe));
+    // Every stream is probed, and the first error returned.
+    std::iter::once(probe())
+        .chain(lanes)
+        .fold(Ok(()), Result::and)
 }
 
 #[cfg(test)]
