@@ -11,6 +11,7 @@ use crate::{
     constrained::ToolUse,
     engine::{finish, prepare, Prepared, View},
     generate::{advance, start, Sequence, Started},
+    kv_cache::PaddedCache,
     prompt_cache::PromptCache,
     request::{Completion, Delta, GenerateRequest},
     CancelToken, Engine, EngineError, Group,
@@ -23,6 +24,28 @@ pub struct Admission<'f> {
     pub cancel: CancelToken,
     pub on_delta: Box<dyn FnMut(Delta) + 'f>,
     pub on_done: Box<dyn FnOnce(Result<Completion, EngineError>) + 'f>,
+}
+
+/// How the rows of a batch attend (docs/decisions/batching.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchAttention {
+    /// Row by row, each over its sequence's own caches: every row's bits are those it gets
+    /// alone. The CPU's default.
+    Rows,
+    /// All rows in one call per layer over one right-padded cache (models whose layers are all
+    /// full attention; others attend row by row): fewer kernels per step, but a row's last bits
+    /// may differ from its lone run's. The GPU's default.
+    Padded,
+}
+
+impl BatchAttention {
+    /// The default on the device MLX runs on.
+    pub fn for_device() -> Self {
+        match crate::device::on_gpu() {
+            true => Self::Padded,
+            false => Self::Rows,
+        }
+    }
 }
 
 /// What [`Engine::generate_batch`] asks between steps for the next generation to join: given a
@@ -41,6 +64,8 @@ struct Batch<'a> {
     group: Option<&'a Group>,
     prefill_chunk: usize,
     seqs: Vec<Sequence<'a>>,
+    /// The rows' caches while they attend padded ([`BatchAttention::Padded`]).
+    padded: Option<PaddedCache>,
     /// By sequence id.
     pending: Vec<Option<Pending<'a>>>,
 }
@@ -64,6 +89,7 @@ impl Engine {
             Err(e) => return (first.on_done)(Err(e)),
         };
         let prefill_chunk = self.prefill_chunk();
+        let attention = self.batch_attention();
         let active = i + 1 == self.models.len();
         let group = self.group.as_deref();
         let (view, cache, vocabulary) = self.models[i].split();
@@ -77,11 +103,14 @@ impl Engine {
                 && req.model.as_deref().map_or(active, |m| m == id)
         };
         let open = fits(&first.req);
+        let padded =
+            batched && attention == BatchAttention::Padded && view.model.padded_supported();
         let mut batch = Batch {
             view,
             group,
             prefill_chunk,
             seqs: Vec::new(),
+            padded: padded.then(PaddedCache::default),
             pending: Vec::new(),
         };
         batch.admit(cache, vocabulary, first, started);
@@ -96,7 +125,7 @@ impl Engine {
             if batch.seqs.is_empty() {
                 return;
             }
-            for (id, result) in advance(&mut batch.seqs, cache) {
+            for (id, result) in advance(&mut batch.seqs, cache, batch.padded.as_mut()) {
                 batch.done(id, result);
             }
         }

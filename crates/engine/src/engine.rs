@@ -5,6 +5,7 @@ use std::{rc::Rc, sync::Arc, time::Instant};
 use text::ModelTokenizer;
 
 use crate::{
+    batch::BatchAttention,
     constrained::{self, Markup, ToolUse},
     device,
     distributed::Group,
@@ -190,6 +191,8 @@ pub struct Engine {
     prompt_cache_bytes: u64,
     /// The group of ranks this engine runs in step with, if the worker runs as one.
     pub(crate) group: Option<Rc<Group>>,
+    /// How batched rows attend; `None`: the device's default.
+    batch_attention: Option<BatchAttention>,
 }
 
 /// What a successful `load` gives back.
@@ -243,7 +246,21 @@ impl Engine {
             device,
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
             group: None,
+            batch_attention: None,
         }
+    }
+
+    /// Batched rows attend as `attention` says; `None`: the device's default
+    /// ([`BatchAttention::for_device`]).
+    pub fn with_batch_attention(mut self, attention: Option<BatchAttention>) -> Self {
+        self.batch_attention = attention;
+        self
+    }
+
+    /// How batched rows attend.
+    pub fn batch_attention(&self) -> BatchAttention {
+        self.batch_attention
+            .unwrap_or_else(BatchAttention::for_device)
     }
 
     /// Runs in step with the other ranks of `group`: every rank gets the same calls in the same

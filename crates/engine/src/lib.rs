@@ -33,7 +33,7 @@ mod stream_error_tests;
 mod vision;
 mod weights;
 
-pub use batch::{Admission, More};
+pub use batch::{Admission, BatchAttention, More};
 pub use cancel::CancelToken;
 pub use distributed::{Backend as DistributedBackend, Group};
 pub use engine::{Engine, Loaded};

@@ -5,7 +5,7 @@
 use mlx_rs::{fast, ops, ops::indexing::IndexOp, Array};
 
 use crate::{
-    kv_cache::{KvCache, Mask},
+    kv_cache::{KvCache, Mask, PaddedCache, PaddedStep},
     lora::Lora,
 };
 
@@ -500,6 +500,38 @@ impl Attention {
             })
             .collect::<Result<Vec<_>>>()?;
         self.output(ops::concatenate(&outs, 0)?, gate.as_ref())
+    }
+
+    /// One decode step of a batch whose rows' caches are one padded cache per layer
+    /// ([`PaddedCache`]): `x` `(B, 1, D)` projected and rotated for all rows at once (row `b`
+    /// at its own position), written with one scatter, attending in one call under the step's
+    /// mask. Layers with an attention temperature take [`Self::forward_rows`].
+    pub fn forward_padded(
+        &self,
+        x: &Array,
+        cache: &mut PaddedCache,
+        layer: usize,
+        step: &PaddedStep,
+    ) -> Result<Array> {
+        let s = &self.shape;
+        if s.temperature.is_some() {
+            return Err(mlx_rs::error::Exception::custom(
+                "a layer with an attention temperature attends row by row",
+            ));
+        }
+        let (q, k, v, gate) = self.project(x)?;
+        let (q, k) = match &self.rope {
+            Some(rope) => (
+                rope.forward_rows(&q, &step.offsets)?,
+                rope.forward_rows(&k, &step.offsets)?,
+            ),
+            None => (q, k),
+        };
+        let (keys, values) = cache.update(layer, step, &k, &v)?;
+        let mask = Some(fast::ScaledDotProductAttentionMask::Array(&step.mask));
+        let sinks = self.sinks.as_ref();
+        let out = crate::attention::sdpa(&q, &keys, &values, s.scale, mask, sinks)?;
+        self.output(out, gate.as_ref())
     }
 
     /// A KV-shared layer: its queries (RoPE at the sharing layer's offset) attend to `kv`.

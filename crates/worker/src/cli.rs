@@ -20,6 +20,13 @@ pub struct Cli {
     #[arg(long, default_value_t = 1, value_parser = parse_positive)]
     pub max_batch: usize,
 
+    /// How the rows of a batch attend: `rows` (each over its own cache; every request's tokens
+    /// are bit for bit those it gets alone), `padded` (one call per layer over one padded cache:
+    /// fewer kernels, the last bits of a row may differ), `auto` (padded on a GPU, rows on the
+    /// CPU).
+    #[arg(long, value_enum, default_value_t = BatchAttentionArg::Auto)]
+    pub batch_attention: BatchAttentionArg,
+
     /// Bytes of KV caches the active model keeps for the next turns of recent conversations
     /// (least recently used dropped first; the newest is always kept). 0 keeps only the newest.
     #[arg(long, default_value_t = mlx_engine::DEFAULT_PROMPT_CACHE_BYTES)]
@@ -30,6 +37,25 @@ pub struct Cli {
     /// an error (loads are not watched).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub group_timeout_secs: u64,
+}
+
+/// `--batch-attention`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BatchAttentionArg {
+    Auto,
+    Rows,
+    Padded,
+}
+
+impl BatchAttentionArg {
+    /// The engine's setting; `None` leaves the device's default.
+    pub fn engine(self) -> Option<mlx_engine::BatchAttention> {
+        match self {
+            Self::Auto => None,
+            Self::Rows => Some(mlx_engine::BatchAttention::Rows),
+            Self::Padded => Some(mlx_engine::BatchAttention::Padded),
+        }
+    }
 }
 
 fn parse_positive(text: &str) -> Result<usize, String> {

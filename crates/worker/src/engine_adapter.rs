@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_engine::text::ModelTokenizer;
-use mlx_engine::{Admission, CancelToken, Engine, Group, More};
+use mlx_engine::{Admission, BatchAttention, CancelToken, Engine, Group, More};
 use protocol::methods::{
     GenerateParams, GenerateResult, GroupInfo, LoadParams, LoadResult, LoadStage, MlxInfo,
     ResetResult, UnloadParams, UnloadResult,
@@ -41,10 +41,17 @@ pub struct EngineAdapter {
 }
 
 impl EngineAdapter {
-    /// Starts MLX; each model keeps up to `prompt_cache_bytes` of KV caches for later prompts.
-    /// In a `group`, every rank's adapter gets the same calls (`group.rs`).
-    pub fn new(prompt_cache_bytes: u64, group: Option<Group>) -> Self {
-        let engine = Engine::new().with_prompt_cache_bytes(prompt_cache_bytes);
+    /// Starts MLX; each model keeps up to `prompt_cache_bytes` of KV caches for later prompts,
+    /// batched rows attend as `batch_attention` says (`None`: the device's default). In a
+    /// `group`, every rank's adapter gets the same calls (`group.rs`).
+    pub fn new(
+        prompt_cache_bytes: u64,
+        group: Option<Group>,
+        batch_attention: Option<BatchAttention>,
+    ) -> Self {
+        let engine = Engine::new()
+            .with_prompt_cache_bytes(prompt_cache_bytes)
+            .with_batch_attention(batch_attention);
         Self {
             engine: match group {
                 Some(group) => engine.with_group(group),

@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Duration;
 
-use mlx_engine::{CancelToken, Group};
+use mlx_engine::{BatchAttention, CancelToken, Group};
 use protocol::methods::{
     GenerateDeltaNotification, GenerateParams, LoadParams, LoadProgress, LoadProgressNotification,
     NotificationMethod, UnloadParams, WorkerState,
@@ -166,6 +166,7 @@ impl Executor {
         residents: SharedResidents,
         prompt_cache_bytes: u64,
         max_batch: usize,
+        batch_attention: Option<BatchAttention>,
         group_timeout: Duration,
     ) -> Executor {
         let (commands, command_rx) = std_mpsc::channel();
@@ -181,7 +182,8 @@ impl Executor {
             .name("mlx".into())
             .spawn(move || {
                 let inbox = Inbox::new(command_rx);
-                run(inbox, thread, prompt_cache_bytes, max_batch, group_timeout);
+                let batching = (max_batch, batch_attention);
+                run(inbox, thread, prompt_cache_bytes, batching, group_timeout);
                 let _ = stopped_tx.send(());
             })
             .expect("spawn the MLX thread");
@@ -229,7 +231,7 @@ fn run(
     mut inbox: Inbox,
     thread: Thread,
     prompt_cache_bytes: u64,
-    max_batch: usize,
+    (max_batch, batch_attention): (usize, Option<BatchAttention>),
     group_timeout: Duration,
 ) {
     let Thread {
@@ -243,7 +245,7 @@ fn run(
         Ok(group) => group,
         Err(reason) => return fail_all(reason, inbox.commands, outbox, events),
     };
-    let start = AssertUnwindSafe(|| EngineAdapter::new(prompt_cache_bytes, group));
+    let start = AssertUnwindSafe(|| EngineAdapter::new(prompt_cache_bytes, group, batch_attention));
     let mut engine = match catch_unwind(start) {
         Ok(engine) => engine,
         Err(panic) => {

@@ -99,7 +99,7 @@ pub fn follow(prompt_cache_bytes: u64) -> i32 {
         backend = group.backend().name(),
         "following rank 0"
     );
-    let mut engine = EngineAdapter::new(prompt_cache_bytes, Some(group));
+    let mut engine = EngineAdapter::new(prompt_cache_bytes, Some(group), None);
     let never = CancelToken::new();
     loop {
         let shared = match receive(engine.group().expect("joined above")) {

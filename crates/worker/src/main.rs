@@ -43,6 +43,7 @@ fn main() {
         version = env!("CARGO_PKG_VERSION"),
         max_queue = cli.max_queue,
         max_batch = cli.max_batch,
+        batch_attention = ?cli.batch_attention,
         max_line_bytes = cli.max_line_bytes,
         prompt_cache_bytes = cli.prompt_cache_bytes,
         "mlx-worker starting"
@@ -73,6 +74,7 @@ async fn serve(cli: cli::Cli) {
         residents.clone(),
         cli.prompt_cache_bytes,
         cli.max_batch,
+        cli.batch_attention.engine(),
         Duration::from_secs(cli.group_timeout_secs),
     );
     let inbound = transport::spawn_reader(cli.max_line_bytes, outbox.clone());

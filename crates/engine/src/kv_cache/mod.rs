@@ -8,6 +8,7 @@
 //! keys in the cache and the mask shapes decide the floating-point sums, and parity is token
 //! for token.
 
+mod padded;
 mod quantized;
 mod rotating;
 mod standard;
@@ -15,6 +16,7 @@ mod state;
 
 use mlx_rs::{fast::ScaledDotProductAttentionMask, Array};
 
+pub use padded::{PaddedCache, PaddedStep};
 pub use quantized::QuantizedCache;
 pub use rotating::RotatingCache;
 pub use standard::StandardCache;

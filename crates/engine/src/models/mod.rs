@@ -39,7 +39,7 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    kv_cache::KvCache,
+    kv_cache::{KvCache, PaddedCache},
     nn::{Linear, Result},
     weights::Weights,
 };
@@ -81,6 +81,19 @@ pub trait LanguageModel {
     }
     /// Whether [`LanguageModel::forward_rows`] runs this model.
     fn rows_supported(&self) -> bool {
+        false
+    }
+    /// [`LanguageModel::forward_rows`] with every layer's caches of the batch's rows in one
+    /// padded cache: one scatter and one attention call per layer for all rows. Only where
+    /// [`LanguageModel::padded_supported`].
+    fn forward_padded(&self, _tokens: &Array, _cache: &mut PaddedCache) -> Result<Array> {
+        Err(mlx_rs::error::Exception::custom(
+            "this model's batches attend row by row",
+        ))
+    }
+    /// Whether [`LanguageModel::forward_padded`] runs this model (with full-attention caches
+    /// only: the caller checks those).
+    fn padded_supported(&self) -> bool {
         false
     }
     /// Number of attention layers.

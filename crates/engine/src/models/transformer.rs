@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::{
     distributed::Group,
     error::{EngineError, LoadErrorKind},
-    kv_cache::{KvCache, Mask, StateCache},
+    kv_cache::{KvCache, Mask, PaddedCache, PaddedStep, StateCache},
     models::{
         gated_delta::{GatedDeltaNet, GatedDeltaSpec},
         moe::{MoeSpec, SparseMoe},
@@ -452,6 +452,8 @@ enum LayerKv<'a> {
     Shared(&'a SharedKv),
     /// One cache per row of a batch of sequences, each with its mask ([`Decoder::forward_rows`]).
     Rows(Vec<(&'a mut KvCache, &'a Mask)>),
+    /// Layer `.1` of a batch's padded cache, in the step `.2` ([`Decoder::forward_padded`]).
+    Padded(&'a mut PaddedCache, usize, &'a PaddedStep),
 }
 
 impl Block {
@@ -486,6 +488,13 @@ impl Block {
             (Mixer::SelfAttn(a), LayerKv::Shared(shared)) => a.forward_shared(x, mask, shared),
             (Mixer::SelfAttn(a), LayerKv::Rows(rows)) => {
                 let out = a.forward_rows(x, rows)?;
+                match &self.tensor {
+                    Some(t) => t.attention.apply(out),
+                    None => Ok(out),
+                }
+            }
+            (Mixer::SelfAttn(a), LayerKv::Padded(cache, layer, step)) => {
+                let out = a.forward_padded(x, cache, layer, step)?;
                 match &self.tensor {
                     Some(t) => t.attention.apply(out),
                     None => Ok(out),
@@ -1023,6 +1032,40 @@ impl<F: Family> Decoder<F> {
         self.head(&h)
     }
 
+    /// Whether [`Self::forward_padded`] can run this model: as [`Self::rows_supported`], and
+    /// every layer softmax attention without a temperature (whose caches are then the
+    /// full-attention ones a padded cache takes, or the batch attends row by row).
+    fn padded_supported(&self) -> bool {
+        self.rows_supported()
+            && self
+                .layers
+                .iter()
+                .all(|l| matches!(&l.mixer, Mixer::SelfAttn(a) if a.shape.temperature.is_none()))
+    }
+
+    /// [`Self::forward_rows`] over a padded cache holding every row's caches: per layer one
+    /// scatter writes all rows' keys and values and one attention call serves all rows, each
+    /// under its own mask. Logits `(B, 1, vocab)`, row `b` for `cache.ids()[b]`.
+    fn forward_padded(&self, tokens: &Array, cache: &mut PaddedCache) -> Result<Array> {
+        if !self.padded_supported() {
+            return Err(mlx_rs::error::Exception::custom(
+                "this model's batches attend row by row",
+            ));
+        }
+        let mut h = self.family.scale_embeddings(self.embed(tokens)?)?;
+        let per_layer = self.family.per_layer_inputs(Some(tokens), &h)?;
+        let step = cache.step()?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let input = match &per_layer {
+                Some(p) => Some(p.take_axis(Array::from_int(i as i32), 2)?),
+                None => None,
+            };
+            let kv = LayerKv::Padded(cache, i, &step);
+            (h, _) = layer.forward(&self.family, &h, &Mask::None, kv, None, input.as_ref())?;
+        }
+        self.head(&h)
+    }
+
     /// The final norm, the head (or the tied embedding) and the family's logit processing.
     fn head(&self, h: &Array) -> Result<Array> {
         let h = self.norm.forward(h)?;
@@ -1161,6 +1204,14 @@ impl<F: Family> LanguageModel for Decoder<F> {
 
     fn rows_supported(&self) -> bool {
         Decoder::rows_supported(self)
+    }
+
+    fn forward_padded(&self, tokens: &Array, cache: &mut PaddedCache) -> Result<Array> {
+        Decoder::forward_padded(self, tokens, cache)
+    }
+
+    fn padded_supported(&self) -> bool {
+        Decoder::padded_supported(self)
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut [KvCache]) -> Result<Array> {
