@@ -152,7 +152,7 @@ async fn generations_run_together_answer_as_each_does_alone() {
     cases.push((LoadParams::new(model_id(&vision)), vision_mix(&images)));
 
     let one = worker(&[]);
-    let batched = worker(&["--max-batch", "4"]);
+    let batched = worker(&["--max-batch", "4", "--batch-attention", "rows"]);
     let init = within_for(
         LIMIT,
         batched.call::<Initialize>(&InitializeParams::default()),
@@ -160,6 +160,7 @@ async fn generations_run_together_answer_as_each_does_alone() {
     .await
     .unwrap();
     assert_eq!(init.capabilities.max_batch, 4);
+    assert_eq!(init.capabilities.batch_attention, BatchAttention::Rows);
     for (params, qs) in &cases {
         let what = format!("{} kv_bits {:?}", params.model, params.kv_bits);
         for w in [&one, &batched] {
@@ -177,6 +178,89 @@ async fn generations_run_together_answer_as_each_does_alone() {
         }
     }
     for w in [one, batched] {
+        within_for(LIMIT, w.shutdown()).await.unwrap();
+    }
+}
+
+/// Each request's tokens with their log-probabilities and top two alternatives, sent at once.
+async fn scored(w: &Client, qs: &[GenerateParams]) -> Vec<Vec<TokenLogprob>> {
+    let handles: Vec<_> = qs.iter().map(|q| w.generate(q).unwrap()).collect();
+    let mut out = Vec::new();
+    for mut g in handles {
+        let mut tokens = Vec::new();
+        while let Some(d) = within_for(LIMIT, g.next_delta()).await {
+            tokens.extend(d.tokens.unwrap_or_default());
+        }
+        within_for(LIMIT, g.finish()).await.unwrap();
+        out.push(tokens);
+    }
+    out
+}
+
+/// `--batch-attention padded` (the GPU's default): rows attend in one call over a padded cache,
+/// joining and leaving as requests come and end. Its sums differ from a lone run's in the last
+/// bits only: every token is the lone run's (or the lone run's choice was a near tie, after
+/// which the texts may part), with log-probabilities within rounding. It did run padded: some
+/// log-probability differs in its last bits (the rows path gives a lone run's bits exactly).
+#[tokio::test]
+async fn padded_attention_answers_as_alone_up_to_rounding() {
+    let Some(smollm2) = smollm2_dir() else { return };
+    let qs: Vec<GenerateParams> = (mix().into_iter())
+        .map(|mut q| {
+            q.temperature = 0.0;
+            q.logprobs = 2;
+            q
+        })
+        .collect();
+    let one = worker(&[]);
+    let padded = worker(&["--max-batch", "4", "--batch-attention", "padded"]);
+    let init = within_for(
+        LIMIT,
+        padded.call::<Initialize>(&InitializeParams::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(init.capabilities.batch_attention, BatchAttention::Padded);
+    for w in [&one, &padded] {
+        let params = LoadParams::new(model_id(&smollm2));
+        within_for(LIMIT, w.call::<Load>(&params)).await.unwrap();
+    }
+    let mut expected = Vec::new();
+    for q in &qs {
+        expected.extend(scored(&one, std::slice::from_ref(q)).await);
+    }
+    let mut rounded = false;
+    // Twice: the second time the prompt cache holds the conversations (rows join with a prefix).
+    for round in 0..2 {
+        for (i, (a, b)) in expected.iter().zip(scored(&padded, &qs).await).enumerate() {
+            let what = format!("round {round}, request {i}");
+            assert!(!a.is_empty(), "{what}: tokens come with log-probabilities");
+            for (n, (a, b)) in a.iter().zip(&b).enumerate() {
+                if a.id != b.id {
+                    let margin = a.top[0].logprob - a.top[1].logprob;
+                    assert!(
+                        margin < 1e-3,
+                        "{what}: token {n} differs, not at a near tie"
+                    );
+                    break;
+                }
+                assert!((a.logprob - b.logprob).abs() < 1e-3, "{what}: token {n}");
+                rounded |= a.logprob != b.logprob;
+            }
+            if a.iter().zip(&b).all(|(a, b)| a.id == b.id) {
+                assert_eq!(
+                    a.len(),
+                    b.len(),
+                    "{what}: the same tokens, then the same end"
+                );
+            }
+        }
+    }
+    assert!(
+        rounded,
+        "the padded path ran: some sum differs from a lone run's in its last bits"
+    );
+    for w in [one, padded] {
         within_for(LIMIT, w.shutdown()).await.unwrap();
     }
 }

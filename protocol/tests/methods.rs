@@ -436,6 +436,7 @@ fn results_use_the_contracts_names() {
             gguf: true,
             max_queue: 16,
             max_batch: 4,
+            batch_attention: BatchAttention::Rows,
         },
         group: None,
     };

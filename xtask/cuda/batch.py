@@ -8,8 +8,11 @@ Per width W (W different prompts, greedy, `--max-new-tokens` each): the worker g
 generated tokens of all streams / wall time. One untimed warm-up per side and width (CUDA kernels
 compile on first use); medians over `--runs`.
 
+Each `--attention` mode (the worker's `--batch-attention`: `padded`, `rows`) is its own worker
+process, both resident, run in turn with mlx-lm in every round.
+
 Usage: python3 batch.py --worker BIN --model DIR [--widths 1,2,4,8] [--runs 3]
-       [--max-new-tokens 128] [--out DIR]
+       [--max-new-tokens 128] [--attention padded,rows] [--out DIR]
 """
 
 import argparse
@@ -32,11 +35,11 @@ PROMPTS = [
 
 
 class Worker:
-    def __init__(self, binary, model, max_batch, stderr_path):
+    def __init__(self, binary, model, max_batch, attention, stderr_path):
         env = dict(os.environ, MLX_WORKER_LOG=os.environ.get("MLX_WORKER_LOG", "warn"))
         self.stderr = open(stderr_path, "w")
         self.proc = subprocess.Popen(
-            [binary, "--max-batch", str(max_batch)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [binary, "--max-batch", str(max_batch), "--batch-attention", attention], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.stderr, env=env, text=True, bufsize=1,
         )
         self.next_id = 1
@@ -89,6 +92,7 @@ def main():
     ap.add_argument("--widths", default="1,2,4,8")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--attention", default="padded,rows")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
@@ -97,10 +101,13 @@ def main():
     import mlx.core as mx
     from mlx_lm import batch_generate, load
 
-    worker = Worker(args.worker, args.model, max(widths), os.path.join(args.out, "batch-worker.stderr"))
-    print("worker:", worker.init["mlx"]["backend"], worker.init["mlx"]["device"]["name"],
-          "max_batch", worker.init["capabilities"]["max_batch"], flush=True)
-    alone = [worker.run([p], n)[0][0]["text"] for p in PROMPTS[: max(widths)]]
+    modes = args.attention.split(",")
+    workers = {m: Worker(args.worker, args.model, max(widths), m,
+                         os.path.join(args.out, f"batch-worker-{m}.stderr")) for m in modes}
+    init = workers[modes[0]].init
+    print("worker:", init["mlx"]["backend"], init["mlx"]["device"]["name"],
+          "max_batch", init["capabilities"]["max_batch"], "attention", modes, flush=True)
+    alone = [workers[modes[0]].run([p], n)[0][0]["text"] for p in PROMPTS[: max(widths)]]
 
     model, tokenizer = load(args.model)
     def template(p):
@@ -112,32 +119,42 @@ def main():
     rows = []
     for w in widths:
         prompts = PROMPTS[:w]
-        worker.run(prompts, n)
+        for worker in workers.values():
+            worker.run(prompts, n)
         batch_generate(model, tokenizer, encoded[:w], max_tokens=n)
         mx.synchronize()
-        wk, ml, same = [], [], True
+        wk = {m: [] for m in modes}
+        same = {m: True for m in modes}
+        ml = []
         for _ in range(args.runs):
-            results, dt = worker.run(prompts, n)
-            wk.append(sum(r["usage"]["completion_tokens"] for r in results) / dt)
-            same = same and [r["text"] for r in results] == alone[:w]
+            for m, worker in workers.items():
+                results, dt = worker.run(prompts, n)
+                wk[m].append(sum(r["usage"]["completion_tokens"] for r in results) / dt)
+                same[m] = same[m] and [r["text"] for r in results] == alone[:w]
             t = time.perf_counter()
             out = batch_generate(model, tokenizer, encoded[:w], max_tokens=n, return_token_ids=True)
             mx.synchronize()
             dt = time.perf_counter() - t
             ml.append(sum(len(ids) for ids in out.token_ids) / dt)
-        row = {"width": w, "worker_tps": statistics.median(wk), "mlx_lm_tps": statistics.median(ml),
-               "same_as_alone": same}
+        row = {"width": w, "mlx_lm_tps": statistics.median(ml)}
+        for m in modes:
+            row[f"worker_{m}_tps"] = statistics.median(wk[m])
+            row[f"same_as_alone_{m}"] = same[m]
         rows.append(row)
         print(json.dumps(row), flush=True)
-    worker.close()
-    base = rows[0]["worker_tps"]
-    print("| streams | worker tok/s | mlx-lm tok/s | worker / mlx-lm | worker / 1 stream | same as alone |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['width']} | {r['worker_tps']:.1f} | {r['mlx_lm_tps']:.1f} | "
-              f"{r['worker_tps'] / r['mlx_lm_tps']:.2f}x | {r['worker_tps'] / base:.2f}x | {r['same_as_alone']} |")
+    for worker in workers.values():
+        worker.close()
+    for m in modes:
+        base = rows[0][f"worker_{m}_tps"]
+        print(f"\nworker --batch-attention {m}")
+        print("| streams | worker tok/s | mlx-lm tok/s | worker / mlx-lm | worker / 1 stream | same as alone |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            t = r[f"worker_{m}_tps"]
+            print(f"| {r['width']} | {t:.1f} | {r['mlx_lm_tps']:.1f} | {t / r['mlx_lm_tps']:.2f}x | "
+                  f"{t / base:.2f}x | {r[f'same_as_alone_{m}']} |")
     with open(os.path.join(args.out, "batch.json"), "w") as f:
-        json.dump({"max_new_tokens": n, "runs": args.runs, "rows": rows}, f, indent=1)
+        json.dump({"max_new_tokens": n, "runs": args.runs, "attention": modes, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     } else {
         let bin = worker_bin::build_release()?;
         let load = LoadParams::new(model.display().to_string());
-        Some(runtime.block_on(start_worker(&bin, &load, widest))?)
+        let attention = opts.batch_attention.as_deref();
+        Some(runtime.block_on(start_worker(&bin, &load, widest, attention))?)
     };
     let mut stock = MlxLm::start_script(&python, SCRIPT, &[&model], None)?;
     let mut openblas = (opts.openblas)
@@ -152,17 +153,21 @@ fn batch_file() -> anyhow::Result<BatchFile> {
         .with_context(|| format!("{} is not a valid batch bench file", path.display()))
 }
 
-/// The worker, started with `--max-batch <widest>` when that is over 1, checked to run that
-/// many at once.
+/// The worker, started with `--max-batch <widest>` when that is over 1 (and `attention` as its
+/// `--batch-attention`), checked to run that many at once.
 async fn start_worker(
     bin: &std::path::Path,
     load: &LoadParams,
     widest: u32,
+    attention: Option<&str>,
 ) -> anyhow::Result<Worker> {
     if widest == 1 {
         return Worker::start_with(bin, load).await;
     }
-    let args = ["--max-batch".to_owned(), widest.to_string()];
+    let mut args = vec!["--max-batch".to_owned(), widest.to_string()];
+    if let Some(mode) = attention {
+        args.extend(["--batch-attention".to_owned(), mode.to_owned()]);
+    }
     let worker = Worker::start_args(bin, &args, load).await.context(
         "a worker without continuous batching refuses --max-batch: pass --widths 1 to measure it",
     )?;
@@ -173,6 +178,8 @@ async fn start_worker(
              is {max_batch}"
         );
     }
+    let mode = &worker.initialized["capabilities"]["batch_attention"];
+    eprintln!("bench --batch: the worker's batches attend by {mode}");
     Ok(worker)
 }
 
@@ -249,9 +256,14 @@ fn print_tables(opts: &Options, sides: &[Side], runs: &[Vec<Vec<Run>>], max: u32
     let worker = sides.iter().position(|&s| s == Side::Worker);
 
     println!();
+    let attention = opts
+        .batch_attention
+        .as_deref()
+        .unwrap_or("the device's default");
     println!(
         "SmolLM2-135M-Instruct (float32), W chats at once (batch.json's first W prompts), \
-         greedy, at most {max} new tokens each, median of {} runs",
+         greedy, at most {max} new tokens each, median of {} runs; worker --batch-attention \
+         {attention}",
         opts.runs
     );
     println!(

@@ -432,6 +432,7 @@ impl Dispatcher {
                     gguf: info.gguf,
                     max_queue: self.max_queue,
                     max_batch: self.max_batch,
+                    batch_attention: info.batch_attention,
                 },
                 group: info.group.clone(),
             };

@@ -32,6 +32,8 @@ pub struct EngineInfo {
     pub gguf: bool,
     /// The group of ranks this worker is rank 0 of, if any.
     pub group: Option<GroupInfo>,
+    /// How batched generations attend.
+    pub batch_attention: protocol::methods::BatchAttention,
 }
 
 /// The engine and the tokenizers of its resident models.
@@ -78,6 +80,10 @@ impl EngineAdapter {
             lora: true,
             gguf: true,
             group: self.engine.group_info().map(|g| convert::group_info(&g)),
+            batch_attention: match self.engine.batch_attention() {
+                BatchAttention::Rows => protocol::methods::BatchAttention::Rows,
+                BatchAttention::Padded => protocol::methods::BatchAttention::Padded,
+            },
         }
     }
 

@@ -88,6 +88,20 @@ pub struct Capabilities {
     /// Most generations that run together, sharing each decode step (`--max-batch`; 1: one at
     /// a time).
     pub max_batch: usize,
+    /// How generations that run together attend (`--batch-attention`, resolved for the device).
+    pub batch_attention: BatchAttention,
+}
+
+/// How the rows of a batch attend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchAttention {
+    /// Each over its own cache: a request's tokens are bit for bit those it gets alone (on the
+    /// CPU; a GPU's matmuls may still sum a batch in another order).
+    Rows,
+    /// All rows in one call over one padded cache: a request's last bits may differ from its
+    /// lone run's, so greedy text can part at a near tie.
+    Padded,
 }
 
 /// Result of `initialize`.

@@ -5,7 +5,7 @@
 
 use mlx_rs::{ops::indexing::IndexOp, Array};
 
-use super::{causal_mask, KvCache, Mask};
+use super::{causal_mask, KvCache, Mask, PaddedCache};
 use fixtures::mlx_test_lock;
 
 /// Keys/values `(1, 1, n, 1)` holding positions `start..start + n`.
@@ -140,4 +140,87 @@ fn trimmed_caches_continue_as_mlx_lm_does() {
     assert!(cache.trim(3));
     assert_eq!(add(&mut cache, 2, 1), [0, 1, 2]);
     assert_eq!(add(&mut cache, 3, 2), [0, 1, 2, 3, 4]);
+}
+
+/// Stored positions of each layer of `caches`, as [`add`] reads them (without adding).
+fn stored(caches: &[KvCache]) -> Vec<Vec<i32>> {
+    (caches.iter())
+        .map(|c| {
+            let KvCache::Standard(s) = c else {
+                panic!("expected a full-attention cache")
+            };
+            let (k, _) = s.storage().unwrap();
+            let k = k.index((.., .., ..s.offset(), ..)).contiguous().unwrap();
+            k.as_slice::<f32>().iter().map(|&p| p as i32).collect()
+        })
+        .collect()
+}
+
+/// Two layers of caches holding positions `0..n` (values: keys + 1000).
+fn filled(n: i32) -> Vec<KvCache> {
+    (0..2)
+        .map(|_| {
+            let mut c = KvCache::default();
+            let k = positions(0, n);
+            c.update_and_fetch(k.clone(), k.add(Array::from_f32(1000.0)).unwrap())
+                .unwrap();
+            c
+        })
+        .collect()
+}
+
+/// Rows of different lengths join, each step writes every row at its own position and masks
+/// what it has not written, and a row leaves with exactly the caches a lone sequence would
+/// hold; the rows left keep theirs.
+#[test]
+fn padded_cache_writes_masks_and_gives_back_each_row() {
+    let _lock = mlx_test_lock();
+    let mut padded = PaddedCache::default();
+    assert!(PaddedCache::fits(&filled(3)) && !PaddedCache::fits(&[KvCache::for_window(Some(4))]));
+    for (id, n) in [(7, 3), (8, 300), (9, 1)] {
+        padded.join(id, &filled(n)).unwrap();
+    }
+    assert_eq!(padded.ids(), [7, 8, 9]);
+    // Two steps: each row's next position, keys = position, values = position + 1000.
+    for step_no in 0..2 {
+        let step = padded.step().unwrap();
+        let offsets: Vec<i32> = [3, 300, 1].iter().map(|o| o + step_no).collect();
+        assert_eq!(step.offsets.as_slice::<i32>(), offsets);
+        let len = 301 + step_no;
+        assert_eq!(step.mask.shape(), [3, 1, 1, len]);
+        let mask = step.mask.as_slice::<bool>();
+        for (b, &o) in offsets.iter().enumerate() {
+            let row = &mask[b * len as usize..(b + 1) * len as usize];
+            assert!(row.iter().enumerate().all(|(j, &m)| m == (j as i32 <= o)));
+        }
+        let k: Vec<f32> = offsets.iter().map(|&o| o as f32).collect();
+        let k = Array::from_slice(&k, &[3, 1, 1, 1]);
+        for layer in 0..2 {
+            let v = k.add(Array::from_f32(1000.0)).unwrap();
+            let (keys, values) = padded.update(layer, &step, &k, &v).unwrap();
+            assert_eq!(keys.shape(), [3, 1, len, 1]);
+            let (keys, values) = (keys.contiguous().unwrap(), values.contiguous().unwrap());
+            let (keys, values) = (keys.as_slice::<f32>(), values.as_slice::<f32>());
+            for (b, &o) in offsets.iter().enumerate() {
+                let at = b * len as usize + o as usize;
+                assert_eq!((keys[at], values[at]), (o as f32, o as f32 + 1000.0));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    padded
+        .retain(|id| id != 8, |id, caches| out.push((id, caches)))
+        .unwrap();
+    assert_eq!(padded.ids(), [7, 9]);
+    let (id, caches) = out.pop().unwrap();
+    assert_eq!(id, 8);
+    assert_eq!(caches[0].offset(), 302);
+    assert_eq!(stored(&caches), stored(&filled(302)));
+    padded
+        .retain(|_| false, |id, caches| out.push((id, caches)))
+        .unwrap();
+    assert!(padded.ids().is_empty());
+    let lengths: Vec<(usize, Vec<Vec<i32>>)> =
+        out.into_iter().map(|(id, c)| (id, stored(&c))).collect();
+    assert_eq!(lengths, [(7, stored(&filled(5))), (9, stored(&filled(3)))]);
 }
