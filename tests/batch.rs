@@ -198,13 +198,26 @@ async fn scored(w: &Client, qs: &[GenerateParams]) -> Vec<Vec<TokenLogprob>> {
 }
 
 /// `--batch-attention padded` (the GPU's default): rows attend in one call over a padded cache,
-/// joining and leaving as requests come and end. Its sums differ from a lone run's in the last
-/// bits only: every token is the lone run's (or the lone run's choice was a near tie, after
-/// which the texts may part), with log-probabilities within rounding. It did run padded: some
-/// log-probability differs in its last bits (the rows path gives a lone run's bits exactly).
+/// and requests that arrive together prefill in one pass, joining and leaving as they come and
+/// end. The sums differ from a lone run's in the last bits only: every token is the lone run's
+/// (or the lone run's choice was a near tie, after which the texts may part), with
+/// log-probabilities within rounding. On SmolLM2 and fixtures whose layers the padded cache
+/// takes (qk norms) or leaves to rows (sliding windows, attention sinks, linear attention,
+/// per-layer inputs), all prefilled together. It did run padded: some log-probability differs
+/// in its last bits (the rows path gives a lone run's bits exactly).
 #[tokio::test]
 async fn padded_attention_answers_as_alone_up_to_rounding() {
     let Some(smollm2) = smollm2_dir() else { return };
+    let mut models = vec![model_id(&smollm2)];
+    for name in [
+        "tiny-qwen3",
+        "tiny-gemma3-window",
+        "tiny-gpt-oss",
+        "tiny-qwen3-next",
+        "tiny-gemma4",
+    ] {
+        models.extend(vision_fixture(name).map(|dir| model_id(&dir)));
+    }
     let qs: Vec<GenerateParams> = (mix().into_iter())
         .map(|mut q| {
             q.temperature = 0.0;
@@ -221,39 +234,47 @@ async fn padded_attention_answers_as_alone_up_to_rounding() {
     .await
     .unwrap();
     assert_eq!(init.capabilities.batch_attention, BatchAttention::Padded);
-    for w in [&one, &padded] {
-        let params = LoadParams::new(model_id(&smollm2));
-        within_for(LIMIT, w.call::<Load>(&params)).await.unwrap();
-    }
-    let mut expected = Vec::new();
-    for q in &qs {
-        expected.extend(scored(&one, std::slice::from_ref(q)).await);
-    }
     let mut rounded = false;
-    // Twice: the second time the prompt cache holds the conversations (rows join with a prefix).
-    for round in 0..2 {
-        for (i, (a, b)) in expected.iter().zip(scored(&padded, &qs).await).enumerate() {
-            let what = format!("round {round}, request {i}");
-            assert!(!a.is_empty(), "{what}: tokens come with log-probabilities");
-            for (n, (a, b)) in a.iter().zip(&b).enumerate() {
-                if a.id != b.id {
-                    let margin = a.top[0].logprob - a.top[1].logprob;
-                    assert!(
-                        margin < 1e-3,
-                        "{what}: token {n} differs, not at a near tie"
-                    );
-                    break;
+    for model in &models {
+        for w in [&one, &padded] {
+            within_for(LIMIT, w.call::<Load>(&LoadParams::new(model)))
+                .await
+                .unwrap();
+        }
+        let mut expected = Vec::new();
+        for q in &qs {
+            expected.extend(scored(&one, std::slice::from_ref(q)).await);
+        }
+        // Twice: the second time the prompt cache holds the conversations.
+        for round in 0..2 {
+            for (i, (a, b)) in expected.iter().zip(scored(&padded, &qs).await).enumerate() {
+                let what = format!("{model}, round {round}, request {i}");
+                assert!(!a.is_empty(), "{what}: tokens come with log-probabilities");
+                for (n, (a, b)) in a.iter().zip(&b).enumerate() {
+                    if a.id != b.id {
+                        let margin = a.top[0].logprob - a.top[1].logprob;
+                        assert!(
+                            margin < 1e-3,
+                            "{what}: token {n} differs, not at a near tie"
+                        );
+                        break;
+                    }
+                    assert!((a.logprob - b.logprob).abs() < 1e-3, "{what}: token {n}");
+                    rounded |= a.logprob != b.logprob;
                 }
-                assert!((a.logprob - b.logprob).abs() < 1e-3, "{what}: token {n}");
-                rounded |= a.logprob != b.logprob;
+                if a.iter().zip(&b).all(|(a, b)| a.id == b.id) {
+                    assert_eq!(
+                        a.len(),
+                        b.len(),
+                        "{what}: the same tokens, then the same end"
+                    );
+                }
             }
-            if a.iter().zip(&b).all(|(a, b)| a.id == b.id) {
-                assert_eq!(
-                    a.len(),
-                    b.len(),
-                    "{what}: the same tokens, then the same end"
-                );
-            }
+        }
+        for w in [&one, &padded] {
+            within_for(LIMIT, w.call::<Unload>(&UnloadParams::default()))
+                .await
+                .unwrap();
         }
     }
     assert!(

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::{
     constrained::ToolUse,
     engine::{finish, prepare, Prepared, View},
-    generate::{advance, start, Sequence, Started},
+    generate::{advance, open, resume, together, Sequence, Started},
     kv_cache::PaddedCache,
     prompt_cache::PromptCache,
     request::{Completion, Delta, GenerateRequest},
@@ -66,6 +66,8 @@ struct Batch<'a> {
     seqs: Vec<Sequence<'a>>,
     /// The rows' caches while they attend padded ([`BatchAttention::Padded`]).
     padded: Option<PaddedCache>,
+    /// Whether requests that arrive together prefill in one pass (with padded attention).
+    together: bool,
     /// By sequence id.
     pending: Vec<Option<Pending<'a>>>,
 }
@@ -111,16 +113,20 @@ impl Engine {
             prefill_chunk,
             seqs: Vec::new(),
             padded: padded.then(PaddedCache::default),
+            together: batched && attention == BatchAttention::Padded,
             pending: Vec::new(),
         };
-        batch.admit(cache, vocabulary, first, started);
+        let mut arriving = vec![(first, started)];
         loop {
-            // One joiner per step while others decode: each waiting request's first token
-            // comes after its own prefill and one step, not after every other joiner's prefill.
-            if open && batch.seqs.len() < max_batch {
-                if let Some(admission) = more(&fits) {
-                    batch.admit(cache, vocabulary, admission, Instant::now());
+            // Every waiting request that fits joins between two steps.
+            while open && batch.seqs.len() + arriving.len() < max_batch {
+                match more(&fits) {
+                    Some(admission) => arriving.push((admission, Instant::now())),
+                    None => break,
                 }
+            }
+            if !arriving.is_empty() {
+                batch.admit(cache, vocabulary, std::mem::take(&mut arriving));
             }
             if batch.seqs.is_empty() {
                 return;
@@ -133,41 +139,65 @@ impl Engine {
 }
 
 impl<'a> Batch<'a> {
-    /// Prepares and prefills `admission`; it joins the running sequences, or is answered here
-    /// when it already ended (an error, a cancel during prefill, a speculative run).
+    /// Prepares and prefills `admissions` (with padded attention, in one pass where they can:
+    /// `generate/together.rs`); each joins the running sequences, or is answered here when it
+    /// already ended (an error, a cancel during prefill, a speculative run).
     fn admit(
         &mut self,
         cache: &mut PromptCache,
         vocabulary: &mut Option<constrain::Vocabulary>,
-        admission: Admission<'a>,
-        started: Instant,
+        admissions: Vec<(Admission<'a>, Instant)>,
     ) {
-        let Admission {
-            req,
-            cancel,
-            on_delta,
-            on_done,
-        } = admission;
-        let id = self.pending.len();
-        let prep = match prepare(self.view, vocabulary, &req) {
-            Ok(prep) => prep,
-            Err(e) => return on_done(Err(e)),
-        };
-        let ctx = (self.view).context(&prep, started, self.prefill_chunk, self.group);
-        let Prepared {
-            req,
-            prompt,
-            tools,
-            guide,
-            ..
-        } = prep;
-        self.pending.push(Some(Pending { on_done, tools }));
-        let ctx = Rc::new(ctx);
-        let started = start(id, ctx, &req, &prompt, cache, guide, on_delta, &cancel);
-        match started {
-            Ok(Started::Decoding(seq)) => self.seqs.push(seq),
-            Ok(Started::Done(completion)) => self.done(id, Ok(completion)),
-            Err(e) => self.done(id, Err(e)),
+        let mut opened = Vec::new();
+        for (admission, started) in admissions {
+            let Admission {
+                req,
+                cancel,
+                on_delta,
+                on_done,
+            } = admission;
+            let id = self.pending.len();
+            let prep = match prepare(self.view, vocabulary, &req) {
+                Ok(prep) => prep,
+                Err(e) => {
+                    on_done(Err(e));
+                    continue;
+                }
+            };
+            let ctx = (self.view).context(&prep, started, self.prefill_chunk, self.group);
+            let Prepared {
+                req,
+                prompt,
+                tools,
+                guide,
+                ..
+            } = prep;
+            self.pending.push(Some(Pending { on_done, tools }));
+            match open(Rc::new(ctx), &req, &prompt, cache, guide) {
+                Ok(o) => opened.push((id, o, req, prompt, cancel, on_delta)),
+                Err(e) => self.done(id, Err(e)),
+            }
+        }
+        let mut joint: Vec<_> = (opened.iter_mut())
+            .filter(|_| self.together)
+            .map(|(_, o, _, prompt, cancel, _)| (o, &*prompt, &*cancel))
+            .collect();
+        if let Err(e) = together::prefill(&mut joint) {
+            let why = match e {
+                EngineError::Generation(why) => why,
+                other => other.to_string(),
+            };
+            for (id, ..) in opened {
+                self.done(id, Err(EngineError::Generation(why.clone())));
+            }
+            return;
+        }
+        for (id, o, req, prompt, cancel, on_delta) in opened {
+            match resume(id, o, &req, &prompt, cache, on_delta, &cancel) {
+                Ok(Started::Decoding(seq)) => self.seqs.push(seq),
+                Ok(Started::Done(completion)) => self.done(id, Ok(completion)),
+                Err(e) => self.done(id, Err(e)),
+            }
         }
     }
 

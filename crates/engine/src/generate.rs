@@ -100,6 +100,7 @@ mod guided;
 mod padded;
 mod pipeline;
 mod speculative;
+pub(crate) mod together;
 
 use guided::Guided;
 
@@ -225,6 +226,11 @@ impl Decoder<'_> {
     /// mask (computed on the host while the forward pass runs) restricts the choice.
     fn step(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Step> {
         let logits = self.logits(tokens, embeds)?;
+        self.choose(logits)
+    }
+
+    /// Samples from `logits` `(1, V)`, the last position's, through the guide's mask if any.
+    fn choose(&mut self, logits: Array) -> Result<Step> {
         let mask = match &mut self.guide {
             Some(guide) => {
                 transforms::async_eval([&logits])?;
@@ -321,9 +327,42 @@ pub(crate) fn start<'a>(
     prompt: &PromptInputs,
     cache: &mut PromptCache,
     guide: Option<(Guide, &'static str)>,
-    mut on_delta: Box<dyn FnMut(Delta) + 'a>,
+    on_delta: Box<dyn FnMut(Delta) + 'a>,
     cancel: &CancelToken,
 ) -> Result<Started<'a>> {
+    let opened = open(ctx, req, prompt, cache, guide)?;
+    resume(id, opened, req, prompt, cache, on_delta, cancel)
+}
+
+/// A generation set up and not yet prefilled: [`open`] makes it, [`resume`] runs it on
+/// (after [`together::prefill`] may have prefilled its first chunk with others').
+pub(crate) struct Opened<'a> {
+    dec: Decoder<'a>,
+    /// Prompt tokens the prompt cache held.
+    reused: usize,
+    /// What a joint pass prefilled since.
+    prefilled: Option<Prefilled>,
+    /// Its prompt's cache keys, when its caches go back to the prompt cache at the end.
+    keep: Option<Vec<u32>>,
+}
+
+/// Prompt tokens a joint pass ([`together::prefill`]) ran, when it began, and, when they were
+/// the whole rest of the prompt, the last position's logits `(1, V)`.
+pub(crate) struct Prefilled {
+    n: usize,
+    began: Instant,
+    logits: Option<Array>,
+}
+
+/// Sets up the generation of `prompt`: its sampler, and its caches from what `cache` holds of
+/// the prompt.
+pub(crate) fn open<'a>(
+    ctx: Rc<GenerationContext<'a>>,
+    req: &GenerateRequest,
+    prompt: &PromptInputs,
+    cache: &mut PromptCache,
+    guide: Option<(Guide, &'static str)>,
+) -> Result<Opened<'a>> {
     let prompt_ids = &prompt.ids[..];
     if prompt_ids.is_empty() {
         return Err(EngineError::InvalidParams {
@@ -346,8 +385,7 @@ pub(crate) fn start<'a>(
     }
     let keys = &prompt.cache_keys;
     let (caches, reused) = cache.take(keys, ctx.adapter_on, || ctx.model.make_caches());
-    let adapter_on = ctx.adapter_on;
-    let mut dec = Decoder {
+    let dec = Decoder {
         ctx,
         caches,
         sampler,
@@ -357,8 +395,39 @@ pub(crate) fn start<'a>(
         next: 0,
         guide: guide.map(|(guide, field)| Guided::new(guide, field)),
     };
-    let begun = begin(&mut dec, req, prompt, reused, &mut *on_delta, cancel)?;
-    let keep = reuse.then(|| keys.clone());
+    Ok(Opened {
+        dec,
+        reused,
+        prefilled: None,
+        keep: reuse.then(|| keys.clone()),
+    })
+}
+
+/// Prefills what is left of `opened`'s prompt and queues the first step (see [`start`]).
+pub(crate) fn resume<'a>(
+    id: usize,
+    opened: Opened<'a>,
+    req: &GenerateRequest,
+    prompt: &PromptInputs,
+    cache: &mut PromptCache,
+    mut on_delta: Box<dyn FnMut(Delta) + 'a>,
+    cancel: &CancelToken,
+) -> Result<Started<'a>> {
+    let Opened {
+        mut dec,
+        reused,
+        prefilled,
+        keep,
+    } = opened;
+    let adapter_on = dec.ctx.adapter_on;
+    let begun = begin(
+        &mut dec,
+        req,
+        prompt,
+        (reused, prefilled),
+        &mut *on_delta,
+        cancel,
+    )?;
     match begun {
         Begun::Done(completion) => {
             if let Some(keys) = &keep {
@@ -404,19 +473,24 @@ enum Begun<'a> {
     },
 }
 
-/// Prefills the prompt from `reused` on and queues the first step; a speculative request
-/// decodes to its end here.
+/// Prefills the prompt from `reused` (what the prompt cache held) plus what a joint pass
+/// prefilled (and when it began) on, and queues the first step; a speculative request decodes
+/// to its end here.
 fn begin<'a>(
     dec: &mut Decoder<'a>,
     req: &GenerateRequest,
     prompt: &PromptInputs,
-    reused: usize,
+    (reused, prefilled): (usize, Option<Prefilled>),
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
 ) -> Result<Begun<'a>> {
     let ctx = dec.ctx.clone();
     let prompt_ids = &prompt.ids[..];
-    dec.next = reused;
+    let (done, prefill_start, first) = match prefilled {
+        Some(p) => (p.n, p.began, p.logits),
+        None => (0, Instant::now(), None),
+    };
+    dec.next = reused + done;
     let mut out = Output::new(
         ctx.tokenizer.detokenizer(),
         &req.stop,
@@ -434,9 +508,11 @@ fn begin<'a>(
         Ok(Begun::Done(done))
     };
 
+    if done > 0 {
+        ctx.check_headroom(reused + done)?;
+    }
     // With images: the input embeddings of the rest of the prompt, image features merged in
     // (the encoder runs here, once per image still to prefill).
-    let prefill_start = Instant::now();
     let mut embeds = match (ctx.vision, &prompt.images) {
         (Some(vision), Some(_)) => {
             if ctx.cancelled(cancel)? {
@@ -450,7 +526,7 @@ fn begin<'a>(
     };
     // Prefill: all but the last prompt token, in chunks, checking for cancellation between them
     // (a pipeline's stages pass their chunks on as they go: `generate/pipeline.rs`).
-    let mut rest = &prompt_ids[reused..];
+    let mut rest = &prompt_ids[reused + done..];
     if let Some(stage) = ctx.pipeline_stage() {
         let chunks: Vec<&[u32]> = rest[..rest.len() - 1].chunks(ctx.prefill_chunk).collect();
         if pipeline::prefill(dec, stage, &chunks, reused, cancel)? {
@@ -478,8 +554,17 @@ fn begin<'a>(
         prompt_n: prompt_ids.len() - reused,
         ..Timings::default()
     };
-    let last = Array::from_slice(rest, &[rest.len() as i32]);
-    let step = dec.step(&last, embeds)?;
+    let step = match first {
+        // The joint pass ran the last prompt token too.
+        Some(logits) => {
+            dec.remember(&Array::from_slice(
+                &prompt_ids[prompt_ids.len() - 1..],
+                &[1],
+            ))?;
+            dec.choose(logits)?
+        }
+        None => dec.step(&Array::from_slice(rest, &[rest.len() as i32]), embeds)?,
+    };
     transforms::async_eval([&step.token, &step.logprobs])?;
     let drafter = match req.speculative {
         Some(spec) => speculative::Drafter::new(dec, spec, prompt_ids, cancel)?,

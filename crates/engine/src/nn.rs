@@ -502,6 +502,32 @@ impl Attention {
         self.output(ops::concatenate(&outs, 0)?, gate.as_ref())
     }
 
+    /// Prefill chunks of several sequences in one pass: `x` `(1, ΣL, D)` holds each sequence's
+    /// positions in turn (`segments[s]`: its cache, mask and length), projected together; each
+    /// segment then rotated at its cache's offset, stored and attending over its own cache with
+    /// its own mask, exactly as [`Self::forward`] does for that chunk alone; the outputs through
+    /// `o_proj` together.
+    pub fn forward_segments(
+        &self,
+        x: &Array,
+        segments: Vec<(&mut KvCache, &Mask, i32)>,
+    ) -> Result<Array> {
+        let s = &self.shape;
+        let (q, k, v, gate) = self.project(x)?;
+        let mut start = 0;
+        let mut outs = Vec::with_capacity(segments.len());
+        for (cache, mask, len) in segments {
+            let part = |a: &Array| a.index((.., .., start..start + len, ..));
+            let offset = cache.offset();
+            let (q, k) = s.rotate(part(&q), part(&k), self.rope.as_ref(), None, offset)?;
+            let q = s.temper(q, offset)?;
+            let sinks = self.sinks.as_ref();
+            outs.push(cache.update_and_attend(q, k, part(&v), s.scale, mask, sinks)?);
+            start += len;
+        }
+        self.output(ops::concatenate(&outs, 2)?, gate.as_ref())
+    }
+
     /// One decode step of a batch whose rows' caches are one padded cache per layer
     /// ([`PaddedCache`]): `x` `(B, 1, D)` projected and rotated for all rows at once (row `b`
     /// at its own position), written with one scatter, attending in one call under the step's

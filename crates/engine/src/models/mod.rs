@@ -83,6 +83,19 @@ pub trait LanguageModel {
     fn rows_supported(&self) -> bool {
         false
     }
+    /// Prefill chunks of several sequences in one pass: `tokens` `(1, ΣL)`, sequence `s`'s
+    /// `lens[s]` tokens in turn continuing `caches[s]`. Logits `(1, S, vocab)` of each
+    /// sequence's last position. Only where [`LanguageModel::rows_supported`].
+    fn prefill_segments(
+        &self,
+        _tokens: &Array,
+        _lens: &[i32],
+        _caches: &mut [&mut [KvCache]],
+    ) -> Result<Array> {
+        Err(mlx_rs::error::Exception::custom(
+            "this model runs one sequence at a time",
+        ))
+    }
     /// [`LanguageModel::forward_rows`] with every layer's caches of the batch's rows in one
     /// padded cache: one scatter and one attention call per layer for all rows. Only where
     /// [`LanguageModel::padded_supported`].

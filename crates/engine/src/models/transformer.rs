@@ -10,7 +10,7 @@
 
 use std::rc::Rc;
 
-use mlx_rs::Array;
+use mlx_rs::{ops::indexing::IndexOp, Array};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -454,6 +454,9 @@ enum LayerKv<'a> {
     Rows(Vec<(&'a mut KvCache, &'a Mask)>),
     /// Layer `.1` of a batch's padded cache, in the step `.2` ([`Decoder::forward_padded`]).
     Padded(&'a mut PaddedCache, usize, &'a PaddedStep),
+    /// One cache per sequence whose positions follow each other along the pass's sequence axis,
+    /// each with its mask and length ([`Decoder::prefill_segments`]).
+    Segments(Vec<(&'a mut KvCache, &'a Mask, i32)>),
 }
 
 impl Block {
@@ -499,6 +502,28 @@ impl Block {
                     Some(t) => t.attention.apply(out),
                     None => Ok(out),
                 }
+            }
+            (Mixer::SelfAttn(a), LayerKv::Segments(segments)) => {
+                let out = a.forward_segments(x, segments)?;
+                match &self.tensor {
+                    Some(t) => t.attention.apply(out),
+                    None => Ok(out),
+                }
+            }
+            (Mixer::LinearAttn(l), LayerKv::Segments(segments)) => {
+                let mut start = 0;
+                let mut outs = Vec::with_capacity(segments.len());
+                for (cache, _, len) in segments {
+                    let KvCache::State(state) = cache else {
+                        return Err(mlx_rs::error::Exception::custom(
+                            "a linear-attention layer needs a state cache",
+                        ));
+                    };
+                    let part = x.index((.., start..start + len, ..));
+                    outs.push(l.forward(&part, state)?);
+                    start += len;
+                }
+                mlx_rs::ops::concatenate(&outs, 1)
             }
             (Mixer::LinearAttn(l), LayerKv::Rows(rows)) => {
                 let outs = (rows.into_iter().enumerate())
@@ -1032,6 +1057,56 @@ impl<F: Family> Decoder<F> {
         self.head(&h)
     }
 
+    /// Prefill chunks of several sequences in one pass: `tokens` `(1, ΣL)` holds sequence
+    /// `s`'s `lens[s]` tokens in turn, continuing `caches[s]`. Embeddings, projections and MLPs
+    /// run over all positions together; RoPE, the cache update and attention per sequence, at
+    /// its offset and with its mask, as its chunk alone. Logits `(1, S, vocab)` of each
+    /// sequence's last position (lazy: a chunk before the last never computes them).
+    fn prefill_segments(
+        &self,
+        tokens: &Array,
+        lens: &[i32],
+        caches: &mut [&mut [KvCache]],
+    ) -> Result<Array> {
+        if !self.rows_supported() {
+            return Err(mlx_rs::error::Exception::custom(
+                "this model runs one sequence at a time",
+            ));
+        }
+        if caches.len() != lens.len() || caches.iter().any(|c| c.len() != self.cache_count()) {
+            return Err(mlx_rs::error::Exception::custom(
+                "one length and one KV cache per layer for each sequence",
+            ));
+        }
+        let h = self.family.scale_embeddings(self.embed(tokens)?)?;
+        let per_layer = self.family.per_layer_inputs(Some(tokens), &h)?;
+        let masks = (caches.iter().zip(lens))
+            .map(|(c, &n)| {
+                let kinds = self.mask_sources.iter().map(|&i| c[i].mask(n));
+                kinds.collect::<Result<Vec<Mask>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut h = h;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let segments = (caches.iter_mut().zip(&masks).zip(lens))
+                .map(|((c, m), &n)| (&mut c[i], &m[layer.mask_kind], n))
+                .collect();
+            let input = match &per_layer {
+                Some(p) => Some(p.take_axis(Array::from_int(i as i32), 2)?),
+                None => None,
+            };
+            let kv = LayerKv::Segments(segments);
+            (h, _) = layer.forward(&self.family, &h, &Mask::None, kv, None, input.as_ref())?;
+        }
+        let ends: Vec<i32> = (lens.iter())
+            .scan(0, |end, &n| {
+                *end += n;
+                Some(*end - 1)
+            })
+            .collect();
+        self.head(&h.take_axis(Array::from_slice(&ends, &[ends.len() as i32]), 1)?)
+    }
+
     /// Whether [`Self::forward_padded`] can run this model: as [`Self::rows_supported`], and
     /// every layer softmax attention without a temperature (whose caches are then the
     /// full-attention ones a padded cache takes, or the batch attends row by row).
@@ -1208,6 +1283,15 @@ impl<F: Family> LanguageModel for Decoder<F> {
 
     fn forward_padded(&self, tokens: &Array, cache: &mut PaddedCache) -> Result<Array> {
         Decoder::forward_padded(self, tokens, cache)
+    }
+
+    fn prefill_segments(
+        &self,
+        tokens: &Array,
+        lens: &[i32],
+        caches: &mut [&mut [KvCache]],
+    ) -> Result<Array> {
+        Decoder::prefill_segments(self, tokens, lens, caches)
     }
 
     fn padded_supported(&self) -> bool {
