@@ -118,8 +118,14 @@ impl Engine {
         };
         let mut arriving = vec![(first, started)];
         loop {
-            // Every waiting request that fits joins between two steps.
-            while open && batch.seqs.len() + arriving.len() < max_batch {
+            // Between two steps: with a joint prefill every waiting request that fits joins;
+            // else one, so that each one's first token comes after its own prefill and one
+            // step, not after every other joiner's prefill.
+            let room = match batch.together {
+                true => max_batch,
+                false => max_batch.min(batch.seqs.len() + 1),
+            };
+            while open && batch.seqs.len() + arriving.len() < room {
                 match more(&fits) {
                     Some(admission) => arriving.push((admission, Instant::now())),
                     None => break,
