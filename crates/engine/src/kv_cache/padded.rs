@@ -115,10 +115,13 @@ impl PaddedCache {
             *self = Self::default();
             return Ok(());
         }
+        // The rows left keep the capacity they need (a long row leaving frees its length).
+        let longest = kept.iter().map(|&r| self.offsets[r as usize]).max().unwrap_or(0);
+        let capacity = self.capacity().min(round_up(longest + 1));
         let at = Array::from_slice(&kept, &[kept.len() as i32]);
         for (keys, values) in &mut self.layers {
-            *keys = keys.take_axis(&at, 0)?;
-            *values = values.take_axis(&at, 0)?;
+            *keys = fit(keys, capacity)?.take_axis(&at, 0)?;
+            *values = fit(values, capacity)?.take_axis(&at, 0)?;
         }
         self.ids = kept.iter().map(|&r| self.ids[r as usize]).collect();
         self.offsets = kept.iter().map(|&r| self.offsets[r as usize]).collect();
