@@ -188,16 +188,7 @@ impl<'a> Batch<'a> {
             .filter(|_| self.together)
             .map(|(_, o, _, prompt, cancel, _)| (o, &*prompt, &*cancel))
             .collect();
-        if let Err(e) = together::prefill(&mut joint) {
-            let why = match e {
-                EngineError::Generation(why) => why,
-                other => other.to_string(),
-            };
-            for (id, ..) in opened {
-                self.done(id, Err(EngineError::Generation(why.clone())));
-            }
-            return;
-        }
+        together::prefill(&mut joint);
         for (id, o, req, prompt, cancel, on_delta) in opened {
             match resume(id, o, &req, &prompt, cache, on_delta, &cancel) {
                 Ok(Started::Decoding(seq)) => self.seqs.push(seq),

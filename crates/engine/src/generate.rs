@@ -340,18 +340,18 @@ pub(crate) struct Opened<'a> {
     dec: Decoder<'a>,
     /// Prompt tokens the prompt cache held.
     reused: usize,
-    /// What a joint pass prefilled since.
-    prefilled: Option<Prefilled>,
+    /// What a joint pass prefilled since, or why that pass failed.
+    prefilled: Option<std::result::Result<Prefilled, String>>,
     /// Its prompt's cache keys, when its caches go back to the prompt cache at the end.
     keep: Option<Vec<u32>>,
 }
 
-/// Prompt tokens a joint pass ([`together::prefill`]) ran, when it began, and, when they were
-/// the whole rest of the prompt, the last position's logits `(1, V)`.
+/// What a joint pass ([`together::prefill`]) ran of a prompt, the rest of it after the prompt
+/// cache's part: when it began and the last position's logits `(1, V)`.
 pub(crate) struct Prefilled {
     n: usize,
     began: Instant,
-    logits: Option<Array>,
+    logits: Array,
 }
 
 /// Sets up the generation of `prompt`: its sampler, and its caches from what `cache` holds of
@@ -419,6 +419,7 @@ pub(crate) fn resume<'a>(
         prefilled,
         keep,
     } = opened;
+    let prefilled = prefilled.transpose().map_err(EngineError::Generation)?;
     let adapter_on = dec.ctx.adapter_on;
     let begun = begin(
         &mut dec,
@@ -487,7 +488,7 @@ fn begin<'a>(
     let ctx = dec.ctx.clone();
     let prompt_ids = &prompt.ids[..];
     let (done, prefill_start, first) = match prefilled {
-        Some(p) => (p.n, p.began, p.logits),
+        Some(p) => (p.n, p.began, Some(p.logits)),
         None => (0, Instant::now(), None),
     };
     dec.next = reused + done;
@@ -631,7 +632,13 @@ pub(crate) fn advance(
                     .map_or(Ok(()), |p| padded::release(&mut s, p));
                 done.push((s.id, back.and_then(|()| s.finish(finish, cache))))
             }
-            Err(e) => done.push((s.id, Err(e))),
+            Err(e) => {
+                // Its row (if any) is dropped now, not kept until the next step.
+                if let Some(p) = padded.as_deref_mut() {
+                    let _ = padded::release(&mut s, p);
+                }
+                done.push((s.id, Err(e)))
+            }
         }
     }
     done

@@ -11,70 +11,82 @@ use std::time::Instant;
 use mlx_rs::{ops::indexing::IndexOp, transforms, Array};
 
 use super::{Opened, Prefilled, Result};
-use crate::{kv_cache::KvCache, prompt::PromptInputs, CancelToken};
+use crate::{kv_cache::KvCache, prompt::PromptInputs, CancelToken, EngineError};
 
-/// Prefills each of `opened` that can (its own prompt tokens, no images, a model that runs
-/// sequences together, not cancelled) in one pass, as many as fit one chunk's budget of
-/// positions: a whole prompt (its last token's logits then give the first token), or the first
-/// chunk of a longer one. Fewer than two: none is prefilled here.
-pub(crate) fn prefill(opened: &mut [(&mut Opened<'_>, &PromptInputs, &CancelToken)]) -> Result<()> {
+/// Prefills the whole prompts (what the prompt cache did not hold) of those of `opened` that
+/// can (their own tokens, no images, not cancelled), as many as fit one chunk's budget of
+/// positions, in one pass; their last positions' logits then give their first tokens. Longer
+/// prompts, `kv_bits` (alone, a prompt's last token sees its quantized chunks) and models that
+/// run one sequence at a time prefill alone. Fewer than two: none is prefilled here. A failed
+/// pass fails those in it (at [`super::resume`]).
+pub(crate) fn prefill(opened: &mut [(&mut Opened<'_>, &PromptInputs, &CancelToken)]) {
     let Some(((first, _, _), _)) = opened.split_first() else {
-        return Ok(());
+        return;
     };
     let ctx = first.dec.ctx.clone();
-    if !ctx.model.rows_supported() || ctx.pipeline_stage().is_some() {
-        return Ok(());
+    if !ctx.model.rows_supported() || ctx.pipeline_stage().is_some() || ctx.kv_bits.is_some() {
+        return;
     }
     let budget = ctx.prefill_chunk;
     let mut total = 0;
-    // (index, positions, whether that is the whole rest of the prompt)
+    // (index, positions)
     let mut chosen = Vec::new();
     for (i, (o, prompt, cancel)) in opened.iter().enumerate() {
-        let rest = prompt.ids.len() - o.reused;
-        // A longer prompt: its first chunk, as alone (all but the last token, in chunks).
-        let (n, whole) = match rest <= budget {
-            true => (rest, true),
-            false => (budget, false),
-        };
+        let n = prompt.ids.len() - o.reused;
         let own = prompt.images.is_none() && o.dec.positions.is_none();
         if own && total + n <= budget && !cancel.is_cancelled() {
-            chosen.push((i, n, whole));
+            chosen.push((i, n));
             total += n;
         }
     }
     if chosen.len() < 2 {
-        return Ok(());
+        return;
     }
     let began = Instant::now();
+    let outcome = run(opened, &chosen).map_err(|e| match e {
+        EngineError::Generation(why) => why,
+        other => other.to_string(),
+    });
+    for (s, &(i, n)) in chosen.iter().enumerate() {
+        let prefilled = match &outcome {
+            Ok(logits) => Ok(Prefilled {
+                n,
+                began,
+                logits: logits.index((.., s as i32, ..)),
+            }),
+            Err(why) => Err(why.clone()),
+        };
+        opened[i].0.prefilled = Some(prefilled);
+    }
+}
+
+/// The joint pass over `chosen` (indices into `opened`, positions each), evaluated: the last
+/// positions' logits `(1, S, V)`.
+fn run(
+    opened: &mut [(&mut Opened<'_>, &PromptInputs, &CancelToken)],
+    chosen: &[(usize, usize)],
+) -> Result<Array> {
     let ids: Vec<u32> = (chosen.iter())
-        .flat_map(|&(i, n, _)| {
+        .flat_map(|&(i, n)| {
             let (o, prompt, _) = &opened[i];
             prompt.ids[o.reused..o.reused + n].iter().copied()
         })
         .collect();
     let tokens = Array::from_slice(&ids, &[1, ids.len() as i32]);
-    let lens: Vec<i32> = chosen.iter().map(|&(_, n, _)| n as i32).collect();
+    let lens: Vec<i32> = chosen.iter().map(|&(_, n)| n as i32).collect();
+    let ctx = opened[chosen[0].0].0.dec.ctx.clone();
     let mut caches: Vec<&mut [KvCache]> = Vec::with_capacity(chosen.len());
     for (i, (o, _, _)) in opened.iter_mut().enumerate() {
-        if chosen.iter().any(|&(c, ..)| c == i) {
+        if chosen.iter().any(|&(c, _)| c == i) {
             caches.push(o.dec.caches.as_mut_slice());
         }
     }
     let logits = ctx.model.prefill_segments(&tokens, &lens, &mut caches)?;
-    for (s, &(i, n, whole)) in chosen.iter().enumerate() {
-        let o = &mut opened[i].0;
-        o.dec.quantize_caches()?;
-        o.prefilled = Some(Prefilled {
-            n,
-            began,
-            logits: whole.then(|| logits.index((.., s as i32, ..))),
-        });
-    }
-    let arrays = (chosen.iter())
-        .flat_map(|&(i, ..)| opened[i].0.dec.caches.iter().flat_map(KvCache::arrays));
+    let arrays =
+        (chosen.iter()).flat_map(|&(i, _)| opened[i].0.dec.caches.iter().flat_map(KvCache::arrays));
     transforms::eval(arrays)?;
     mlx_rs::memory::clear_cache()?;
-    Ok(())
+    Ok(logits)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 use mlx_rs::{
     error::Exception,
     ops::{self, indexing::IndexOp},
-    Array,
+    transforms, Array,
 };
 
 use super::{KvCache, StandardCache, STEP};
@@ -116,7 +116,11 @@ impl PaddedCache {
             return Ok(());
         }
         // The rows left keep the capacity they need (a long row leaving frees its length).
-        let longest = kept.iter().map(|&r| self.offsets[r as usize]).max().unwrap_or(0);
+        let longest = kept
+            .iter()
+            .map(|&r| self.offsets[r as usize])
+            .max()
+            .unwrap_or(0);
         let capacity = self.capacity().min(round_up(longest + 1));
         let at = Array::from_slice(&kept, &[kept.len() as i32]);
         for (keys, values) in &mut self.layers {
@@ -128,10 +132,11 @@ impl PaddedCache {
         Ok(())
     }
 
-    /// Row `r`'s caches, copied out.
+    /// Row `r`'s caches, copied out and evaluated: a lazy copy would keep every row's arrays
+    /// alive (in the prompt cache, say) until it ran.
     fn row(&self, r: usize) -> Result<Vec<KvCache>> {
         let (b, n) = (r as i32, self.offsets[r]);
-        (self.layers.iter())
+        let caches = (self.layers.iter())
             .map(|(keys, values)| {
                 let mut cache = StandardCache::default();
                 cache.update_and_fetch(
@@ -140,7 +145,9 @@ impl PaddedCache {
                 )?;
                 Ok(KvCache::Standard(cache))
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        transforms::eval(caches.iter().flat_map(KvCache::arrays))?;
+        Ok(caches)
     }
 
     /// Starts a decode step of one new position per row: room for it, and what the layers
