@@ -86,6 +86,12 @@ class Capabilities(TypedDict):
     #: Most generations that run together, sharing each decode step (`--max-batch`; 1: one at
     #: a time).
     max_batch: int
+    #: How generations that run together attend (`--batch-attention`, resolved for the device).
+    batch_attention: BatchAttention
+
+
+#: How the rows of a batch attend.
+BatchAttention = Literal['rows', 'padded']
 
 
 class GroupInfo(TypedDict):
