@@ -335,7 +335,7 @@ pub(crate) fn start<'a>(
 }
 
 /// A generation set up and not yet prefilled: [`open`] makes it, [`resume`] runs it on
-/// (after [`together::prefill`] may have prefilled its first chunk with others').
+/// (after [`together::prefill`] may have prefilled its prompt with others').
 pub(crate) struct Opened<'a> {
     dec: Decoder<'a>,
     /// Prompt tokens the prompt cache held.
@@ -346,10 +346,9 @@ pub(crate) struct Opened<'a> {
     keep: Option<Vec<u32>>,
 }
 
-/// What a joint pass ([`together::prefill`]) ran of a prompt, the rest of it after the prompt
-/// cache's part: when it began and the last position's logits `(1, V)`.
+/// A joint pass ([`together::prefill`]) ran the rest of a prompt (after the prompt cache's
+/// part): when it began and the last position's logits `(1, V)`.
 pub(crate) struct Prefilled {
-    n: usize,
     began: Instant,
     logits: Array,
 }
@@ -474,9 +473,8 @@ enum Begun<'a> {
     },
 }
 
-/// Prefills the prompt from `reused` (what the prompt cache held) plus what a joint pass
-/// prefilled (and when it began) on, and queues the first step; a speculative request decodes
-/// to its end here.
+/// Prefills the prompt from `reused` (what the prompt cache held) on, unless a joint pass
+/// did, and queues the first step; a speculative request decodes to its end here.
 fn begin<'a>(
     dec: &mut Decoder<'a>,
     req: &GenerateRequest,
@@ -488,7 +486,7 @@ fn begin<'a>(
     let ctx = dec.ctx.clone();
     let prompt_ids = &prompt.ids[..];
     let (done, prefill_start, first) = match prefilled {
-        Some(p) => (p.n, p.began, Some(p.logits)),
+        Some(p) => (prompt_ids.len() - reused, p.began, Some(p.logits)),
         None => (0, Instant::now(), None),
     };
     dec.next = reused + done;

@@ -47,10 +47,9 @@ pub(crate) fn prefill(opened: &mut [(&mut Opened<'_>, &PromptInputs, &CancelToke
         EngineError::Generation(why) => why,
         other => other.to_string(),
     });
-    for (s, &(i, n)) in chosen.iter().enumerate() {
+    for (s, &(i, _)) in chosen.iter().enumerate() {
         let prefilled = match &outcome {
             Ok(logits) => Ok(Prefilled {
-                n,
                 began,
                 logits: logits.index((.., s as i32, ..)),
             }),
