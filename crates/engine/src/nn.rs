@@ -482,13 +482,8 @@ impl Attention {
         let (q, k, v, gate) = self.project(x)?;
         let offsets: Vec<i32> = rows.iter().map(|(cache, _)| cache.offset()).collect();
         // One rotation of all rows' queries and keys, each at its own position.
-        let (q, k) = match &self.rope {
-            Some(rope) => {
-                let at = Array::from_slice(&offsets, &[offsets.len() as i32]);
-                (rope.forward_rows(&q, &at)?, rope.forward_rows(&k, &at)?)
-            }
-            None => (q, k),
-        };
+        let at = Array::from_slice(&offsets, &[offsets.len() as i32]);
+        let (q, k) = self.rotate_rows(q, k, &at)?;
         let parts = split_rows(&q)
             .into_iter()
             .zip(split_rows(&k))
@@ -546,18 +541,24 @@ impl Attention {
             ));
         }
         let (q, k, v, gate) = self.project(x)?;
-        let (q, k) = match &self.rope {
-            Some(rope) => (
-                rope.forward_rows(&q, &step.offsets)?,
-                rope.forward_rows(&k, &step.offsets)?,
-            ),
-            None => (q, k),
-        };
+        let (q, k) = self.rotate_rows(q, k, &step.offsets)?;
         let (keys, values) = cache.update(layer, step, &k, &v)?;
         let mask = Some(fast::ScaledDotProductAttentionMask::Array(&step.mask));
         let sinks = self.sinks.as_ref();
         let out = crate::attention::sdpa(&q, &keys, &values, s.scale, mask, sinks)?;
         self.output(out, gate.as_ref())
+    }
+
+    /// Queries and keys of a batch, row `b` rotated at `offsets[b]` (`(B,)` int32), in one
+    /// call each.
+    fn rotate_rows(&self, q: Array, k: Array, offsets: &Array) -> Result<(Array, Array)> {
+        match &self.rope {
+            Some(rope) => Ok((
+                rope.forward_rows(&q, offsets)?,
+                rope.forward_rows(&k, offsets)?,
+            )),
+            None => Ok((q, k)),
+        }
     }
 
     /// A KV-shared layer: its queries (RoPE at the sharing layer's offset) attend to `kv`.
