@@ -51,17 +51,22 @@ impl Run {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
-    Worker,
+    /// The worker started with `--batch-attention` the n-th of `Options::batch_attention`
+    /// (its only one when none was given).
+    Worker(usize),
     MlxLm,
     MlxLmOpenBlas,
 }
 
 impl Side {
-    fn name(self) -> &'static str {
+    fn name(self, opts: &Options) -> String {
         match self {
-            Side::Worker => "worker",
-            Side::MlxLm => "mlx-lm",
-            Side::MlxLmOpenBlas => "mlx-lm+OpenBLAS",
+            Side::Worker(n) => match opts.batch_attention.get(n) {
+                Some(mode) if opts.batch_attention.len() > 1 => format!("worker {mode}"),
+                _ => "worker".into(),
+            },
+            Side::MlxLm => "mlx-lm".into(),
+            Side::MlxLmOpenBlas => "mlx-lm+OpenBLAS".into(),
         }
     }
 }
@@ -85,23 +90,24 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let python = venv::reference_python()?;
 
     let runtime = tokio::runtime::Runtime::new()?;
-    let worker = if opts.skip_worker {
-        None
-    } else {
+    let mut workers = Vec::new();
+    if !opts.skip_worker {
         let bin = worker_bin::build_release()?;
         let load = LoadParams::new(model.display().to_string());
-        let attention = opts.batch_attention.as_deref();
-        Some(runtime.block_on(start_worker(&bin, &load, widest, attention))?)
-    };
+        let modes: Vec<Option<&str>> = match opts.batch_attention.is_empty() {
+            true => vec![None],
+            false => opts.batch_attention.iter().map(|m| Some(m.as_str())).collect(),
+        };
+        for mode in modes {
+            workers.push(runtime.block_on(start_worker(&bin, &load, widest, mode))?);
+        }
+    }
     let mut stock = MlxLm::start_script(&python, SCRIPT, &[&model], None)?;
     let mut openblas = (opts.openblas)
         .then(|| MlxLm::start_openblas(&python, SCRIPT, &[&model]))
         .transpose()?;
 
-    let mut sides = Vec::new();
-    if worker.is_some() {
-        sides.push(Side::Worker);
-    }
+    let mut sides: Vec<Side> = (0..workers.len()).map(Side::Worker).collect();
     sides.push(Side::MlxLm);
     if openblas.is_some() {
         sides.push(Side::MlxLmOpenBlas);
@@ -109,11 +115,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let mut measure = |side: Side, width: u32, max: u32| -> anyhow::Result<Run> {
         let chats = &chats[..width as usize];
         match side {
-            Side::Worker => runtime.block_on(worker_batch(
-                worker.as_ref().expect("worker side"),
-                chats,
-                max,
-            )),
+            Side::Worker(n) => runtime.block_on(worker_batch(&workers[n], chats, max)),
             Side::MlxLm => mlx_lm_batch(&mut stock, chats, max),
             Side::MlxLmOpenBlas => {
                 mlx_lm_batch(openblas.as_mut().expect("openblas side"), chats, max)
@@ -136,7 +138,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             }
         }
     }
-    if let Some(w) = worker {
+    for w in workers {
         runtime.block_on(w.client.shutdown()).ok();
     }
     drop(stock);
@@ -253,13 +255,16 @@ fn mlx_lm_batch(mlx_lm: &mut MlxLm, chats: &[Vec<ChatMessage>], max: u32) -> any
 fn print_tables(opts: &Options, sides: &[Side], runs: &[Vec<Vec<Run>>], max: u32) {
     let tps = |w: usize, s: usize| median(runs[w][s].iter().map(Run::tps).collect());
     let one = opts.widths.iter().position(|&w| w == 1);
-    let worker = sides.iter().position(|&s| s == Side::Worker);
+    let workers: Vec<usize> = (0..sides.len())
+        .filter(|&s| matches!(sides[s], Side::Worker(_)))
+        .collect();
+    let name = |s: usize| sides[s].name(opts);
 
     println!();
-    let attention = opts
-        .batch_attention
-        .as_deref()
-        .unwrap_or("the device's default");
+    let attention = match opts.batch_attention.is_empty() {
+        true => "the device's default".to_owned(),
+        false => opts.batch_attention.join(", "),
+    };
     println!(
         "SmolLM2-135M-Instruct (float32), W chats at once (batch.json's first W prompts), \
          greedy, at most {max} new tokens each, median of {} runs; worker --batch-attention \
@@ -269,27 +274,24 @@ fn print_tables(opts: &Options, sides: &[Side], runs: &[Vec<Vec<Run>>], max: u32
     println!(
         "tok/s = all streams' generated tokens / wall time from all W sent to the last answer \
          (prefill included); \
-         ratio = worker / that side; W/1 = the side's tok/s at W over its tok/s at width 1"
+         A / B = A's tok/s over B's; W/1 = the side's tok/s at W over its tok/s at width 1"
     );
+    let references: Vec<usize> = (0..sides.len()).filter(|s| !workers.contains(s)).collect();
     let mut head = vec!["width".to_owned()];
-    for &side in sides {
-        head.push(format!("{} tok/s", side.name()));
-        if side != Side::Worker && worker.is_some() {
-            head.push("ratio".into());
-        }
+    head.extend((0..sides.len()).map(|s| format!("{} tok/s", name(s))));
+    for &r in &references {
+        head.extend(workers.iter().map(|&w| format!("{} / {}", name(w), name(r))));
     }
     if one.is_some() {
-        head.extend(sides.iter().map(|s| format!("{} W/1", s.name())));
+        head.extend((0..sides.len()).map(|s| format!("{} W/1", name(s))));
     }
     print_row(&head);
     print_row(&vec!["---".to_owned(); head.len()]);
     for (w, width) in opts.widths.iter().enumerate() {
         let mut row = vec![width.to_string()];
-        for (s, &side) in sides.iter().enumerate() {
-            row.push(format!("{:.1}", tps(w, s)));
-            if let (Some(ws), true) = (worker, side != Side::Worker) {
-                row.push(format!("{:.2}x", tps(w, ws) / tps(w, s)));
-            }
+        row.extend((0..sides.len()).map(|s| format!("{:.1}", tps(w, s))));
+        for &r in &references {
+            row.extend((workers.iter()).map(|&ws| format!("{:.2}x", tps(w, ws) / tps(w, r))));
         }
         if let Some(one) = one {
             row.extend((0..sides.len()).map(|s| format!("{:.2}x", tps(w, s) / tps(one, s))));
@@ -304,8 +306,8 @@ fn print_tables(opts: &Options, sides: &[Side], runs: &[Vec<Vec<Run>>], max: u32
          token (worker: its first delta); generated: all streams' tokens per run, min..max"
     );
     let mut head = vec!["width".to_owned()];
-    head.extend(sides.iter().map(|s| format!("{} ttft ms", s.name())));
-    head.extend(sides.iter().map(|s| format!("{} generated", s.name())));
+    head.extend((0..sides.len()).map(|s| format!("{} ttft ms", name(s))));
+    head.extend((0..sides.len()).map(|s| format!("{} generated", name(s))));
     print_row(&head);
     print_row(&vec!["---".to_owned(); head.len()]);
     let mut short = false;

@@ -17,8 +17,11 @@ use std::{cell::RefCell, sync::OnceLock};
 
 use mlx_rs::{
     fast::{self, ScaledDotProductAttentionMask as Mask},
-    ops::{self, indexing::IndexOp},
-    Array, Device, Stream,
+    ops::{
+        self,
+        indexing::{Ellipsis, IndexOp},
+    },
+    Array, Device, Dtype, Stream,
 };
 
 use crate::{device::on_gpu, nn::Result};
@@ -79,6 +82,80 @@ pub(crate) fn sdpa(
         outs.push(in_lane(i, attend)?);
     }
     ops::concatenate(&outs, 1)
+}
+
+/// One decode step of a padded batch (`kv_cache/padded.rs`): queries `(B, Hq, 1, D)` over keys
+/// and values `(B, Hkv, len, D)`, row `b` seeing its first `lens[b]` positions (`mask`
+/// `(B, 1, 1, len)`). On a GPU one fused call. On the CPU, where MLX's attention is its unfused
+/// ops, the same ops with each row's output bit for bit what that call gives the row alone
+/// over its own positions: the scores and the softmax of all rows at once (a masked position
+/// becomes `finfo.min`, exactly zero after the softmax, and zeros added to a sum change
+/// nothing), the weighted sum of the values row by row over the row's own positions, because
+/// OpenBLAS blocks a product's inner axis by its length and a sum over the padded length would
+/// group the same terms otherwise (docs/traps.md).
+pub(crate) fn sdpa_padded(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f32,
+    mask: &Array,
+    lens: &[i32],
+    sinks: Option<&Array>,
+) -> Result<Array> {
+    if on_gpu() {
+        return fast::scaled_dot_product_attention(q, keys, values, scale, Mask::Array(mask), sinks);
+    }
+    // MLX 0.32.2's `scaled_dot_product_attention` fallback, op for op.
+    let (b, hq, l, d) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
+    let hkv = keys.dim(1);
+    let repeats = hq / hkv;
+    let dtype = q.dtype();
+    let mut q = Array::from_f32(scale).as_dtype(dtype)?.multiply(q)?;
+    let (mut k, mut v, mut mask) = (keys.clone(), values.clone(), mask.clone());
+    let heads: &[i32] = match repeats > 1 {
+        true => &[1, hkv, repeats, 1, 1],
+        false => &[1, hq, 1, 1],
+    };
+    if repeats > 1 {
+        q = q.reshape(&[b, hkv, repeats, l, d])?;
+        k = k.expand_dims(2)?;
+        v = v.expand_dims(2)?;
+        mask = mask.expand_dims(2)?;
+    }
+    let scores = ops::matmul(&q, k.swap_axes(-1, -2)?)?;
+    let lowest = Array::from_f32(lowest_of(scores.dtype())).as_dtype(scores.dtype())?;
+    let mut scores = ops::select(&mask, &scores, &lowest)?;
+    if let Some(sinks) = sinks {
+        let mut shape = scores.shape().to_vec();
+        *shape.last_mut().unwrap() = 1;
+        let sinks = sinks.as_dtype(scores.dtype())?.reshape(heads)?;
+        scores = ops::concatenate(&[ops::broadcast_to(&sinks, &shape)?, scores], -1)?;
+    }
+    let mut probs = ops::softmax_axis(&scores, -1, true)?;
+    if sinks.is_some() {
+        probs = probs.index((Ellipsis, 1..));
+    }
+    let rows = (lens.iter().enumerate())
+        .map(|(r, &n)| {
+            let r = r as i32;
+            let p = probs.index((r..r + 1, Ellipsis, ..n));
+            ops::matmul(&p, v.index((r..r + 1, Ellipsis, ..n, ..)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let out = ops::concatenate(&rows, 0)?;
+    match repeats > 1 {
+        true => out.reshape(&[b, hq, l, d]),
+        false => Ok(out),
+    }
+}
+
+/// `mx.finfo(dtype).min`: what a boolean mask puts in place of a score it hides.
+pub(crate) fn lowest_of(dtype: Dtype) -> f32 {
+    match dtype {
+        Dtype::Float16 => -65504.0,
+        Dtype::Bfloat16 => -3.389_531_4e38,
+        _ => f32::MIN,
+    }
 }
 
 /// Runs `f` (which queues MLX ops) on CPU lane `lane`: lane 0 is the caller's stream, each

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::{
     constrained::ToolUse,
+    device::on_gpu,
     engine::{finish, prepare, Prepared, View},
     generate::{advance, open, resume, together, Sequence, Started},
     kv_cache::PaddedCache,
@@ -32,9 +33,12 @@ pub enum BatchAttention {
     /// Row by row, each over its sequence's own caches: every row's bits are those it gets
     /// alone. The CPU's default.
     Rows,
-    /// All rows in one call per layer over one right-padded cache (models whose layers are all
-    /// full attention; others attend row by row): fewer kernels per step, but a row's last bits
-    /// may differ from its lone run's. The GPU's default.
+    /// All rows over one right-padded cache (models whose layers are all full attention;
+    /// others attend row by row): one cache write per layer and step, and the scores and
+    /// softmax of all rows in one pass. On the CPU the weighted sums of values stay row by row
+    /// and prefills alone, so every row's bits are still its lone run's; on a GPU attention is
+    /// one fused call and requests arriving together prefill in one pass: fewer kernels, but a
+    /// row's last bits may differ from its lone run's. The GPU's default.
     Padded,
 }
 
@@ -66,7 +70,7 @@ struct Batch<'a> {
     seqs: Vec<Sequence<'a>>,
     /// The rows' caches while they attend padded ([`BatchAttention::Padded`]).
     padded: Option<PaddedCache>,
-    /// Whether requests that arrive together prefill in one pass (with padded attention).
+    /// Whether requests that arrive together prefill in one pass (padded attention on a GPU).
     together: bool,
     /// By sequence id.
     pending: Vec<Option<Pending<'a>>>,
@@ -113,7 +117,9 @@ impl Engine {
             prefill_chunk,
             seqs: Vec::new(),
             padded: padded.then(PaddedCache::default),
-            together: batched && attention == BatchAttention::Padded,
+            // A joint prefill's rows get other bits than lone prefills on the CPU (docs/traps.md,
+            // "A matmul row's bits depend on how many rows ride with it").
+            together: batched && attention == BatchAttention::Padded && on_gpu(),
             pending: Vec::new(),
         };
         let mut arriving = vec![(first, started)];

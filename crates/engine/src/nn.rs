@@ -543,9 +543,10 @@ impl Attention {
         let (q, k, v, gate) = self.project(x)?;
         let (q, k) = self.rotate_rows(q, k, &step.offsets)?;
         let (keys, values) = cache.update(layer, step, &k, &v)?;
-        let mask = Some(fast::ScaledDotProductAttentionMask::Array(&step.mask));
         let sinks = self.sinks.as_ref();
-        let out = crate::attention::sdpa(&q, &keys, &values, s.scale, mask, sinks)?;
+        let out = crate::attention::sdpa_padded(
+            &q, &keys, &values, s.scale, &step.mask, &step.lens, sinks,
+        )?;
         self.output(out, gate.as_ref())
     }
 

@@ -35,6 +35,8 @@ pub struct PaddedStep {
     at: Array,
     /// `(B, 1, 1, len)` booleans: row `b` sees positions `0..=offsets[b]`.
     pub mask: Array,
+    /// Positions each row attends to, this step's included (`offsets[b] + 1`).
+    pub lens: Vec<i32>,
     /// Positions attended to: the longest row's, this step's included.
     len: i32,
 }
@@ -163,6 +165,7 @@ impl PaddedCache {
             offsets: Array::from_slice(&self.offsets, &[b]),
             at: Array::from_slice(&self.offsets, &[b, 1, 1, 1]),
             mask: Array::from_slice(&mask, &[b, 1, 1, len]),
+            lens: self.offsets.iter().map(|&o| o + 1).collect(),
             len,
         };
         for o in &mut self.offsets {

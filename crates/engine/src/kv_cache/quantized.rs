@@ -195,7 +195,7 @@ impl QuantizedCache {
             Mask::Array(m) => Some(m.clone()),
         };
         if let Some(m) = explicit {
-            let lowest = Array::from_f32(lowest_of(scores.dtype())).as_dtype(scores.dtype())?;
+            let lowest = Array::from_f32(crate::attention::lowest_of(scores.dtype())).as_dtype(scores.dtype())?;
             scores = ops::select(&m, &scores, &lowest)?;
         }
         let scores = ops::softmax_axis(&scores, -1, true)?;
@@ -205,14 +205,5 @@ impl QuantizedCache {
             true => out.reshape(&[b, n_q_heads, l, d]),
             false => Ok(out),
         }
-    }
-}
-
-/// `mx.finfo(dtype).min`.
-fn lowest_of(dtype: Dtype) -> f32 {
-    match dtype {
-        Dtype::Float16 => -65504.0,
-        Dtype::Bfloat16 => -3.389_531_4e38,
-        _ => f32::MIN,
     }
 }
