@@ -197,7 +197,7 @@ async fn scored(w: &Client, qs: &[GenerateParams]) -> Vec<Vec<TokenLogprob>> {
     out
 }
 
-/// `--batch-attention padded`: rows attend over a padded cache, joining and leaving as they
+/// `--batch-attention padded` (the default): rows attend over a padded cache, joining and leaving as they
 /// come and end. Every token is the lone run's (or the lone run's choice was a near tie, after
 /// which the texts may part), with log-probabilities within rounding (a lone run's prefill may
 /// reuse another conversation's prefix from the prompt cache, and a row of a batched product
@@ -230,7 +230,8 @@ async fn padded_attention_answers_as_rows_and_alone() {
         .collect();
     let one = worker(&[]);
     let rows = worker(&["--max-batch", "4", "--batch-attention", "rows"]);
-    let padded = worker(&["--max-batch", "4", "--batch-attention", "padded"]);
+    // The default (`auto`) is padded.
+    let padded = worker(&["--max-batch", "4"]);
     let init = within_for(
         LIMIT,
         padded.call::<Initialize>(&InitializeParams::default()),
@@ -255,7 +256,10 @@ async fn padded_attention_answers_as_rows_and_alone() {
             if cpu && *model == models[0] {
                 let by_rows = scored(&rows, &qs).await;
                 for (i, (a, b)) in by_rows.iter().zip(&got).enumerate() {
-                    assert_eq!(a, b, "{model}, round {round}, request {i}: as rows, bit for bit");
+                    assert_eq!(
+                        a, b,
+                        "{model}, round {round}, request {i}: as rows, bit for bit"
+                    );
                 }
             }
             for (i, (a, b)) in expected.iter().zip(got).enumerate() {

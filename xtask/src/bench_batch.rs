@@ -96,7 +96,11 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         let load = LoadParams::new(model.display().to_string());
         let modes: Vec<Option<&str>> = match opts.batch_attention.is_empty() {
             true => vec![None],
-            false => opts.batch_attention.iter().map(|m| Some(m.as_str())).collect(),
+            false => opts
+                .batch_attention
+                .iter()
+                .map(|m| Some(m.as_str()))
+                .collect(),
         };
         for mode in modes {
             workers.push(runtime.block_on(start_worker(&bin, &load, widest, mode))?);
@@ -280,7 +284,11 @@ fn print_tables(opts: &Options, sides: &[Side], runs: &[Vec<Vec<Run>>], max: u32
     let mut head = vec!["width".to_owned()];
     head.extend((0..sides.len()).map(|s| format!("{} tok/s", name(s))));
     for &r in &references {
-        head.extend(workers.iter().map(|&w| format!("{} / {}", name(w), name(r))));
+        head.extend(
+            workers
+                .iter()
+                .map(|&w| format!("{} / {}", name(w), name(r))),
+        );
     }
     if one.is_some() {
         head.extend((0..sides.len()).map(|s| format!("{} W/1", name(s))));

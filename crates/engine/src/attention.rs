@@ -103,7 +103,14 @@ pub(crate) fn sdpa_padded(
     sinks: Option<&Array>,
 ) -> Result<Array> {
     if on_gpu() {
-        return fast::scaled_dot_product_attention(q, keys, values, scale, Mask::Array(mask), sinks);
+        return fast::scaled_dot_product_attention(
+            q,
+            keys,
+            values,
+            scale,
+            Mask::Array(mask),
+            sinks,
+        );
     }
     // MLX 0.32.2's `scaled_dot_product_attention` fallback, op for op.
     let (b, hq, l, d) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));

@@ -31,24 +31,23 @@ pub struct Admission<'f> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchAttention {
     /// Row by row, each over its sequence's own caches: every row's bits are those it gets
-    /// alone. The CPU's default.
+    /// alone (on the CPU; on a GPU a batched matmul may sum otherwise).
     Rows,
     /// All rows over one right-padded cache (models whose layers are all full attention;
     /// others attend row by row): one cache write per layer and step, and the scores and
     /// softmax of all rows in one pass. On the CPU the weighted sums of values stay row by row
     /// and prefills alone, so every row's bits are still its lone run's; on a GPU attention is
     /// one fused call and requests arriving together prefill in one pass: fewer kernels, but a
-    /// row's last bits may differ from its lone run's. The GPU's default.
+    /// row's last bits may differ from its lone run's. The default.
     Padded,
 }
 
 impl BatchAttention {
-    /// The default on the device MLX runs on.
+    /// The default on the device MLX runs on: padded everywhere since 2026-12-05, when the
+    /// CPU's padded step became bit for bit the rows' and measured faster
+    /// (docs/decisions/batching.md).
     pub fn for_device() -> Self {
-        match crate::device::on_gpu() {
-            true => Self::Padded,
-            false => Self::Rows,
-        }
+        Self::Padded
     }
 }
 

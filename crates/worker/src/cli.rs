@@ -20,10 +20,11 @@ pub struct Cli {
     #[arg(long, default_value_t = 1, value_parser = parse_positive)]
     pub max_batch: usize,
 
-    /// How the rows of a batch attend: `rows` (each over its own cache; every request's tokens
-    /// are bit for bit those it gets alone), `padded` (one call per layer over one padded cache:
-    /// fewer kernels, the last bits of a row may differ), `auto` (padded on a GPU, rows on the
-    /// CPU).
+    /// How the rows of a batch attend: `rows` (each over its own cache), `padded` (over one
+    /// padded cache: one cache write per layer and step for all rows; on the CPU every
+    /// request's tokens stay bit for bit those `rows` gives, which are those it gets alone; on a
+    /// GPU one attention call per layer and one prefill pass for requests arriving together,
+    /// so the last bits of a row may differ), `auto` (padded).
     #[arg(long, value_enum, default_value_t = BatchAttentionArg::Auto)]
     pub batch_attention: BatchAttentionArg,
 

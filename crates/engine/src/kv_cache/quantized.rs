@@ -195,7 +195,8 @@ impl QuantizedCache {
             Mask::Array(m) => Some(m.clone()),
         };
         if let Some(m) = explicit {
-            let lowest = Array::from_f32(crate::attention::lowest_of(scores.dtype())).as_dtype(scores.dtype())?;
+            let lowest = Array::from_f32(crate::attention::lowest_of(scores.dtype()))
+                .as_dtype(scores.dtype())?;
             scores = ops::select(&m, &scores, &lowest)?;
         }
         let scores = ops::softmax_axis(&scores, -1, true)?;
