@@ -572,3 +572,20 @@ impl Engine {
         })
     }
 }
+
+#[cfg(test)]
+impl Engine {
+    /// An engine holding a tiny random Llama (`fixtures::TinyLlama::default()`), written to a
+    /// temporary directory named for `name` and this process; the caller removes the directory.
+    pub(crate) fn with_tiny_llama(name: &str) -> (Self, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("mlx-{name}-{}", std::process::id()));
+        fixtures::write_tiny_llama(&dir, &fixtures::TinyLlama::default()).unwrap();
+        let mut engine = Engine::new();
+        let req = LoadRequest {
+            model: dir.display().to_string(),
+            ..Default::default()
+        };
+        engine.load(&req, &mut |_| {}, &CancelToken::new()).unwrap();
+        (engine, dir)
+    }
+}

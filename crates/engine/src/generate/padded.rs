@@ -84,7 +84,7 @@ pub(super) fn release(s: &mut Sequence<'_>, cache: &mut PaddedCache) -> Result<(
 mod tests {
     use mlx_rs::{ops::indexing::IndexOp, Array};
 
-    use crate::{device::on_gpu, kv_cache::PaddedCache, CancelToken, Engine, LoadRequest};
+    use crate::{device::on_gpu, kv_cache::PaddedCache, Engine};
 
     /// Decode steps over a padded cache give each row the logits row-by-row attention gives it
     /// in the same batch (whose rows are a lone run's wherever BLAS gives a row the same bits
@@ -95,14 +95,7 @@ mod tests {
     #[test]
     fn padded_steps_give_each_row_its_row_by_row_logits() {
         let _mlx = fixtures::mlx_test_lock();
-        let dir = std::env::temp_dir().join(format!("mlx-padded-{}", std::process::id()));
-        fixtures::write_tiny_llama(&dir, &fixtures::TinyLlama::default()).unwrap();
-        let mut engine = Engine::new();
-        let req = LoadRequest {
-            model: dir.display().to_string(),
-            ..Default::default()
-        };
-        engine.load(&req, &mut |_| {}, &CancelToken::new()).unwrap();
+        let (mut engine, dir) = Engine::with_tiny_llama("padded");
         let model = engine.models[0].split().0.model;
         assert!(model.padded_supported() && model.rows_supported());
         let ids = |c: &[u32]| Array::from_slice(c, &[1, c.len() as i32]);

@@ -92,7 +92,7 @@ fn run(
 mod tests {
     use mlx_rs::{ops::indexing::IndexOp, transforms, Array};
 
-    use crate::{kv_cache::KvCache, CancelToken, Engine, LoadRequest};
+    use crate::{kv_cache::KvCache, Engine};
 
     /// What `caches` hold, position by position (up to each cache's offset).
     fn held(caches: &[KvCache]) -> Vec<Array> {
@@ -117,14 +117,7 @@ mod tests {
     #[test]
     fn prompts_prefilled_together_match_each_alone() {
         let _mlx = fixtures::mlx_test_lock();
-        let dir = std::env::temp_dir().join(format!("mlx-together-{}", std::process::id()));
-        fixtures::write_tiny_llama(&dir, &fixtures::TinyLlama::default()).unwrap();
-        let mut engine = Engine::new();
-        let req = LoadRequest {
-            model: dir.display().to_string(),
-            ..Default::default()
-        };
-        engine.load(&req, &mut |_| {}, &CancelToken::new()).unwrap();
+        let (mut engine, dir) = Engine::with_tiny_llama("together");
         let model = engine.models[0].split().0.model;
         let chunk = |from: u32, n: u32| (from..from + n).collect::<Vec<u32>>();
         let [mut a1, mut b1, mut a2, mut b2] = [(); 4].map(|()| model.make_caches());
