@@ -88,7 +88,7 @@ pub struct Capabilities {
     /// Most generations that run together, sharing each decode step (`--max-batch`; 1: one at
     /// a time).
     pub max_batch: usize,
-    /// How generations that run together attend (`--batch-attention`, resolved for the device).
+    /// How generations that run together attend (`--batch-attention`, `auto` resolved).
     pub batch_attention: BatchAttention,
 }
 
@@ -99,8 +99,9 @@ pub enum BatchAttention {
     /// Each over its own cache: a request's tokens are bit for bit those it gets alone (on the
     /// CPU; a GPU's matmuls may still sum a batch in another order).
     Rows,
-    /// All rows in one call over one padded cache: a request's last bits may differ from its
-    /// lone run's, so greedy text can part at a near tie.
+    /// Over one padded cache (the default): on the CPU bit for bit as `rows`; on a GPU all rows
+    /// in one call and requests arriving together prefilled in one pass, so a request's last
+    /// bits may differ from its lone run's and greedy text can part at a near tie.
     Padded,
 }
 

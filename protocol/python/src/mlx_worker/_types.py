@@ -86,7 +86,7 @@ class Capabilities(TypedDict):
     #: Most generations that run together, sharing each decode step (`--max-batch`; 1: one at
     #: a time).
     max_batch: int
-    #: How generations that run together attend (`--batch-attention`, resolved for the device).
+    #: How generations that run together attend (`--batch-attention`, `auto` resolved).
     batch_attention: BatchAttention
 
 
