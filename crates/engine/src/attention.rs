@@ -90,9 +90,11 @@ pub(crate) fn sdpa(
 /// ops, the same ops with each row's output bit for bit what that call gives the row alone
 /// over its own positions: the scores and the softmax of all rows at once (a masked position
 /// becomes `finfo.min`, exactly zero after the softmax, and zeros added to a sum change
-/// nothing), the weighted sum of the values row by row over the row's own positions, because
-/// OpenBLAS blocks a product's inner axis by its length and a sum over the padded length would
-/// group the same terms otherwise (docs/traps.md).
+/// nothing: so with MLX's Linux x86-64 build, whose CPU softmax sums one lane; a build with
+/// wider SIMD lanes and a scalar tail would group a row's sum otherwise, and the unit tests
+/// below would say so), the weighted sum of the values row by row over the row's own
+/// positions, because OpenBLAS blocks a product's inner axis by its length and a sum over the
+/// padded length would group the same terms otherwise (docs/traps.md).
 pub(crate) fn sdpa_padded(
     q: &Array,
     keys: &Array,
@@ -117,6 +119,8 @@ pub(crate) fn sdpa_padded(
     let hkv = keys.dim(1);
     let repeats = hq / hkv;
     let dtype = q.dtype();
+    // MLX casts all three to their common type first; the worker's are one dtype already.
+    debug_assert!(keys.dtype() == dtype && values.dtype() == dtype);
     let mut q = Array::from_f32(scale).as_dtype(dtype)?.multiply(q)?;
     let (mut k, mut v, mut mask) = (keys.clone(), values.clone(), mask.clone());
     let heads: &[i32] = match repeats > 1 {
@@ -267,6 +271,57 @@ mod tests {
                         one.eq_values(&split).unwrap(),
                         "batch {b}, {hq}/{hkv} heads, {l}x{s}, mask {at}: the split differs"
                     );
+                }
+            }
+        }
+    }
+
+    /// A padded decode step gives each row, on the CPU bit for bit (on a GPU to rounding), what
+    /// one call gives that row alone over its own positions: query heads per key-value head 1
+    /// and 3, with and without sinks, rows of 1 to 700 positions with garbage past their
+    /// lengths (the rows of 370 and 520 fail with one fused call over 700: OpenBLAS blocks
+    /// their weighted sums otherwise).
+    #[test]
+    fn padded_rows_equal_each_row_alone() {
+        let _mlx = fixtures::mlx_test_lock();
+        let normal = |shape: &[i32], seed: u64| {
+            random::normal::<f32>(shape, None, None, &random::key(seed).unwrap()).unwrap()
+        };
+        let lens = [1, 37, 300, 370, 520, 700];
+        let len = 700;
+        let b = lens.len() as i32;
+        let mask: Vec<bool> = (lens.iter())
+            .flat_map(|&n| (0..len).map(move |j| j < n))
+            .collect();
+        let mask = Array::from_slice(&mask, &[b, 1, 1, len]);
+        for (hq, hkv) in [(4, 4), (9, 3)] {
+            let (q, k, v) = (
+                normal(&[b, hq, 1, 64], 1),
+                normal(&[b, hkv, len, 64], 2),
+                normal(&[b, hkv, len, 64], 3),
+            );
+            let sinks = normal(&[hq], 4);
+            for sinks in [None, Some(&sinks)] {
+                let padded = sdpa_padded(&q, &k, &v, 0.125, &mask, &lens, sinks).unwrap();
+                for (r, &n) in lens.iter().enumerate() {
+                    let r = r as i32;
+                    let row = |x: &Array| x.index((r..r + 1, .., ..n, ..));
+                    let alone = fast::scaled_dot_product_attention(
+                        q.index(r..r + 1),
+                        row(&k),
+                        row(&v),
+                        0.125,
+                        None,
+                        sinks,
+                    )
+                    .unwrap();
+                    let got = padded.index(r..r + 1);
+                    let same = match on_gpu() {
+                        false => alone.eq_values(&got).unwrap(),
+                        true => alone.all_close(&got, 1e-3, 1e-3, None).unwrap(),
+                    };
+                    let with = sinks.is_some();
+                    assert!(same, "{hq}/{hkv} heads, sinks {with}, row of {n}");
                 }
             }
         }
