@@ -88,7 +88,7 @@ pub struct Options {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) widths: Vec<u32>,
-    /// With --batch: the worker's `--batch-attention` (rows, padded; default: the device's);
+    /// With --batch: the worker's `--batch-attention` (rows, padded; default: auto);
     /// several, comma-separated, run one worker each, side by side in the same rounds.
     #[arg(long, value_delimiter = ',')]
     pub(crate) batch_attention: Vec<String>,

@@ -266,7 +266,7 @@ fn print_tables(opts: &Options, sides: &[Side], runs: &[Vec<Vec<Run>>], max: u32
 
     println!();
     let attention = match opts.batch_attention.is_empty() {
-        true => "the device's default".to_owned(),
+        true => "auto (the default)".to_owned(),
         false => opts.batch_attention.join(", "),
     };
     println!(

@@ -123,10 +123,6 @@ pub(crate) fn sdpa_padded(
     debug_assert!(keys.dtype() == dtype && values.dtype() == dtype);
     let mut q = Array::from_f32(scale).as_dtype(dtype)?.multiply(q)?;
     let (mut k, mut v, mut mask) = (keys.clone(), values.clone(), mask.clone());
-    let heads: &[i32] = match repeats > 1 {
-        true => &[1, hkv, repeats, 1, 1],
-        false => &[1, hq, 1, 1],
-    };
     if repeats > 1 {
         q = q.reshape(&[b, hkv, repeats, l, d])?;
         k = k.expand_dims(2)?;
@@ -139,6 +135,10 @@ pub(crate) fn sdpa_padded(
     if let Some(sinks) = sinks {
         let mut shape = scores.shape().to_vec();
         *shape.last_mut().unwrap() = 1;
+        let heads: &[i32] = match repeats > 1 {
+            true => &[1, hkv, repeats, 1, 1],
+            false => &[1, hq, 1, 1],
+        };
         let sinks = sinks.as_dtype(scores.dtype())?.reshape(heads)?;
         scores = ops::concatenate(&[ops::broadcast_to(&sinks, &shape)?, scores], -1)?;
     }

@@ -27,8 +27,10 @@ pub struct Admission<'f> {
     pub on_done: Box<dyn FnOnce(Result<Completion, EngineError>) + 'f>,
 }
 
-/// How the rows of a batch attend (docs/decisions/batching.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the rows of a batch attend (docs/decisions/batching.md). The default is padded on every
+/// device since 2026-12-05, when the CPU's padded step became bit for bit the rows' and
+/// measured faster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BatchAttention {
     /// Row by row, each over its sequence's own caches: every row's bits are those it gets
     /// alone (on the CPU; on a GPU a batched matmul may sum otherwise).
@@ -39,16 +41,8 @@ pub enum BatchAttention {
     /// and prefills alone, so every row's bits are still its lone run's; on a GPU attention is
     /// one fused call and requests arriving together prefill in one pass: fewer kernels, but a
     /// row's last bits may differ from its lone run's. The default.
+    #[default]
     Padded,
-}
-
-impl BatchAttention {
-    /// The default on the device MLX runs on: padded everywhere since 2026-12-05, when the
-    /// CPU's padded step became bit for bit the rows' and measured faster
-    /// (docs/decisions/batching.md).
-    pub fn for_device() -> Self {
-        Self::Padded
-    }
 }
 
 /// What [`Engine::generate_batch`] asks between steps for the next generation to join: given a

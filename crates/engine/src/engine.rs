@@ -191,7 +191,7 @@ pub struct Engine {
     prompt_cache_bytes: u64,
     /// The group of ranks this engine runs in step with, if the worker runs as one.
     pub(crate) group: Option<Rc<Group>>,
-    /// How batched rows attend; `None`: the device's default.
+    /// How batched rows attend; `None`: the default.
     batch_attention: Option<BatchAttention>,
 }
 
@@ -250,8 +250,7 @@ impl Engine {
         }
     }
 
-    /// Batched rows attend as `attention` says; `None`: the device's default
-    /// ([`BatchAttention::for_device`]).
+    /// Batched rows attend as `attention` says; `None`: the default ([`BatchAttention`]).
     pub fn with_batch_attention(mut self, attention: Option<BatchAttention>) -> Self {
         self.batch_attention = attention;
         self
@@ -259,8 +258,7 @@ impl Engine {
 
     /// How batched rows attend.
     pub fn batch_attention(&self) -> BatchAttention {
-        self.batch_attention
-            .unwrap_or_else(BatchAttention::for_device)
+        self.batch_attention.unwrap_or_default()
     }
 
     /// Runs in step with the other ranks of `group`: every rank gets the same calls in the same

@@ -49,7 +49,7 @@ pub enum BatchAttentionArg {
 }
 
 impl BatchAttentionArg {
-    /// The engine's setting; `None` leaves the device's default.
+    /// The engine's setting; `None` leaves the engine's default.
     pub fn engine(self) -> Option<mlx_engine::BatchAttention> {
         match self {
             Self::Auto => None,

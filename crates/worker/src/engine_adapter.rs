@@ -44,7 +44,7 @@ pub struct EngineAdapter {
 
 impl EngineAdapter {
     /// Starts MLX; each model keeps up to `prompt_cache_bytes` of KV caches for later prompts,
-    /// batched rows attend as `batch_attention` says (`None`: the device's default). In a
+    /// batched rows attend as `batch_attention` says (`None`: the default). In a
     /// `group`, every rank's adapter gets the same calls (`group.rs`).
     pub fn new(
         prompt_cache_bytes: u64,
