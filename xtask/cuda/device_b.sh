@@ -4,7 +4,8 @@
 # and the worker share that one libmlx.so), smoke-test both, then run bench.py.
 # Env: RUNS (7), MAX_NEW (256), PROMPTS (short,long,long4x), MODEL ($S/model); BENCH=batch runs
 # batch.py instead (RUNS 3, MAX_NEW 128, WIDTHS 1,2,4,8); BENCH=constrained constrained.py
-# (RUNS 5, MAX_NEW 256, MODEL $S/model2); BENCH=launch launch_probe.py (mlx-lm alone).
+# (RUNS 5, MAX_NEW 256, MODEL $S/model2); BENCH=launch launch_probe.py (mlx-lm alone); BENCH=ops
+# bench.py under several CUDA graph sizes (OPS, "20 50 100 200 off"; RUNS 3, PROMPTS short,long).
 set -uo pipefail
 S=/tmp/mlxcuda
 SITE=$S/site
@@ -54,6 +55,16 @@ if [ "${BENCH:-single}" = constrained ]; then
 elif [ "${BENCH:-single}" = launch ]; then
   # Fewer kernels per layer in mlx-lm's own decode (launch_probe.py).
   timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/launch_probe.py ${MODEL:-$S/model2} ${RUNS:-5} ${MAX_NEW:-256}
+elif [ "${BENCH:-single}" = ops ]; then
+  # MLX's CUDA graph size: kernels per graph (MLX_MAX_OPS_PER_BUFFER, default 20; "graphs off"
+  # launches each kernel alone), both sides under each setting, single stream.
+  for N in ${OPS:-20 50 100 200 off}; do
+    if [ "$N" = off ]; then E="MLX_USE_CUDA_GRAPHS=0"; else E="MLX_MAX_OPS_PER_BUFFER=$N"; fi
+    echo "== $E"
+    env $E timeout ${BENCH_TIMEOUT:-150} python3 xtask/cuda/bench.py --worker $S/bin/mlx-worker \
+      --model ${MODEL:-$S/model2} --runs ${RUNS:-3} --max-new-tokens ${MAX_NEW:-256} \
+      --prompts ${PROMPTS:-short,long} --out "$OUT/ops-$N" | grep -E '^\||^[a-z0-9]+:|greedy'
+  done
 elif [ "${BENCH:-single}" = batch ]; then
   # Continuous batching: WIDTHS streams at once, worker (--max-batch) vs mlx-lm's batch_generate.
   timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/batch.py --worker $S/bin/mlx-worker --model ${MODEL:-$S/model} \
