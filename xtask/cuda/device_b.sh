@@ -5,7 +5,7 @@
 # Env: RUNS (7), MAX_NEW (256), PROMPTS (short,long,long4x), MODEL ($S/model); BENCH=batch runs
 # batch.py instead (RUNS 3, MAX_NEW 128, WIDTHS 1,2,4,8); BENCH=constrained constrained.py
 # (RUNS 5, MAX_NEW 256, MODEL $S/model2); BENCH=launch launch_probe.py (mlx-lm alone); BENCH=ops
-# bench.py under several CUDA graph sizes (OPS, "20 50 100 200 off"; RUNS 3, PROMPTS short,long).
+# bench.py under several CUDA graph settings (OPS; RUNS 3, PROMPTS short,long).
 set -uo pipefail
 S=/tmp/mlxcuda
 SITE=$S/site
@@ -56,14 +56,18 @@ elif [ "${BENCH:-single}" = launch ]; then
   # Fewer kernels per layer in mlx-lm's own decode (launch_probe.py).
   timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/launch_probe.py ${MODEL:-$S/model2} ${RUNS:-5} ${MAX_NEW:-256}
 elif [ "${BENCH:-single}" = ops ]; then
-  # MLX's CUDA graph size: kernels per graph (MLX_MAX_OPS_PER_BUFFER, default 20; "graphs off"
-  # launches each kernel alone), both sides under each setting, single stream.
-  for N in ${OPS:-20 50 100 200 off}; do
-    if [ "$N" = off ]; then E="MLX_USE_CUDA_GRAPHS=0"; else E="MLX_MAX_OPS_PER_BUFFER=$N"; fi
-    echo "== $E"
+  # MLX's CUDA graphs: each setting (comma-separated MLX_* assignments, or `default`) runs
+  # bench.py, both sides under it. MLX 0.32 on sm_90 commits a graph every 100 kernels or
+  # 1000 MB of inputs (MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER); MLX_USE_CUDA_GRAPHS=0
+  # launches each kernel alone.
+  i=0
+  for SET in ${OPS:-default MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=400,MLX_MAX_MB_PER_BUFFER=100000 MLX_MAX_OPS_PER_BUFFER=30}; do
+    i=$((i + 1)); E=${SET//,/ }; [ "$SET" = default ] && E=
+    echo "== setting $i: ${SET}"; mkdir -p "$OUT/ops-$i"
     env $E timeout ${BENCH_TIMEOUT:-150} python3 xtask/cuda/bench.py --worker $S/bin/mlx-worker \
       --model ${MODEL:-$S/model2} --runs ${RUNS:-3} --max-new-tokens ${MAX_NEW:-256} \
-      --prompts ${PROMPTS:-short,long} --out "$OUT/ops-$N" | grep -E '^\||^[a-z0-9]+:|greedy'
+      --prompts ${PROMPTS:-short,long} --out "$OUT/ops-$i" | grep -E '^\| (prefill|decode)|^[a-z0-9]+:|greedy'
+    echo "$SET" >"$OUT/ops-$i/setting.txt"
   done
 elif [ "${BENCH:-single}" = batch ]; then
   # Continuous batching: WIDTHS streams at once, worker (--max-batch) vs mlx-lm's batch_generate.
