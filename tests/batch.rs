@@ -382,6 +382,126 @@ async fn a_request_joins_a_running_generation_and_a_cancel_ends_only_its_own() {
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 
+/// A long prompt that joins a running generation prefills a chunk per step: the running one
+/// streams on meanwhile (it would wait for the whole prefill otherwise), and both answer as
+/// alone (on the CPU bit for bit, log-probabilities included: the long prompt's chunks are the
+/// ones it gets alone).
+#[tokio::test]
+async fn a_long_prompt_prefills_a_chunk_per_step_while_the_others_stream() {
+    let Some(smollm2) = smollm2_dir() else { return };
+    let model = LoadParams::new(model_id(&smollm2));
+    let mut running = greedy("Write a long story about a dragon who learns to cook.", 40);
+    running.logprobs = 1;
+    // About 3,000 tokens: five chunks of 512 before the last one on the CPU.
+    let text = "The quick brown fox jumps over the lazy dog by the river. ".repeat(230);
+    let mut long = greedy(&format!("{text}\nHow many times does the fox jump?"), 6);
+    long.logprobs = 1;
+    let one = worker(&[]);
+    let batch = worker(&["--max-batch", "2"]);
+    for w in [&one, &batch] {
+        within_for(LIMIT, w.call::<Load>(&model)).await.unwrap();
+    }
+    let init = within_for(
+        LIMIT,
+        batch.call::<Initialize>(&InitializeParams::default()),
+    )
+    .await
+    .unwrap();
+    let cpu = init.mlx.backend == Backend::Cpu;
+
+    let mut a = batch.generate(&running).unwrap();
+    let mut a_tokens = within_for(LIMIT, a.next_delta())
+        .await
+        .unwrap()
+        .tokens
+        .unwrap();
+    let mut b = batch.generate(&long).unwrap();
+    // The running generation's deltas that come before the long prompt's first one.
+    let mut meanwhile = 0;
+    let mut a_open = true;
+    let mut b_tokens = loop {
+        tokio::select! {
+            biased;
+            d = within_for(LIMIT, b.next_delta()) => break d.unwrap().tokens.unwrap(),
+            d = within_for(LIMIT, a.next_delta()), if a_open => match d {
+                Some(d) => {
+                    meanwhile += 1;
+                    a_tokens.extend(d.tokens.unwrap());
+                }
+                None => a_open = false,
+            },
+        }
+    };
+    while let Some(d) = within_for(LIMIT, a.next_delta()).await {
+        a_tokens.extend(d.tokens.unwrap());
+    }
+    while let Some(d) = within_for(LIMIT, b.next_delta()).await {
+        b_tokens.extend(d.tokens.unwrap());
+    }
+    let (a, b) = (a.finish(), b.finish());
+    let (a, b) = (
+        within_for(LIMIT, a).await.unwrap(),
+        within_for(LIMIT, b).await.unwrap(),
+    );
+    assert!(b.usage.prompt_tokens > 2600, "{:?}", b.usage);
+    if cpu {
+        // Without the chunks between steps: at most the deltas already in flight (about 2).
+        assert!(
+            meanwhile >= 4,
+            "{meanwhile} deltas of the running generation"
+        );
+    }
+    // Each from an empty prompt cache, as in the batch (the two share the template's
+    // system prompt, which a cached prefix would cut into other chunks).
+    let mut alone = Vec::new();
+    for q in [running, long] {
+        within_for(LIMIT, one.call::<Reset>(&ResetParams {}))
+            .await
+            .unwrap();
+        alone.push(scored(&one, &[q]).await);
+    }
+    for (what, got, result, alone) in [
+        ("running", a_tokens, a, &alone[0][0]),
+        ("long", b_tokens, b, &alone[1][0]),
+    ] {
+        assert_eq!(got.len() as u64, result.usage.completion_tokens, "{what}");
+        let ids = |t: &[TokenLogprob]| t.iter().map(|t| t.id).collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(alone), "{what}: the tokens it gets alone");
+        if cpu {
+            assert_eq!(&got, alone, "{what}: bit for bit as alone");
+        }
+    }
+    for w in [one, batch] {
+        within_for(LIMIT, w.shutdown()).await.unwrap();
+    }
+}
+
+/// A long prompt cancelled while it prefills a chunk per step is answered as cancelled, and
+/// the generation beside it runs on to its end.
+#[tokio::test]
+async fn a_long_prompt_cancelled_while_it_prefills_leaves_the_others_running() {
+    let Some(smollm2) = smollm2_dir() else { return };
+    let w = worker(&["--max-batch", "2"]);
+    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&smollm2))))
+        .await
+        .unwrap();
+    let mut a = w
+        .generate(&greedy("Write a long story about a dragon.", 24))
+        .unwrap();
+    within_for(LIMIT, a.next_delta()).await.unwrap();
+    let text = "The quick brown fox jumps over the lazy dog by the river. ".repeat(230);
+    let b = w.generate(&greedy(&text, 6)).unwrap();
+    within_for(LIMIT, a.next_delta()).await.unwrap();
+    within_for(LIMIT, w.cancel(b.id())).await.unwrap();
+    let b = within_for(LIMIT, b.finish()).await.unwrap();
+    assert_eq!(b.finish_reason, FinishReason::Cancelled);
+    assert_eq!(b.usage.completion_tokens, 0, "{:?}", b.usage);
+    while within_for(LIMIT, a.next_delta()).await.is_some() {}
+    let a = within_for(LIMIT, a.finish()).await.unwrap();
+    assert_eq!(a.usage.completion_tokens, 24, "{:?}", a.usage);
+    within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
 /// `unload` waits for the generations in flight, and the generate behind it starts after it
 /// (there is no model left, so it fails): nothing overtakes a request that cannot join.
 #[tokio::test]

@@ -2,8 +2,10 @@
 //! pass (one pass over the weights serves them all), joining between steps and leaving when
 //! they end, each with its own sampler, constraint, stop strings, caches and stream. A
 //! sequence's tokens are those it gets alone: the batch runs the weights over its rows
-//! together and attention row by row (`LanguageModel::forward_rows`).
+//! together and attention row by row (`LanguageModel::forward_rows`). A long prompt prefills
+//! a chunk per step while the others decode (`generate/interleave.rs`).
 
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -11,8 +13,9 @@ use crate::{
     constrained::ToolUse,
     device::on_gpu,
     engine::{finish, prepare, Prepared, View},
-    generate::{advance, open, resume, together, Sequence, Started},
+    generate::{advance, open, resume, together, Opened, Sequence, Started},
     kv_cache::PaddedCache,
+    prompt::PromptInputs,
     prompt_cache::PromptCache,
     request::{Completion, Delta, GenerateRequest},
     CancelToken, Engine, EngineError, Group,
@@ -49,6 +52,17 @@ pub enum BatchAttention {
 /// test of what can, the next request if it passes.
 pub type More<'f> = dyn FnMut(&dyn Fn(&GenerateRequest) -> bool) -> Option<Admission<'f>> + 'f;
 
+/// A generation set up to join the batch once its prompt is prefilled (a long one a chunk per
+/// step while in `Batch::prefilling`).
+struct Joiner<'a> {
+    id: usize,
+    opened: Opened<'a>,
+    req: GenerateRequest,
+    prompt: PromptInputs,
+    cancel: CancelToken,
+    on_delta: Box<dyn FnMut(Delta) + 'a>,
+}
+
 /// What a running sequence's end still needs.
 struct Pending<'f> {
     on_done: Box<dyn FnOnce(Result<Completion, EngineError>) + 'f>,
@@ -65,6 +79,11 @@ struct Batch<'a> {
     padded: Option<PaddedCache>,
     /// Whether requests that arrive together prefill in one pass (padded attention on a GPU).
     together: bool,
+    /// Whether a long prompt prefills a chunk per step while the others decode
+    /// (`generate/interleave.rs`): when others can join.
+    interleave: bool,
+    /// Long prompts prefilling a chunk per step, first come first.
+    prefilling: VecDeque<Joiner<'a>>,
     /// By sequence id.
     pending: Vec<Option<Pending<'a>>>,
 }
@@ -113,6 +132,8 @@ impl Engine {
             // A joint prefill's rows get other bits than lone prefills on the CPU (docs/traps.md,
             // "A matmul row's bits depend on how many rows ride with it").
             together: batched && attention == BatchAttention::Padded && on_gpu(),
+            interleave: open,
+            prefilling: VecDeque::new(),
             pending: Vec::new(),
         };
         let mut arriving = vec![(first, started)];
@@ -120,11 +141,12 @@ impl Engine {
             // Between two steps: with a joint prefill every waiting request that fits joins;
             // else one, so that each one's first token comes after its own prefill and one
             // step, not after every other joiner's prefill.
+            let taken = batch.seqs.len() + batch.prefilling.len();
             let room = match batch.together {
                 true => max_batch,
-                false => max_batch.min(batch.seqs.len() + 1),
+                false => max_batch.min(taken + 1),
             };
-            while open && batch.seqs.len() + arriving.len() < room {
+            while open && taken + arriving.len() < room {
                 match more(&fits) {
                     Some(admission) => arriving.push((admission, Instant::now())),
                     None => break,
@@ -133,8 +155,12 @@ impl Engine {
             if !arriving.is_empty() {
                 batch.admit(cache, vocabulary, std::mem::take(&mut arriving));
             }
+            batch.prefill_step(cache);
             if batch.seqs.is_empty() {
-                return;
+                match batch.prefilling.is_empty() {
+                    true => return,
+                    false => continue,
+                }
             }
             for (id, result) in advance(&mut batch.seqs, cache, batch.padded.as_mut()) {
                 batch.done(id, result);
@@ -179,21 +205,63 @@ impl<'a> Batch<'a> {
             } = prep;
             self.pending.push(Some(Pending { on_done, tools }));
             match open(Rc::new(ctx), &req, &prompt, cache, guide) {
-                Ok(o) => opened.push((id, o, req, prompt, cancel, on_delta)),
+                Ok(o) => opened.push(Joiner {
+                    id,
+                    opened: o,
+                    req,
+                    prompt,
+                    cancel,
+                    on_delta,
+                }),
                 Err(e) => self.done(id, Err(e)),
             }
         }
         let mut joint: Vec<_> = (opened.iter_mut())
             .filter(|_| self.together)
-            .map(|(_, o, _, prompt, cancel, _)| (o, &*prompt, &*cancel))
+            .map(|p| (&mut p.opened, &p.prompt, &p.cancel))
             .collect();
         together::prefill(&mut joint);
-        for (id, o, req, prompt, cancel, on_delta) in opened {
-            match resume(id, o, &req, &prompt, cache, on_delta, &cancel) {
-                Ok(Started::Decoding(seq)) => self.seqs.push(seq),
-                Ok(Started::Done(completion)) => self.done(id, Ok(completion)),
-                Err(e) => self.done(id, Err(e)),
+        for p in opened {
+            match self.interleave && p.opened.long(&p.prompt) {
+                true => self.prefilling.push_back(p),
+                false => self.join(p, cache),
             }
+        }
+    }
+
+    /// The first long prompt's next chunk; once one chunk is left, it is prefilled and the
+    /// generation joins (or is answered: cancelled, failed). A cancelled one is answered at
+    /// once, wherever it waits.
+    fn prefill_step(&mut self, cache: &mut PromptCache) {
+        while let Some(i) = (self.prefilling.iter()).position(|p| p.cancel.is_cancelled()) {
+            let p = self.prefilling.remove(i).unwrap();
+            self.join(p, cache);
+        }
+        let Some(p) = self.prefilling.front_mut() else {
+            return;
+        };
+        if p.opened.long(&p.prompt) {
+            if let Err(e) = p.opened.prefill_ahead(&p.prompt) {
+                let id = p.id;
+                self.prefilling.pop_front();
+                self.done(id, Err(e));
+            }
+            return;
+        }
+        let p = self.prefilling.pop_front().unwrap();
+        self.join(p, cache);
+    }
+
+    /// Prefills what is left of `p`'s prompt and queues its first step: it joins the running
+    /// sequences, or is answered here when it already ended.
+    fn join(&mut self, p: Joiner<'a>, cache: &mut PromptCache) {
+        let id = p.id;
+        match resume(
+            id, p.opened, &p.req, &p.prompt, cache, p.on_delta, &p.cancel,
+        ) {
+            Ok(Started::Decoding(seq)) => self.seqs.push(seq),
+            Ok(Started::Done(completion)) => self.done(id, Ok(completion)),
+            Err(e) => self.done(id, Err(e)),
         }
     }
 

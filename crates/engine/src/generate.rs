@@ -97,6 +97,7 @@ impl<'a> GenerationContext<'a> {
 }
 
 mod guided;
+pub(crate) mod interleave;
 mod padded;
 mod pipeline;
 mod speculative;
@@ -342,6 +343,8 @@ pub(crate) struct Opened<'a> {
     reused: usize,
     /// What a joint pass prefilled since, or why that pass failed.
     prefilled: Option<std::result::Result<Prefilled, String>>,
+    /// What was prefilled a chunk at a time between a batch's steps ([`interleave`]).
+    ahead: Option<interleave::Ahead>,
     /// Its prompt's cache keys, when its caches go back to the prompt cache at the end.
     keep: Option<Vec<u32>>,
 }
@@ -398,6 +401,7 @@ pub(crate) fn open<'a>(
         dec,
         reused,
         prefilled: None,
+        ahead: None,
         keep: reuse.then(|| keys.clone()),
     })
 }
@@ -416,6 +420,7 @@ pub(crate) fn resume<'a>(
         mut dec,
         reused,
         prefilled,
+        ahead,
         keep,
     } = opened;
     let prefilled = prefilled.transpose().map_err(EngineError::Generation)?;
@@ -424,7 +429,7 @@ pub(crate) fn resume<'a>(
         &mut dec,
         req,
         prompt,
-        (reused, prefilled),
+        (reused, prefilled, ahead),
         &mut *on_delta,
         cancel,
     )?;
@@ -474,20 +479,22 @@ enum Begun<'a> {
 }
 
 /// Prefills the prompt from `reused` (what the prompt cache held) on, unless a joint pass
-/// did, and queues the first step; a speculative request decodes to its end here.
+/// did, after what was prefilled `ahead`, and queues the first step; a speculative request
+/// decodes to its end here.
 fn begin<'a>(
     dec: &mut Decoder<'a>,
     req: &GenerateRequest,
     prompt: &PromptInputs,
-    (reused, prefilled): (usize, Option<Prefilled>),
+    (reused, prefilled, ahead): (usize, Option<Prefilled>, Option<interleave::Ahead>),
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
 ) -> Result<Begun<'a>> {
     let ctx = dec.ctx.clone();
     let prompt_ids = &prompt.ids[..];
-    let (done, prefill_start, first) = match prefilled {
-        Some(p) => (prompt_ids.len() - reused, p.began, Some(p.logits)),
-        None => (0, Instant::now(), None),
+    let (done, prefill_start, first) = match (prefilled, ahead) {
+        (Some(p), _) => (prompt_ids.len() - reused, p.began, Some(p.logits)),
+        (None, Some(a)) => (a.done, a.began, None),
+        (None, None) => (0, Instant::now(), None),
     };
     dec.next = reused + done;
     let mut out = Output::new(
