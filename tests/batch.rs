@@ -476,12 +476,60 @@ async fn a_long_prompt_prefills_a_chunk_per_step_while_the_others_stream() {
     }
 }
 
-/// A long prompt cancelled while it prefills a chunk per step is answered as cancelled, and
-/// the generation beside it runs on to its end.
+/// A long prompt whose start the prompt cache holds prefills the rest a chunk per step from
+/// there, the chunks it gets alone: the same tokens, bit for bit on the CPU.
 #[tokio::test]
-async fn a_long_prompt_cancelled_while_it_prefills_leaves_the_others_running() {
+async fn a_long_prompt_after_a_cached_prefix_prefills_the_chunks_it_gets_alone() {
     let Some(smollm2) = smollm2_dir() else { return };
-    let w = worker(&["--max-batch", "2"]);
+    let model = LoadParams::new(model_id(&smollm2));
+    let line = "The quick brown fox jumps over the lazy dog by the river. ";
+    // About 600 cached tokens, then 1,100 more: two chunks of 512 ahead of the last on the CPU.
+    let cached = greedy(&line.repeat(45), 1);
+    let mut long = greedy(&line.repeat(130), 6);
+    long.logprobs = 1;
+    let one = worker(&[]);
+    // Nothing else runs: a long prompt prefills a chunk per step all the same.
+    let batch = worker(&["--max-batch", "2"]);
+    let mut got = Vec::new();
+    for w in [&one, &batch] {
+        within_for(LIMIT, w.call::<Load>(&model)).await.unwrap();
+        within_for(LIMIT, w.generate(&cached).unwrap().finish())
+            .await
+            .unwrap();
+        let mut g = w.generate(&long).unwrap();
+        let mut tokens = Vec::new();
+        while let Some(d) = within_for(LIMIT, g.next_delta()).await {
+            tokens.extend(d.tokens.unwrap());
+        }
+        let result = within_for(LIMIT, g.finish()).await.unwrap();
+        let usage = result.usage;
+        assert!(usage.cached_tokens > 500, "{usage:?}");
+        assert!(
+            usage.prompt_tokens - usage.cached_tokens > 1024,
+            "{usage:?}"
+        );
+        got.push((tokens, usage.cached_tokens));
+    }
+    assert_eq!(got[0].1, got[1].1, "the same prefix from the prompt cache");
+    let ids = |t: &[TokenLogprob]| t.iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(ids(&got[1].0), ids(&got[0].0), "the tokens it gets alone");
+    let init = within_for(LIMIT, one.call::<Initialize>(&InitializeParams::default()))
+        .await
+        .unwrap();
+    if init.mlx.backend == Backend::Cpu {
+        assert_eq!(got[1].0, got[0].0, "bit for bit as alone");
+    }
+    for w in [one, batch] {
+        within_for(LIMIT, w.shutdown()).await.unwrap();
+    }
+}
+
+/// A long prompt cancelled while it waits behind another long one's chunks is answered at
+/// once (before the other's first token), and the rest run on to their ends.
+#[tokio::test]
+async fn a_long_prompt_cancelled_while_it_waits_to_prefill_leaves_the_others_running() {
+    let Some(smollm2) = smollm2_dir() else { return };
+    let w = worker(&["--max-batch", "3"]);
     within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&smollm2))))
         .await
         .unwrap();
@@ -489,16 +537,33 @@ async fn a_long_prompt_cancelled_while_it_prefills_leaves_the_others_running() {
         .generate(&greedy("Write a long story about a dragon.", 24))
         .unwrap();
     within_for(LIMIT, a.next_delta()).await.unwrap();
-    let text = "The quick brown fox jumps over the lazy dog by the river. ".repeat(230);
-    let b = w.generate(&greedy(&text, 6)).unwrap();
-    within_for(LIMIT, a.next_delta()).await.unwrap();
-    within_for(LIMIT, w.cancel(b.id())).await.unwrap();
-    let b = within_for(LIMIT, b.finish()).await.unwrap();
-    assert_eq!(b.finish_reason, FinishReason::Cancelled);
-    assert_eq!(b.usage.completion_tokens, 0, "{:?}", b.usage);
+    let line = "The quick brown fox jumps over the lazy dog by the river. ";
+    let mut b = w.generate(&greedy(&line.repeat(230), 3)).unwrap();
+    let c = w.generate(&greedy(&line.repeat(231), 3)).unwrap();
+    // Both have joined by now (one per step; up to two of these deltas were on their way
+    // before), `b` prefilling (five chunks ahead), `c` waiting behind it.
+    for _ in 0..4 {
+        within_for(LIMIT, a.next_delta()).await.unwrap();
+    }
+    within_for(LIMIT, w.cancel(c.id())).await.unwrap();
+    let c = within_for(LIMIT, c.finish()).await.unwrap();
+    assert_eq!(c.finish_reason, FinishReason::Cancelled);
+    assert_eq!(c.usage.completion_tokens, 0, "{:?}", c.usage);
+    let b_started = tokio::select! {
+        biased;
+        _ = b.next_delta() => true,
+        _ = std::future::ready(()) => false,
+    };
+    assert!(
+        !b_started,
+        "the cancel was answered after b's prefill, not at once"
+    );
     while within_for(LIMIT, a.next_delta()).await.is_some() {}
     let a = within_for(LIMIT, a.finish()).await.unwrap();
     assert_eq!(a.usage.completion_tokens, 24, "{:?}", a.usage);
+    while within_for(LIMIT, b.next_delta()).await.is_some() {}
+    let b = within_for(LIMIT, b.finish()).await.unwrap();
+    assert_eq!(b.usage.completion_tokens, 3, "{:?}", b.usage);
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 

@@ -514,7 +514,9 @@ fn begin<'a>(
         Ok(Begun::Done(done))
     };
 
-    if done > 0 {
+    // A joint pass's positions (chunks prefilled ahead were checked one by one, and a cancel
+    // after them is answered as a cancel below).
+    if first.is_some() {
         ctx.check_headroom(reused + done)?;
     }
     // With images: the input embeddings of the rest of the prompt, image features merged in
