@@ -56,10 +56,8 @@ elif [ "${BENCH:-single}" = launch ]; then
   # Fewer kernels per layer in mlx-lm's own decode (launch_probe.py).
   timeout ${BENCH_TIMEOUT:-420} python3 xtask/cuda/launch_probe.py ${MODEL:-$S/model2} ${RUNS:-5} ${MAX_NEW:-256}
 elif [ "${BENCH:-single}" = ops ]; then
-  # MLX's CUDA graphs: each setting (comma-separated MLX_* assignments, or `default`) runs
-  # bench.py, both sides under it. MLX 0.32 on sm_90 commits a graph every 100 kernels or
-  # 1000 MB of inputs (MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER); MLX_USE_CUDA_GRAPHS=0
-  # launches each kernel alone.
+  # MLX's CUDA graphs (docs/decisions/cuda.md, "Not done"): each setting (comma-separated
+  # MLX_* assignments, or `default`) runs bench.py, both sides under it.
   i=0
   for SET in ${OPS:-default MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=400,MLX_MAX_MB_PER_BUFFER=100000 MLX_MAX_OPS_PER_BUFFER=30}; do
     i=$((i + 1)); E=${SET//,/ }; [ "$SET" = default ] && E=
