@@ -117,12 +117,12 @@ async fn smollm2_twenty_json_schemas_validate() {
 
 #[tokio::test]
 async fn gemma3_twenty_json_schemas_validate() {
-    let Some(gguf) = fixtures::gemma3_gguf() else {
+    let Some(dir) = fixtures::gemma3_dir() else {
         return;
     };
     let w = worker(&[]);
     // The base model has no chat template: a question-and-answer one.
-    let mut params = LoadParams::new(model_id(&gguf));
+    let mut params = LoadParams::new(model_id(&dir));
     params.chat_template_override =
         Some("{% for m in messages %}Question: {{ m.content }}\n{% endfor %}Answer: ".into());
     load_with(&w, params).await;

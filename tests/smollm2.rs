@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::{greedy, model_id, within_for, worker};
+use crate::support::{greedy, model_id, within_for, worker, worker_with_cache};
 use fixtures::{smollm2_dir, smollm2_gguf};
 use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};
 
@@ -39,7 +39,8 @@ async fn smollm2_names_the_capital_of_france() {
 #[tokio::test]
 async fn smollm2_gguf_loads_directly() {
     let Some(gguf) = smollm2_gguf() else { return };
-    let w = worker(&[]);
+    let cache = tempfile::tempdir().unwrap();
+    let w = worker_with_cache(cache.path());
     let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&gguf))))
         .await
         .unwrap();

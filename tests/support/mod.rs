@@ -10,8 +10,25 @@ use protocol::{Client, ClientError, ClientOptions, ErrorCode, ResponseError};
 
 /// Starts `mlx-worker` with `args`; set ECHO_WORKER_STDERR=1 to see its log.
 pub fn worker(args: &[&str]) -> Client {
+    spawn(worker_command(args))
+}
+
+/// Starts `mlx-worker` with `cache` as its cache directory (`XDG_CACHE_HOME`), for a test that
+/// loads a `.gguf`: the import (up to a gigabyte) lands there and goes with the test's
+/// temporary directory, and it is always made by the code under test.
+pub fn worker_with_cache(cache: &Path) -> Client {
+    let mut command = worker_command(&[]);
+    command.env("XDG_CACHE_HOME", cache);
+    spawn(command)
+}
+
+fn worker_command(args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mlx-worker"));
     command.args(args).env("MLX_WORKER_LOG", "debug");
+    command
+}
+
+fn spawn(command: tokio::process::Command) -> Client {
     let options = ClientOptions {
         echo_stderr: std::env::var_os("ECHO_WORKER_STDERR").is_some(),
         ..Default::default()

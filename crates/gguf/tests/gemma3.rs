@@ -8,7 +8,6 @@
 //! tokenizer builder on the same file (`cargo xtask check-import` repeats that comparison).
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use gguf::{GgmlType, GgufFile};
 use safetensors::SafeTensors;
@@ -26,16 +25,21 @@ fn gguf_path() -> Option<PathBuf> {
     common::real_gguf("MLX_WORKER_GEMMA3_GGUF", FILE_NAME)
 }
 
-/// The model imported once per test process.
-fn imported() -> Option<&'static Path> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    common::import_once(&DIR, "gemma3-gguf-import", gguf_path, |report| {
+/// The checkpoint imported once, into a temporary directory that goes when the test ends;
+/// each check below reads it in turn.
+#[test]
+fn imported_checkpoint() {
+    let Some(gguf) = gguf_path() else { return };
+    let dir = common::import(&gguf, |report| {
         assert_eq!(report.architecture, "gemma3");
         assert!(report.tied_embeddings);
         assert_eq!(report.tensors_written, 2 + LAYERS * 13);
         assert_eq!(report.parameters, 268_098_176);
         assert_eq!(report.vocab_size, 262_144);
-    })
+    });
+    config_is_what_mlx_lm_gemma3_text_reads(dir.path());
+    norms_are_shifted_back_and_projections_are_not_permuted(dir.path());
+    tokenizer_matches_the_reference_encodings(dir.path());
 }
 
 #[test]
@@ -74,9 +78,7 @@ fn metadata_and_tensor_table() {
     assert!(file.tensor("output.weight").is_none(), "the head is tied");
 }
 
-#[test]
-fn config_is_what_mlx_lm_gemma3_text_reads() {
-    let Some(dir) = imported() else { return };
+fn config_is_what_mlx_lm_gemma3_text_reads(dir: &Path) {
     let config = read_json(&dir.join("config.json"));
     let expect = json!({
         "architectures": ["Gemma3ForCausalLM"],
@@ -123,9 +125,7 @@ fn config_is_what_mlx_lm_gemma3_text_reads() {
     assert!(tokenizer_config.get("chat_template").is_none());
 }
 
-#[test]
-fn norms_are_shifted_back_and_projections_are_not_permuted() {
-    let Some(dir) = imported() else { return };
+fn norms_are_shifted_back_and_projections_are_not_permuted(dir: &Path) {
     let file = GgufFile::open(&gguf_path().unwrap()).unwrap();
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -188,9 +188,7 @@ fn norms_are_shifted_back_and_projections_are_not_permuted() {
     );
 }
 
-#[test]
-fn tokenizer_matches_the_reference_encodings() {
-    let Some(dir) = imported() else { return };
+fn tokenizer_matches_the_reference_encodings(dir: &Path) {
     let tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     // (text, ids without special tokens) from transformers' GGUF tokenizer on this file.
     let cases: [(&str, &[u32]); 8] = [

@@ -5,7 +5,6 @@
 //! and pass, unless `MLX_WORKER_REQUIRE_MODELS=1`, which makes a missing file a failure.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use gguf::{GgmlType, GgufFile};
 use safetensors::SafeTensors;
@@ -20,14 +19,20 @@ fn gguf_path() -> Option<PathBuf> {
     common::real_gguf("MLX_WORKER_SMOLLM2_GGUF", FILE_NAME)
 }
 
-/// The model imported once per test process.
-fn imported() -> Option<&'static Path> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    common::import_once(&DIR, "smollm2-gguf-import", gguf_path, |report| {
+/// The checkpoint imported once, into a temporary directory that goes when the test ends;
+/// each check below reads it in turn.
+#[test]
+fn imported_checkpoint() {
+    let Some(gguf) = gguf_path() else { return };
+    let dir = common::import(&gguf, |report| {
         assert_eq!(report.architecture, "llama");
         assert!(report.tied_embeddings);
         assert_eq!(report.tensors_written, 2 + 30 * 9);
-    })
+    });
+    config_matches_the_model_card(dir.path());
+    safetensors_hold_hf_names_shapes_and_gguf_values(dir.path());
+    tokenizer_follows_gguf_semantics(dir.path());
+    chat_template_renders_to_chatml_with_special_ids(dir.path());
 }
 
 use common::read_json;
@@ -86,9 +91,7 @@ fn metadata_and_tensor_table() {
     assert!(file.tensor("output.weight").is_none());
 }
 
-#[test]
-fn config_matches_the_model_card() {
-    let Some(dir) = imported() else { return };
+fn config_matches_the_model_card(dir: &Path) {
     let config = read_json(&dir.join("config.json"));
     let expect = [
         ("model_type", Value::from("llama")),
@@ -128,9 +131,7 @@ fn config_matches_the_model_card() {
     );
 }
 
-#[test]
-fn safetensors_hold_hf_names_shapes_and_gguf_values() {
-    let Some(dir) = imported() else { return };
+fn safetensors_hold_hf_names_shapes_and_gguf_values(dir: &Path) {
     let gguf = GgufFile::open(&gguf_path().unwrap()).unwrap();
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -185,9 +186,7 @@ fn vocab_id(file: &GgufFile, token: &str) -> u32 {
     tokens.iter().position(|t| t == token).unwrap() as u32
 }
 
-#[test]
-fn tokenizer_follows_gguf_semantics() {
-    let Some(dir) = imported() else { return };
+fn tokenizer_follows_gguf_semantics(dir: &Path) {
     let gguf = GgufFile::open(&gguf_path().unwrap()).unwrap();
     let tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
 
@@ -223,9 +222,7 @@ fn tokenizer_follows_gguf_semantics() {
     );
 }
 
-#[test]
-fn chat_template_renders_to_chatml_with_special_ids() {
-    let Some(dir) = imported() else { return };
+fn chat_template_renders_to_chatml_with_special_ids(dir: &Path) {
     let config = read_json(&dir.join("tokenizer_config.json"));
     let template = config["chat_template"].as_str().unwrap();
     let mut env = minijinja::Environment::new();

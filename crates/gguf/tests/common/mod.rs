@@ -3,11 +3,11 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use gguf::ImportReport;
 use safetensors::SafeTensors;
 use serde_json::Value;
+use tempfile::TempDir;
 
 /// The real GGUF `file_name`: from `env_var` if set, else from the `cargo xtask setup` cache
 /// (`<cache>/gguf/`, `model_store::cache_root`). `None` (with a note) when it
@@ -33,26 +33,13 @@ pub fn real_gguf(env_var: &str, file_name: &str) -> Option<PathBuf> {
     None
 }
 
-/// `gguf` imported once per test process (kept in `cell`), after `check` has looked at the
-/// report, into `name` under Cargo's temporary directory for integration tests: a fixed place,
-/// emptied first, so that no run leaves a gigabyte behind (a `TempDir` in a static never drops).
-pub fn import_once(
-    cell: &'static OnceLock<Option<PathBuf>>,
-    name: &str,
-    gguf: impl FnOnce() -> Option<PathBuf>,
-    check: impl FnOnce(&ImportReport),
-) -> Option<&'static Path> {
-    cell.get_or_init(|| {
-        let gguf = gguf()?;
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).unwrap();
-        }
-        std::fs::create_dir_all(&dir).unwrap();
-        check(&gguf::import_hf_dir(&gguf, &dir).unwrap());
-        Some(dir)
-    })
-    .as_deref()
+/// `gguf` imported into a fresh directory under Cargo's temporary directory for integration
+/// tests, after `check` has looked at the report. The import is a gigabyte of float32 weights:
+/// it is removed when the returned directory drops, at the end of the one test that reads it.
+pub fn import(gguf: &Path, check: impl FnOnce(&ImportReport)) -> TempDir {
+    let dir = TempDir::new_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    check(&gguf::import_hf_dir(gguf, dir.path()).unwrap());
+    dir
 }
 
 pub fn read_json(path: &Path) -> Value {
