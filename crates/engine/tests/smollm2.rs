@@ -50,21 +50,6 @@ fn greedy_answer_names_paris() {
     assert_eq!(deltas, out.text);
 }
 
-#[test]
-fn a_gguf_file_loads_directly() {
-    let _mlx = fixtures::mlx_test_lock();
-    let Some(gguf) = fixtures::smollm2_gguf() else {
-        return;
-    };
-    let (loaded, out, _) = ask_capital(&gguf);
-    assert!(loaded.info.is_gguf);
-    assert_eq!(
-        loaded.info.chat_template_source,
-        text::ChatTemplateSource::Gguf
-    );
-    assert!(out.text.contains("Paris"), "{:?}", out.text);
-}
-
 /// A greedy chat request of one user message.
 fn chat(content: impl Into<String>, max_new_tokens: usize) -> GenerateRequest {
     GenerateRequest::greedy(
@@ -183,21 +168,21 @@ fn constrained_prompt_lookup_changes_nothing() {
     }
 }
 
-/// A draft model: SmolLM2 in float32 (imported from its Q4_1 GGUF) drafts for the same model
-/// quantized to 4 bits on load (the same vocabulary, slightly different numbers); greedy output
+/// A draft model: SmolLM2 in float32 (as `cargo xtask setup` imported it from its Q4_1 GGUF)
+/// drafts for the same model quantized to 4 bits on load (the same vocabulary, slightly different numbers); greedy output
 /// is the same as without. A draft model with another vocabulary is
 /// refused at load, naming `draft_model`.
 #[test]
 fn a_draft_model_drafts_and_changes_nothing() {
     let _mlx = fixtures::mlx_test_lock();
-    let (Some(dir), Some(gguf)) = (fixtures::smollm2_dir(), fixtures::smollm2_gguf()) else {
+    let Some(dir) = fixtures::smollm2_dir() else {
         return;
     };
     let mut engine = Engine::new();
     let load = LoadRequest {
         model: dir.display().to_string(),
         load_in_4bit: true,
-        draft_model: Some(gguf.display().to_string()),
+        draft_model: Some(dir.display().to_string()),
         ..Default::default()
     };
     engine
@@ -225,7 +210,7 @@ fn a_draft_model_drafts_and_changes_nothing() {
     assert!(fast.usage.accepted_tokens > 0, "{:?}", fast.usage);
     req.constraint = None;
 
-    let Some(gemma) = fixtures::gemma3_gguf() else {
+    let Some(gemma) = fixtures::gemma3_dir() else {
         return;
     };
     let other = LoadRequest {
