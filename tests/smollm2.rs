@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::{greedy, model_id, within_for, worker, worker_with_cache};
+use crate::support::{greedy, import_cache, model_id, within_for, worker, worker_with_cache};
 use fixtures::{smollm2_dir, smollm2_gguf};
 use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};
 
@@ -39,7 +39,7 @@ async fn smollm2_names_the_capital_of_france() {
 #[tokio::test]
 async fn smollm2_gguf_loads_directly() {
     let Some(gguf) = smollm2_gguf() else { return };
-    let cache = tempfile::tempdir().unwrap();
+    let cache = import_cache();
     let w = worker_with_cache(cache.path());
     let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&gguf))))
         .await
@@ -134,7 +134,6 @@ async fn smollm2_with_a_draft_model_answers_the_same() {
 
     let mut load = LoadParams::new(model_id(&dir));
     load.draft_model = Some(model_id(&dir));
-    load.force = true;
     within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
     let fast = within_for(LIMIT, w.generate(&ask).unwrap().finish())
         .await

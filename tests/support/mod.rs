@@ -13,13 +13,19 @@ pub fn worker(args: &[&str]) -> Client {
     spawn(worker_command(args))
 }
 
-/// Starts `mlx-worker` with `cache` as its cache directory (`XDG_CACHE_HOME`), for a test that
-/// loads a `.gguf`: the import (up to a gigabyte) lands there and goes with the test's
-/// temporary directory, and it is always made by the code under test.
+/// Starts `mlx-worker` with `cache` as its cache directory (`MLX_WORKER_CACHE`), for a test
+/// that loads a `.gguf`: the import (up to a gigabyte) lands there and goes with the test's
+/// temporary directory ([`import_cache`]), and it is always made by the code under test.
 pub fn worker_with_cache(cache: &Path) -> Client {
     let mut command = worker_command(&[]);
-    command.env("XDG_CACHE_HOME", cache);
+    command.env("MLX_WORKER_CACHE", cache);
     spawn(command)
+}
+
+/// A temporary cache for [`worker_with_cache`], under Cargo's temporary directory for
+/// integration tests (on the target's disk, not a RAM-backed `/tmp`).
+pub fn import_cache() -> tempfile::TempDir {
+    tempfile::TempDir::new_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }
 
 fn worker_command(args: &[&str]) -> tokio::process::Command {

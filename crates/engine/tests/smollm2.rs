@@ -6,7 +6,7 @@ use mlx_engine::{
     text, CancelToken, Completion, Constraint, Engine, GenerateRequest, LoadRequest, Loaded, Prompt,
 };
 
-/// Loads `model` (a directory or a .gguf) and asks the capital of France, greedily.
+/// Loads the model directory `model` and asks the capital of France, greedily.
 fn ask_capital(model: &Path) -> (Loaded, Completion, String) {
     let mut engine = Engine::new();
     let load = LoadRequest {
@@ -169,9 +169,9 @@ fn constrained_prompt_lookup_changes_nothing() {
 }
 
 /// A draft model: SmolLM2 in float32 (as `cargo xtask setup` imported it from its Q4_1 GGUF)
-/// drafts for the same model quantized to 4 bits on load (the same vocabulary, slightly different numbers); greedy output
-/// is the same as without. A draft model with another vocabulary is
-/// refused at load, naming `draft_model`.
+/// drafts for the same model quantized to 4 bits on load (the same vocabulary, slightly
+/// different numbers); greedy output is the same as without. A draft model with another
+/// vocabulary is refused at load, naming `draft_model`.
 #[test]
 fn a_draft_model_drafts_and_changes_nothing() {
     let _mlx = fixtures::mlx_test_lock();
