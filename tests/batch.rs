@@ -455,7 +455,7 @@ async fn a_long_prompt_prefills_a_chunk_per_step_while_the_others_stream() {
     // system prompt, which a cached prefix would cut into other chunks).
     let mut alone = Vec::new();
     for q in [running, long] {
-        within_for(LIMIT, one.call::<Reset>(&ResetParams {}))
+        within_for(LIMIT, one.call::<Reset>(&ResetParams::default()))
             .await
             .unwrap();
         alone.push(scored(&one, &[q]).await);

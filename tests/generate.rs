@@ -152,6 +152,24 @@ async fn load_generate_and_tokenize_a_tiny_model() {
     assert_eq!(r.prompt.as_deref(), Some(PROMPT));
     assert_eq!(r.count as u64, PROMPT_TOKENS);
     assert_eq!(r.tokens[0], 1);
+    // With generate's template inputs, a count is the prompt generate runs.
+    p.system_prompt = "Be brief.".into();
+    let with_system = within(w.call::<Tokenize>(&p)).await.unwrap();
+    let mut g = greedy("hi", 1);
+    g.system_prompt = "Be brief.".into();
+    let ran = within(w.generate(&g).unwrap().finish()).await.unwrap();
+    assert_eq!(with_system.count as u64, ran.usage.prompt_tokens);
+    assert!(with_system.prompt.unwrap().starts_with("<|im_start|>system\nBe brief."));
+
+    // A raw completion: `prompt_ids` is the prompt as it is, no template.
+    let mut raw = GenerateParams::new(vec![]);
+    (raw.prompt_ids, raw.max_new_tokens, raw.temperature) = (Some(r.tokens.clone()), 24, 0.0);
+    let completed = within(w.generate(&raw).unwrap().finish()).await.unwrap();
+    assert_eq!(completed.usage.prompt_tokens, PROMPT_TOKENS);
+    assert_eq!(completed.text, result.text);
+    raw.prompt_ids = Some(vec![VOCAB_SIZE as u32]);
+    let err = within(w.generate(&raw).unwrap().finish()).await.unwrap_err();
+    assert!(format!("{err:?}").contains("prompt_ids"), "{err:?}");
 
     let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
     assert_eq!(status.active_model.as_deref(), Some(id.as_str()));

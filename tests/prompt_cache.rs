@@ -71,8 +71,18 @@ async fn the_next_turn_reuses_the_last_turns_cache_and_answers_the_same() {
     assert_eq!(again.usage.cached_tokens, again.usage.prompt_tokens - 1);
     assert_eq!(again.text, second.text);
 
+    // `reset` with `prompt_cache: false` (Studio's, after every stopped reply) keeps it.
+    within(w.call::<Reset>(&ResetParams {
+        prompt_cache: false,
+    }))
+    .await
+    .unwrap();
+    let kept = ask(&w, &chat(&turns)).await;
+    assert_eq!(kept.usage.cached_tokens, kept.usage.prompt_tokens - 1);
+    assert_eq!(kept.text, second.text);
+
     // `reset` forgets the cache.
-    within(w.call::<Reset>(&ResetParams {})).await.unwrap();
+    within(w.call::<Reset>(&ResetParams::default())).await.unwrap();
     let after_reset = ask(&w, &chat(&turns)).await;
     assert_eq!(after_reset.usage.cached_tokens, 0);
     assert_eq!(after_reset.text, second.text);

@@ -100,6 +100,24 @@ async fn initialize_reports_the_protocol_and_the_queue() {
 }
 
 #[tokio::test]
+async fn initialize_takes_a_client_without_a_version() {
+    // As LSP's `clientInfo`: a host may name itself without a version.
+    let w = worker(&[]);
+    let init = within(w.request_value(
+        "initialize",
+        json!({"client": {"name": "my-host"}, "protocol_version": "1"}),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(init["protocol_version"], "1", "{init}");
+    let refused = within(w.request_value("initialize", json!({"client": {"version": "1"}})))
+        .await
+        .unwrap_err();
+    assert!(format!("{refused:?}").contains("name"), "{refused:?}");
+    within(w.shutdown()).await.unwrap();
+}
+
+#[tokio::test]
 async fn shutdown_answers_then_exits_zero_and_refuses_new_work() {
     let w = worker(&[]);
     w.send_raw(

@@ -281,6 +281,7 @@ fn model_info() -> ModelInfo {
         dtype: Dtype::Float16,
         quantization: None,
         context_length: 2048,
+        native_context_length: 8192,
         num_parameters: 1,
         vocab_size: 32000,
         eos_token_ids: vec![2],
@@ -324,7 +325,8 @@ fn results_use_the_contracts_names() {
                 "display_name": "m",
                 "architecture": "LlamaForCausalLM", "model_type": "llama", "is_vision": false,
                 "is_lora": false, "is_gguf": false, "dtype": "float16", "quantization": null,
-                "context_length": 2048, "num_parameters": 1, "vocab_size": 32000,
+                "context_length": 2048, "native_context_length": 8192, "num_parameters": 1,
+                "vocab_size": 32000,
                 "eos_token_ids": [2],
                 "chat_template": {
                     "present": true, "source": "chat_template.jinja", "text": "{{ messages }}"

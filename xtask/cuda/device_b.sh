@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Second device call (carry .cuda/b), right after device_a.sh while the machine is warm: rebuild
-# libmlx from its halves, install MLX 0.32.2 (CUDA) + mlx-lm 0.32.2 into /tmp/mlxcuda/site (Python
+# libmlx from its halves, install MLX 0.32.4 (CUDA) + mlx-lm 0.32.2 into /tmp/mlxcuda/site (Python
 # and the worker share that one libmlx.so), smoke-test both, then run bench.py.
 # Env: RUNS (7), MAX_NEW (256), PROMPTS (short,long,long4x), MODEL ($S/model); BENCH=batch runs
 # batch.py instead (RUNS 3, MAX_NEW 128, WIDTHS 1,2,4,8); BENCH=constrained constrained.py
@@ -17,7 +17,7 @@ if [ ! -f $SITE/mlx/lib/libmlx.so ]; then
   echo "$(cat .cuda/b/libmlx.so.xz.sha256)  $S/libmlx.so.xz" | sha256sum -c - || exit 4
   rm -rf $SITE && mkdir -p $SITE
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SITE \
-    .cuda/b/mlx-0.32.2-*.whl .cuda/b/mlx_lm-0.32.2-*.whl || exit 5
+    .cuda/b/mlx-0.32.4-*.whl .cuda/b/mlx_lm-0.32.2-*.whl || exit 5
   tar -xJf .cuda/b/mlx-cuda-rest.tar.xz -C $SITE
   mkdir -p $SITE/mlx/lib && xz -dc $S/libmlx.so.xz >$SITE/mlx/lib/libmlx.so
   # As the build lays it out: <bin>/../mlx is the MLX distribution, nvidia/ beside its mlx/.

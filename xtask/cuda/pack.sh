@@ -12,7 +12,7 @@ set -euo pipefail
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 WORK=${CUDA_WORK:-/tmp/cudawh}
 TARGET=${CARGO_TARGET_DIR:-/tmp/target-cuda}
-V=0.32.2
+V=0.32.4
 mkdir -p "$WORK/stage"
 cd "$WORK"
 

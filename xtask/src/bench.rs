@@ -417,7 +417,7 @@ impl Worker {
     /// `params` generated from an empty prompt cache.
     pub async fn fresh_generate(&self, params: &GenerateParams) -> anyhow::Result<GenerateResult> {
         self.client
-            .call::<protocol::methods::Reset>(&protocol::methods::ResetParams {})
+            .call::<protocol::methods::Reset>(&protocol::methods::ResetParams::default())
             .await
             .context("worker: reset")?;
         let result = self.client.generate(params)?.finish().await;
@@ -438,7 +438,7 @@ impl Worker {
         // Every run starts from an empty prompt cache, which would otherwise hold all but the
         // last token of the same prompt from the run before.
         self.client
-            .call::<protocol::methods::Reset>(&protocol::methods::ResetParams {})
+            .call::<protocol::methods::Reset>(&protocol::methods::ResetParams::default())
             .await
             .context("worker: reset")?;
         if prompt.next_turn {

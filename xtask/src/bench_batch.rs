@@ -197,7 +197,7 @@ async fn worker_batch(
 ) -> anyhow::Result<Run> {
     let client = &worker.client;
     client
-        .call::<Reset>(&ResetParams {})
+        .call::<Reset>(&ResetParams::default())
         .await
         .context("worker: reset")?;
     let handles = chats

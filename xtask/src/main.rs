@@ -18,6 +18,7 @@ mod long_runs;
 mod parity;
 mod pytest;
 mod setup;
+mod studio;
 mod test;
 mod tools;
 mod venv;
@@ -81,6 +82,9 @@ enum Cmd {
     /// The Python package's tests (protocol/python): pip install it into the venv, then pytest
     /// against the worker `cargo test` builds (or MLX_WORKER_BIN) and the real models.
     Pytest,
+    /// Unsloth Studio 2026.10.9's own worker child and orchestrator on the release worker
+    /// (studio/scenarios.py through studio/studio-2026.10.9.patch): the scenario table.
+    Studio,
     /// This text.
     Help,
 }
@@ -105,6 +109,7 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Soak(opts)) => long_runs::soak(&opts),
         Some(Cmd::Launch(opts)) => launch::run(&opts),
         Some(Cmd::Pytest) => pytest::run(None),
+        Some(Cmd::Studio) => studio::run(None),
         None | Some(Cmd::Help) => {
             use clap::CommandFactory;
             Cli::command().print_long_help()?;

@@ -4,7 +4,9 @@
 //! (failing, not skipping, when a model is missing), then the parity check against mlx-lm and
 //! mlx-vlm, then the Python package's tests against the release worker.
 
-use crate::{cargo, check_macos, deny, parity, pytest, run_checked, setup, venv, worker_bin};
+use crate::{
+    cargo, check_macos, deny, parity, pytest, run_checked, setup, studio, venv, worker_bin,
+};
 
 pub fn run() -> anyhow::Result<()> {
     deny::run()?;
@@ -34,6 +36,9 @@ pub fn run() -> anyhow::Result<()> {
     }
     eprintln!("test: parity against mlx-lm");
     parity::run(&parity::Options::default())?;
-    // The Python package against the release worker, the binary Studio ships.
-    pytest::run(Some(worker_bin::build_release()?))
+    // The Python package against the release worker, the binary Studio ships; then Studio's
+    // own code on it.
+    let release = worker_bin::build_release()?;
+    pytest::run(Some(release.clone()))?;
+    studio::run(Some(release))
 }

@@ -11,8 +11,8 @@ use crate::run_checked as run;
 /// Exactly these, so the reference runs the MLX build the worker links; pytest runs the Python
 /// package's tests (`protocol/python`, which itself needs nothing beyond the standard library).
 const REQUIREMENTS: [&str; 10] = [
-    "mlx==0.32.2",
-    "mlx-cpu==0.32.2",
+    "mlx==0.32.4",
+    "mlx-cpu==0.32.4",
     "mlx-lm==0.32.2",
     "pytest==9.2.0",
     // The vision reference's image stack: resampling and processor outputs are compared bit

@@ -77,7 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ids = engine.prompt_ids(None, &prompt)?;
         let generate = GenerateRequest::greedy(prompt, request.max_new_tokens);
         // No prompt-cache reuse between cases (tests/worker_prompt_cache.rs covers reuse).
-        engine.reset();
+        engine.reset(true);
         let got = engine.generate(&generate, &mut |_| {}, &CancelToken::new())?;
         answers.push(json!({"name": case.name, "prompt_ids": ids, "tokens": got.token_ids}));
     }

@@ -108,6 +108,12 @@ pub(crate) fn prepare(
     let prompt = prompt::prompt_inputs(view.tokenizer, view.vision, &req.prompt)?;
     let markup = Markup::of(view.tokenizer, &prompt.ids);
     let vocab_size = view.info.vocab_size.max(1);
+    if let Some(&id) = prompt.ids.iter().find(|&&id| id as usize >= vocab_size) {
+        return Err(EngineError::InvalidParams {
+            field: "prompt_ids".into(),
+            reason: format!("token id {id} is outside the vocabulary (0..{vocab_size})"),
+        });
+    }
     let guide = constraint
         .map(|c| constrained::compile(vocabulary, view.tokenizer, vocab_size, c, markup.as_ref()))
         .transpose()?;
@@ -539,10 +545,12 @@ impl Engine {
         Ok(ids)
     }
 
-    /// Clears MLX's buffer cache and every resident's prompt cache.
-    pub fn reset(&mut self) {
-        for r in &mut self.models {
-            r.prompt_cache.clear();
+    /// Clears MLX's buffer cache and, when `prompt_cache`, every resident's prompt cache.
+    pub fn reset(&mut self, prompt_cache: bool) {
+        if prompt_cache {
+            for r in &mut self.models {
+                r.prompt_cache.clear();
+            }
         }
         memory::release(false);
     }

@@ -334,6 +334,7 @@ pub(crate) fn describe(
         } else {
             own_context
         },
+        native_context_length: own_context,
         num_parameters: built.num_parameters,
         // The model's output width (embeddings are often padded past the tokenizer's size):
         // what the sampler's logit-bias row and token checks must match.

@@ -83,6 +83,8 @@ pub struct ModelInfo {
     pub dtype: WeightDtype,
     pub quantization: Option<Quantization>,
     pub context_length: usize,
+    /// The model's own context, whatever `max_seq_length` asked for.
+    pub native_context_length: usize,
     pub num_parameters: u64,
     pub vocab_size: usize,
     pub eos_token_ids: Vec<u32>,

@@ -162,7 +162,7 @@ fn a_generation_past_the_memory_limit_stops_with_an_error_and_the_model_goes_on(
         .unwrap();
 
     // The limit just above what is in use: the prompt's first chunk of KV cache passes it.
-    engine.reset();
+    engine.reset(true);
     let active = mlx_rs::memory::active_memory().unwrap();
     let limit = mlx_rs::memory::set_memory_limit(active + 1).unwrap();
     let result = engine.generate(&req, &mut |_| {}, &CancelToken::new());

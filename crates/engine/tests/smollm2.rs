@@ -77,7 +77,7 @@ fn smollm2_engine() -> Option<Engine> {
 
 /// Generates `req` from an empty prompt cache.
 fn fresh(engine: &mut Engine, req: &GenerateRequest) -> Completion {
-    engine.reset();
+    engine.reset(true);
     engine
         .generate(req, &mut |_| {}, &CancelToken::new())
         .unwrap()

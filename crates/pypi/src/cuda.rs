@@ -15,21 +15,26 @@ use std::path::{Path, PathBuf};
 
 use crate::{Error, Index, Result};
 
-/// The newest release of every `Requires-Dist` of `mlx-cuda-13` 0.32.2 on 2026-12-04 (what
-/// `pip install mlx-cuda-13==0.32.2` installed that day).
-pub const RUNTIME: [(&str, &str); 6] = [
+/// The newest release of every `Requires-Dist` of `mlx-cuda-13` 0.32.4 on 2026-12-05 (what
+/// `pip install mlx-cuda-13==0.32.4` installs), and of what cuSOLVER's wheel requires in turn
+/// (`libcusolver.so.12` needs cuSPARSE and nvJitLink beside it in `nvidia/cu13/lib`).
+pub const RUNTIME: [(&str, &str); 9] = [
     ("nvidia-cublas", "13.8.2.12"),
     ("nvidia-cuda-nvrtc", "13.5.37"),
     ("nvidia-cuda-runtime", "13.5.37"),
     ("nvidia-cudnn-cu13", "9.28.1.4"),
     ("nvidia-cufft", "12.5.0.14"),
+    ("nvidia-cusolver", "12.4.1.2"),
+    ("nvidia-cusparse", "12.9.4.2"),
+    ("nvidia-nvjitlink", "13.5.37"),
     ("nvidia-nccl-cu13", "2.32.6"),
 ];
 
 /// libmlx's NEEDED libraries that the wheels provide.
-pub const LIBRARIES: [&str; 5] = [
+pub const LIBRARIES: [&str; 6] = [
     "libcublasLt.so.13",
     "libcufft.so.12",
+    "libcusolver.so.12",
     "libnvrtc.so.13",
     "libcudnn.so.9",
     "libnccl.so.2",
@@ -182,11 +187,12 @@ pub fn check_requirements(metadata: &str) -> Result<()> {
 mod tests {
     use super::*;
 
-    const MLX_CUDA_13: &str = "Metadata-Version: 2.4\nName: mlx-cuda-13\nVersion: 0.32.2\n\
+    const MLX_CUDA_13: &str = "Metadata-Version: 2.4\nName: mlx-cuda-13\nVersion: 0.32.4\n\
         Requires-Python: >=3.10\nRequires-Dist: nvidia-cudnn-cu13==9.*\n\
         Requires-Dist: nvidia-nccl-cu13\nRequires-Dist: nvidia-cublas==13.*\n\
         Requires-Dist: nvidia-cufft==12.*\nRequires-Dist: nvidia-cuda-nvrtc==13.*\n\
-        Requires-Dist: nvidia-cuda-runtime==13.*\nDynamic: requires-dist\n";
+        Requires-Dist: nvidia-cuda-runtime==13.*\nRequires-Dist: nvidia-cusolver==12.*\n\
+        Dynamic: requires-dist\n";
 
     #[test]
     fn the_pins_satisfy_what_mlx_cuda_13_requires() {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::{Error, Index, Result, WheelFile};
 
 /// The MLX release mlx-c 0.7.0 (and so mlx-rs 0.33) is built for; other releases' headers break it.
-pub const MLX_VERSION: &str = "0.32.2";
+pub const MLX_VERSION: &str = "0.32.4";
 
 /// The backend a target's MLX computes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,7 +245,7 @@ pub fn verify_layout(dist: &Path, backend: Backend) -> Result<()> {
 #[cfg(test)]
 mod tests;
 
-/// The version in `mlx/share/cmake/MLX/MLXConfigVersion.cmake` (`set(PACKAGE_VERSION "0.32.2")`).
+/// The version in `mlx/share/cmake/MLX/MLXConfigVersion.cmake` (`set(PACKAGE_VERSION "0.32.4")`).
 fn cmake_package_version(dist: &Path) -> Option<String> {
     let text =
         std::fs::read_to_string(dist.join("mlx/share/cmake/MLX/MLXConfigVersion.cmake")).ok()?;

@@ -55,11 +55,15 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
         continue_final_message: p.continue_final_message,
         enable_thinking: p.enable_thinking,
         tools: tools(p.tools.as_ref())?,
-        extra: template_variables(p),
+        extra: template_variables(p.reasoning_effort.as_deref(), p.preserve_thinking),
+    };
+    let prompt = match &p.prompt_ids {
+        Some(ids) => Prompt::Tokens(ids.clone()),
+        None => Prompt::Chat { messages, options },
     };
     Ok(GenerateRequest {
         model: p.model.clone(),
-        prompt: Prompt::Chat { messages, options },
+        prompt,
         max_new_tokens: p.max_new_tokens as usize,
         // Every field from the request, whose defaults are the protocol's (their one home), and
         // never `..Default::default()`: the engine's defaults are mlx-lm's, for its own tests.
@@ -181,18 +185,21 @@ pub fn messages(messages: &[ChatMessage]) -> Result<Vec<text::Message>, Response
 }
 
 /// `reasoning_effort` and `preserve_thinking`: template variables only when given.
-fn template_variables(p: &GenerateParams) -> Map<String, Value> {
+pub fn template_variables(
+    reasoning_effort: Option<&str>,
+    preserve_thinking: Option<bool>,
+) -> Map<String, Value> {
     let mut extra = Map::new();
-    if let Some(effort) = &p.reasoning_effort {
+    if let Some(effort) = reasoning_effort {
         extra.insert("reasoning_effort".into(), json!(effort));
     }
-    if let Some(preserve) = p.preserve_thinking {
+    if let Some(preserve) = preserve_thinking {
         extra.insert("preserve_thinking".into(), json!(preserve));
     }
     extra
 }
 
-fn tools(tools: Option<&Value>) -> Result<Option<Vec<Value>>, ResponseError> {
+pub fn tools(tools: Option<&Value>) -> Result<Option<Vec<Value>>, ResponseError> {
     match tools {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(tools)) => Ok(Some(tools.clone())),
@@ -340,6 +347,7 @@ pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
             group_size: q.group_size as u32,
         }),
         context_length: info.context_length as u64,
+        native_context_length: info.native_context_length as u64,
         num_parameters: info.num_parameters,
         vocab_size: info.vocab_size as u64,
         eos_token_ids: info.eos_token_ids.clone(),

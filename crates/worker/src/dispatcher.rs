@@ -587,8 +587,13 @@ impl Handler for Unload {
 }
 
 impl Handler for Reset {
-    fn handle(d: &mut Dispatcher, id: RequestId, _: Self::Params) {
-        d.enqueue(id, Work::Reset);
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        d.enqueue(
+            id,
+            Work::Reset {
+                prompt_cache: params.prompt_cache,
+            },
+        );
     }
 }
 

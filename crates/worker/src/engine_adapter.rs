@@ -159,9 +159,9 @@ impl EngineAdapter {
         })
     }
 
-    /// `reset`: clears MLX's buffer cache.
-    pub fn reset(&mut self) -> ResetResult {
-        self.engine.reset();
+    /// `reset`: clears MLX's buffer cache, and the prompt caches when `prompt_cache`.
+    pub fn reset(&mut self, prompt_cache: bool) -> ResetResult {
+        self.engine.reset(prompt_cache);
         ResetResult {
             memory: convert::memory(self.engine.memory()),
         }

@@ -32,8 +32,8 @@ pub enum Work {
     Generate(Box<GenerateParams>),
     /// `unload`.
     Unload(UnloadParams),
-    /// `reset`.
-    Reset,
+    /// `reset`; true: the prompt caches too.
+    Reset { prompt_cache: bool },
 }
 
 impl Work {
@@ -42,7 +42,7 @@ impl Work {
         match self {
             Work::Load(_) => WorkerState::Loading,
             Work::Generate(_) => WorkerState::Generating,
-            Work::Unload(_) | Work::Reset => WorkerState::Idle,
+            Work::Unload(_) | Work::Reset { .. } => WorkerState::Idle,
         }
     }
 }
@@ -389,7 +389,7 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox, stall: &Stall)
                 .map(to_value)
         }
         Work::Unload(params) => engine.unload(&params).map(to_value),
-        Work::Reset => Ok(to_value(engine.reset())),
+        Work::Reset { prompt_cache } => Ok(to_value(engine.reset(prompt_cache))),
     };
     match result {
         Ok(value) => Response::ok(id, value),

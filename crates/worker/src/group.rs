@@ -25,7 +25,7 @@ pub enum Shared {
     Load(Box<LoadParams>),
     Generate(Box<GenerateParams>),
     Unload(UnloadParams),
-    Reset,
+    Reset(bool),
     /// Rank 0 is stopping: followers free their models and exit.
     Quit,
 }
@@ -41,7 +41,7 @@ impl Shared {
             })),
             Work::Generate(p) => Shared::Generate(p.clone()),
             Work::Unload(p) => Shared::Unload(p.clone()),
-            Work::Reset => Shared::Reset,
+            Work::Reset { prompt_cache } => Shared::Reset(*prompt_cache),
         }
     }
 }
@@ -113,8 +113,8 @@ pub fn follow(prompt_cache_bytes: u64) -> i32 {
             Shared::Load(p) => engine.load(&p, &never, &mut |_, _, _, _| {}).map(drop),
             Shared::Generate(p) => engine.generate(&p, &never, &mut |_| {}).map(drop),
             Shared::Unload(p) => engine.unload(&p).map(drop),
-            Shared::Reset => {
-                engine.reset();
+            Shared::Reset(prompt_cache) => {
+                engine.reset(prompt_cache);
                 Ok(())
             }
             Shared::Quit => break,

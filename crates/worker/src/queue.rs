@@ -73,7 +73,7 @@ mod tests {
     fn job(id: i64) -> Job {
         Job {
             id: id.into(),
-            work: Work::Reset,
+            work: Work::Reset { prompt_cache: true },
             cancel: mlx_engine::CancelToken::new(),
         }
     }

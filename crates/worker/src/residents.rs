@@ -68,10 +68,18 @@ pub fn tokenize(
         Some(messages) => {
             let options = RenderOptions {
                 add_generation_prompt: params.add_generation_prompt,
+                enable_thinking: params.enable_thinking,
+                tools: convert::tools(params.tools.as_ref())?,
+                extra: convert::template_variables(
+                    params.reasoning_effort.as_deref(),
+                    params.preserve_thinking,
+                ),
                 ..RenderOptions::default()
             };
+            let messages = convert::messages(messages)?;
+            let messages = mlx_engine::text::prepend_system_prompt(&params.system_prompt, &messages);
             let rendered = tokenizer
-                .render_and_encode(&convert::messages(messages)?, &options)
+                .render_and_encode(&messages, &options)
                 .map_err(template_error)?;
             (rendered.ids, Some(rendered.text))
         }

@@ -1,5 +1,5 @@
-"""mlx_worker.studio: the seed's call sequence on MLXInferenceBackend, and Studio's dict
-exchange through Bridge, against the real worker and real models."""
+"""mlx_worker.studio: the seed's call sequence on MLXInferenceBackend against the real worker
+and real models. Studio 2026.10's own worker and orchestrator drive it in `cargo xtask studio`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from conftest import FAST, HELLO, greedy_text
 
 from mlx_worker import Client, LoadFailedError, WorkerDiedError
-from mlx_worker.studio import Bridge, MLXInferenceBackend
+from mlx_worker.studio import MLXInferenceBackend, parse_kv_quant, spec_mode
 
 TOKEN = "hf_studio_secret_never_in_the_environment"
 TIMING_KEYS = {
@@ -71,7 +71,10 @@ def test_the_seeds_call_sequence(backend: MLXInferenceBackend, binary: str, smol
     # load with a config object; the token never enters os.environ.
     assert backend.load_model(config(smollm2), hf_token=TOKEN, **FAST) is True
     assert backend.active_model_name == smollm2 and backend.loading_models == set()
-    assert backend.models[smollm2]["model_info"]["display_name"] == "SmolLM2-135M-Instruct"
+    entry = backend.models[smollm2]
+    assert entry["load_result"]["info"]["display_name"] == "SmolLM2-135M-Instruct"
+    assert entry["context_length"] == entry["native_context_length"] == 8192
+    assert entry["chat_template_info"]["format_type"] == "chatml"
     assert not any(TOKEN in value for value in os.environ.values())
 
     # The cumulative text only grows, and ends as the worker's own greedy text.
@@ -79,17 +82,17 @@ def test_the_seeds_call_sequence(backend: MLXInferenceBackend, binary: str, smol
     assert texts and growing(texts)
     assert texts[-1] == greedy_text(backend.client, HELLO, 16, model=smollm2)
     stats = backend.last_generation_stats
-    assert set(stats) == {"usage", "timings"} and set(stats["timings"]) == TIMING_KEYS
+    assert set(stats) == {"usage", "timings", "finish_reason"} and set(stats["timings"]) == TIMING_KEYS
     assert stats["usage"]["completion_tokens"] == stats["timings"]["predicted_n"] > 0
 
-    # A cancel event set mid-prefill: the worker stops before any token; the generator ends
-    # within 100 ms.
+    # A cancel event set mid-prefill: the worker stops before any token, at its next prefill
+    # chunk; the generator ends once the worker has answered, its stats latched (Studio reads
+    # them right after the generator ends).
     event = threading.Event()
     items, lag = consume_with_cancel(
         backend.generate_chat_response(LONG, temperature=0.0, max_new_tokens=32, cancel_event=event), event, after_s=0.3
     )
-    assert items == [] and lag < 0.1
-    assert backend.wait_for_generation(timeout=60)
+    assert items == [] and lag < 20
     result = backend.last_generation_result
     assert result["finish_reason"] == "cancelled" and result["usage"]["completion_tokens"] == 0
 
@@ -98,8 +101,7 @@ def test_the_seeds_call_sequence(backend: MLXInferenceBackend, binary: str, smol
     items, lag = consume_with_cancel(
         backend.generate_chat_response(HELLO, temperature=0.0, max_new_tokens=200, cancel_event=event), event, after_items=2
     )
-    assert len(items) >= 2 and growing(items) and lag < 0.1
-    assert backend.wait_for_generation(timeout=60)
+    assert len(items) >= 2 and growing(items) and lag < 2
     result = backend.last_generation_result
     assert result["finish_reason"] == "cancelled" and result["text"].startswith(items[-1])
     assert result["usage"]["completion_tokens"] < 200
@@ -147,88 +149,6 @@ def test_a_killed_worker_gives_a_clear_error_and_the_next_load_works(backend: ML
     assert backend.models == {} and backend.active_model_name is None
     assert backend.load_model(config(smollm2), **FAST)
     assert list(backend.generate_chat_response(HELLO, temperature=0.0, max_new_tokens=4))
-
-
-def replies_until(bridge: Bridge, kind: str, timeout: float = 120) -> list[dict]:
-    """Replies up to and including the first of type ``kind``."""
-    out = []
-    deadline = time.monotonic() + timeout
-    while not out or out[-1]["type"] != kind:
-        out.append(bridge.get(timeout=max(0.1, deadline - time.monotonic())))
-        assert isinstance(out[-1]["ts"], float)
-    return out
-
-
-def test_the_bridge_speaks_studios_dicts(binary: str, smollm2: str):
-    bridge = Bridge(binary)
-    load = {"type": "load", "model_name": smollm2, "max_seq_length": 4096, "load_in_4bit": False,
-            "hf_token": "", "trust_remote_code": False, "gpu_ids": None, "mlx_kv_bits": 8,
-            "chat_template_override": None, "is_vision": False, "is_lora": False, "is_gguf": False,
-            "audio_type": None}  # fmt: skip
-    gen = {"type": "generate", "messages": HELLO, "system_prompt": "", "image_base64": None,
-           "temperature": 0.0, "top_p": 0.95, "top_k": 20, "min_p": 0.01, "max_new_tokens": 16,
-           "repetition_penalty": 1.0, "presence_penalty": 0.0}  # fmt: skip
-
-    bridge.send(load)
-    replies = replies_until(bridge, "loaded")
-    assert all(r["type"] == "status" and r["message"] for r in replies[:-1]) and len(replies) > 1
-    loaded = replies[-1]
-    assert loaded["success"] is True
-    info = loaded["model_info"]
-    assert info["identifier"] == smollm2 and info["display_name"] == "SmolLM2-135M-Instruct"
-    assert (info["is_mlx"], info["is_gguf"], info["is_audio"]) == (True, False, False)
-    assert (info["mlx_kv_bits"], info["mlx_kv_bits_requested"], info["mlx_kv_quant_reason"]) == (8, 8, None)
-    template = info["chat_template_info"]
-    assert template["has_template"] and "<|im_start|>" in template["template"]
-    assert template["special_tokens"]["eos"] == "<|im_end|>"
-
-    # Two generates: tokens carry the cumulative text, gen_done the stats.
-    for request_id in ("r1", "r2"):
-        bridge.send({**gen, "request_id": request_id})
-        replies = replies_until(bridge, "gen_done")
-        tokens = [r["text"] for r in replies[:-1]]
-        assert all(r["type"] == "token" and r["request_id"] == request_id for r in replies[:-1])
-        assert tokens and growing(tokens)
-        done = replies[-1]
-        assert done["request_id"] == request_id and set(done["stats"]) == {"usage", "timings"}
-        assert set(done["stats"]["timings"]) == TIMING_KEYS
-    with Client(binary) as c:
-        c.load(smollm2, kv_bits=8, **FAST)
-        want = greedy_text(c, HELLO, 16, top_p=0.95, top_k=20, min_p=0.01)
-    assert tokens[-1] == want
-
-    # A cancel while generating: gen_done with fewer tokens.
-    bridge.send({**gen, "request_id": "r3", "max_new_tokens": 200})
-    first = bridge.get(timeout=60)
-    assert first["type"] == "token"
-    bridge.send({"type": "cancel"})
-    replies = replies_until(bridge, "gen_done")
-    assert replies[-1]["stats"]["usage"]["completion_tokens"] < 200
-
-    # A generate still queued when an unload starts is answered cancelled; then unloaded.
-    bridge.send({**gen, "request_id": "r4", "max_new_tokens": 64})
-    bridge.send({**gen, "request_id": "r5"})
-    bridge.send({"type": "unload", "model_name": smollm2})
-    replies = replies_until(bridge, "unloaded")
-    done = [r for r in replies if r["type"] == "gen_done"]
-    assert {"type": "gen_done", "request_id": "r5", "cancelled": True, "stats": None}.items() <= done[-1].items()
-    assert replies[-1]["model_name"] == smollm2
-
-    bridge.send({"type": "reset"})
-    assert replies_until(bridge, "reset_ack")[-1]["type"] == "reset_ack"
-    bridge.send({"type": "status"})
-    status = replies_until(bridge, "status_response")[-1]
-    assert (status["active_model"], status["models"]) == (None, [])
-    bridge.send({"type": "generate_audio", "request_id": "a1", "text": "hi"})
-    error = replies_until(bridge, "error")[-1]
-    assert "audio is not supported" in error["error"]
-    bridge.send({**load, "model_name": smollm2 + "-missing"})
-    failed = replies_until(bridge, "loaded")[-1]
-    assert failed["success"] is False and "not_found" in failed["error"] and failed["stack"]
-    bridge.send({"type": "shutdown"})
-    assert list(bridge) == []
-    with pytest.raises(EOFError):
-        bridge.get(timeout=1)
 
 
 def test_an_image_reaches_a_vision_model_in_every_form(backend: MLXInferenceBackend, binary: str, tiny_vision):
@@ -307,3 +227,11 @@ def test_parallel_chats_run_together_and_answer_as_alone(binary: str, smollm2: s
     finally:
         alone.close()
         together.close()
+
+
+def test_studios_setting_strings_are_read_as_studio_reads_them():
+    assert parse_kv_quant("auto") == parse_kv_quant(None) == parse_kv_quant("q8_0") == (None, False)
+    assert parse_kv_quant("8") == (8, False) and parse_kv_quant(" TQ-3.5 ") == (3.5, True)
+    assert parse_kv_quant("tq-4") == (4, True) and parse_kv_quant("tq-5") == (None, False)
+    assert spec_mode(None) == spec_mode("bogus") == "auto" and spec_mode("none") == "off"
+    assert spec_mode("draft-mtp") == "mtp" and spec_mode("NGRAM") == "ngram"

@@ -121,6 +121,9 @@ pub struct ModelInfo {
     pub quantization: Option<Quantization>,
     /// The context limit in force (tokens).
     pub context_length: u64,
+    /// The model's own context (its config's `max_position_embeddings`; 4096 when it names
+    /// none), whatever `max_seq_length` asked for.
+    pub native_context_length: u64,
     /// Parameter count.
     pub num_parameters: u64,
     /// Vocabulary size.

@@ -24,8 +24,21 @@ impl Method for Generate {
     /// only asserts what is checked here (it cannot name a field to the host).
     fn validate(p: &GenerateParams) -> Result<(), ResponseError> {
         let bad = |field: &str, reason: String| Err(ResponseError::invalid_params(field, reason));
-        if p.messages.is_empty() {
-            return bad("messages", "must hold at least one message".into());
+        match &p.prompt_ids {
+            Some(ids) if ids.is_empty() => {
+                return bad("prompt_ids", "must hold at least one token id".into());
+            }
+            Some(_) if !p.messages.is_empty() => {
+                return bad("messages", "must be empty when `prompt_ids` is the prompt".into());
+            }
+            Some(_) if p.image.is_some() => {
+                return bad("image", "a raw prompt (`prompt_ids`) takes no image".into());
+            }
+            Some(_) => {}
+            None if p.messages.is_empty() => {
+                return bad("messages", "must hold at least one message".into());
+            }
+            None => {}
         }
         if !(p.temperature.is_finite() && p.temperature >= 0.0) {
             return bad(
@@ -182,8 +195,12 @@ pub struct GenerateParams {
     /// Which resident model; default the active one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// The conversation (required, non-empty).
+    /// The conversation (required; non-empty unless `prompt_ids` is given).
     pub messages: Vec<ChatMessage>,
+    /// A raw completion: these token ids are the prompt as they are (no chat template, no
+    /// system prompt, nothing added); `messages` must then be empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_ids: Option<Vec<u32>>,
     /// Prepended as a system message when non-empty; default `""`.
     #[serde(default)]
     pub system_prompt: String,

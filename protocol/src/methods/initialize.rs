@@ -25,13 +25,23 @@ pub struct ProgramInfo {
     pub version: String,
 }
 
+/// The host that calls, as LSP's `clientInfo`: a name, a version if it has one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClientInfo {
+    /// Its name, e.g. `"unsloth-studio"`.
+    pub name: String,
+    /// Its version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
 /// Params of `initialize`; all optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InitializeParams {
     /// Who is calling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client: Option<ProgramInfo>,
+    pub client: Option<ClientInfo>,
     /// The protocol version the host speaks (`"1"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol_version: Option<String>,

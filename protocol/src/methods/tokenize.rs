@@ -2,7 +2,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{default_true, ChatMessage, Method};
 use crate::error::ResponseError;
@@ -48,6 +48,22 @@ pub struct TokenizeParams {
     /// With `messages`: append the assistant prompt; default true.
     #[serde(default = "default_true")]
     pub add_generation_prompt: bool,
+    /// With `messages`: the template's inputs as `generate` takes them, so a count is the
+    /// prompt `generate` would run. Prepended as a system message when non-empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub system_prompt: String,
+    /// Passed to the chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Value>,
+    /// Passed to the chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
+    /// Passed to the chat template; undefined when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// Passed to the chat template; undefined when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preserve_thinking: Option<bool>,
 }
 
 impl TokenizeParams {

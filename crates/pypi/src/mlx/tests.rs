@@ -9,7 +9,7 @@ fn target(os: &str, arch: &str, cuda: bool, macos: Option<(u32, u32)>) -> Target
     }
 }
 
-/// The files PyPI lists for MLX 0.32.2 (names as published), plus an older release.
+/// The files PyPI lists for MLX 0.32.4 (names as published), plus an older release.
 fn listed(package: &str) -> Vec<WheelFile> {
     let stem = package.replace('-', "_");
     let names: Vec<String> = match package {
@@ -51,24 +51,24 @@ fn a_mac_takes_the_metal_wheel_pip_would_take() {
     // The newest tag not newer than the Mac, as pip does.
     assert_eq!(
         pick(&mac(Some((15, 3)))),
-        "mlx_metal-0.32.2-py3-none-macosx_15_0_arm64.whl"
+        "mlx_metal-0.32.4-py3-none-macosx_15_0_arm64.whl"
     );
     assert_eq!(
         pick(&mac(Some((14, 0)))),
-        "mlx_metal-0.32.2-py3-none-macosx_14_0_arm64.whl"
+        "mlx_metal-0.32.4-py3-none-macosx_14_0_arm64.whl"
     );
     assert_eq!(
         pick(&mac(Some((26, 1)))),
-        "mlx_metal-0.32.2-py3-none-macosx_26_0_arm64.whl"
+        "mlx_metal-0.32.4-py3-none-macosx_26_0_arm64.whl"
     );
     assert_eq!(
         pick(&mac(Some((25, 0)))),
-        "mlx_metal-0.32.2-py3-none-macosx_15_0_arm64.whl"
+        "mlx_metal-0.32.4-py3-none-macosx_15_0_arm64.whl"
     );
     // Unknown Mac: the oldest, which runs on all of them.
     assert_eq!(
         pick(&mac(None)),
-        "mlx_metal-0.32.2-py3-none-macosx_14_0_arm64.whl"
+        "mlx_metal-0.32.4-py3-none-macosx_14_0_arm64.whl"
     );
     // Older than MLX supports: nothing, and the error names the floor.
     let old = mac(Some((13, 6))).wheel().unwrap();
@@ -90,19 +90,19 @@ fn linux_takes_the_cpu_or_the_cuda_wheel_for_its_arch() {
     assert_eq!(cpu.wheel().unwrap().backend, Backend::Cpu);
     assert_eq!(
         pick(&cpu),
-        "mlx_cpu-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
+        "mlx_cpu-0.32.4-py3-none-manylinux_2_35_x86_64.whl"
     );
     let arm = target("linux", "aarch64", false, None);
     assert_eq!(
         pick(&arm),
-        "mlx_cpu-0.32.2-py3-none-manylinux_2_35_aarch64.whl"
+        "mlx_cpu-0.32.4-py3-none-manylinux_2_35_aarch64.whl"
     );
     let cuda = target("linux", "x86_64", true, None);
     assert_eq!(cuda.wheel().unwrap().backend, Backend::Cuda);
     assert_eq!(cuda.wheel().unwrap().library(), "libmlx.so");
     assert_eq!(
         pick(&cuda),
-        "mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
+        "mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl"
     );
     assert!(target("linux", "riscv64", false, None).wheel().is_err());
     assert!(target("windows", "x86_64", false, None).wheel().is_err());
@@ -122,10 +122,10 @@ fn cache_names_keep_variants_apart() {
     assert_eq!(
         names,
         [
-            "mlx-cpu-0.32.2",
-            "mlx-cuda-13-0.32.2",
-            "mlx-metal-0.32.2-macos-oldest",
-            "mlx-metal-0.32.2-macos15.0"
+            "mlx-cpu-0.32.4",
+            "mlx-cuda-13-0.32.4",
+            "mlx-metal-0.32.4-macos-oldest",
+            "mlx-metal-0.32.4-macos15.0"
         ]
     );
 }
@@ -137,11 +137,11 @@ fn macos_versions_parse_as_sw_vers_and_deployment_targets_write_them() {
     assert_eq!(parse_macos_version("26.0\n"), Some((26, 0)));
     assert_eq!(parse_macos_version("sonoma"), None);
     assert_eq!(
-        macos_tag("mlx_metal-0.32.2-py3-none-macosx_26_0_arm64.whl"),
+        macos_tag("mlx_metal-0.32.4-py3-none-macosx_26_0_arm64.whl"),
         Some((26, 0))
     );
     assert_eq!(
-        macos_tag("mlx_cpu-0.32.2-py3-none-manylinux_2_35_x86_64.whl"),
+        macos_tag("mlx_cpu-0.32.4-py3-none-manylinux_2_35_x86_64.whl"),
         None
     );
 }
@@ -165,7 +165,7 @@ fn a_distribution_missing_the_metallib_is_refused_by_name() {
     let version = dir.join("mlx/share/cmake/MLX/MLXConfigVersion.cmake");
     std::fs::write(&version, "set(PACKAGE_VERSION \"0.29.1\")\n").unwrap();
     let err = verify_layout(&dir, Backend::Metal).unwrap_err().to_string();
-    assert!(err.contains("holds MLX 0.29.1, not 0.32.2"), "{err}");
+    assert!(err.contains("holds MLX 0.29.1, not 0.32.4"), "{err}");
     std::fs::write(
         &version,
         format!("set(PACKAGE_VERSION \"{MLX_VERSION}\")\n"),

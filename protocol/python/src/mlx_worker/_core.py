@@ -24,20 +24,29 @@ BINARY_ENV = "MLX_WORKER_BIN"
 Sink = Callable[[str, Any], None]
 
 
+#: Where the wheel (``cargo xtask wheel``) puts the binary: inside the package, so it finds the
+#: environment's MLX at ``site-packages/mlx/lib`` through its rpath ``$ORIGIN/../../mlx/lib``.
+PACKAGED_BINARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "mlx-worker")
+
+
 def find_binary(binary: str | os.PathLike[str] | None = None) -> str:
-    """The worker binary: ``binary`` if given, else ``$MLX_WORKER_BIN``, else ``mlx-worker`` on
-    PATH."""
+    """The worker binary: ``binary`` if given, else ``$MLX_WORKER_BIN``, else the one the wheel
+    installed with this package, else ``mlx-worker`` on PATH."""
     if binary is not None:
         path = os.fspath(binary)
         where = "the path given"
     elif os.environ.get(BINARY_ENV):
         path = os.environ[BINARY_ENV]
         where = f"${BINARY_ENV}"
+    elif os.path.isfile(PACKAGED_BINARY):
+        path = PACKAGED_BINARY
+        where = "the binary installed with this package"
     else:
         found = shutil.which("mlx-worker")
         if found is None:
             raise WorkerNotFoundError(
-                f"no mlx-worker binary: pass its path, set {BINARY_ENV}, or put mlx-worker on PATH"
+                f"no mlx-worker binary: install the mlx-worker wheel, pass its path, set "
+                f"{BINARY_ENV}, or put mlx-worker on PATH"
             )
         return found
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):

@@ -14,17 +14,20 @@ PROTOCOL_VERSION = '1'
 class InitializeParams(TypedDict, total=False):
     """Params of `initialize`; all optional."""
     #: Who is calling.
-    client: ProgramInfo | None
+    client: ClientInfo | None
     #: The protocol version the host speaks (`"1"`).
     protocol_version: str | None
 
 
-class ProgramInfo(TypedDict):
-    """A program's name and version."""
+class _ClientInfoRequired(TypedDict):
     #: Its name, e.g. `"unsloth-studio"`.
     name: str
+
+
+class ClientInfo(_ClientInfoRequired, total=False):
+    """The host that calls, as LSP's `clientInfo`: a name, a version if it has one."""
     #: Its version.
-    version: str
+    version: str | None
 
 
 class _InitializeResultRequired(TypedDict):
@@ -42,6 +45,14 @@ class InitializeResult(_InitializeResultRequired, total=False):
     """Result of `initialize`."""
     #: The group of ranks the worker runs as; absent for one process.
     group: GroupInfo | None
+
+
+class ProgramInfo(TypedDict):
+    """A program's name and version."""
+    #: Its name, e.g. `"unsloth-studio"`.
+    name: str
+    #: Its version.
+    version: str
 
 
 class MlxInfo(TypedDict):
@@ -197,6 +208,9 @@ class _ModelInfoRequired(TypedDict):
     dtype: Dtype
     #: The context limit in force (tokens).
     context_length: int
+    #: The model's own context (its config's `max_position_embeddings`; 4096 when it names
+    #: none), whatever `max_seq_length` asked for.
+    native_context_length: int
     #: Parameter count.
     num_parameters: int
     #: Vocabulary size.
@@ -296,7 +310,7 @@ class MemoryInfo(TypedDict):
 
 
 class _GenerateParamsRequired(TypedDict):
-    #: The conversation (required, non-empty).
+    #: The conversation (required; non-empty unless `prompt_ids` is given).
     messages: list[ChatMessage]
 
 
@@ -304,6 +318,9 @@ class GenerateParams(_GenerateParamsRequired, total=False):
     """Params of `generate`. Absent fields take the contract's defaults."""
     #: Which resident model; default the active one.
     model: str | None
+    #: A raw completion: these token ids are the prompt as they are (no chat template, no
+    #: system prompt, nothing added); `messages` must then be empty.
+    prompt_ids: list[int] | None
     #: Prepended as a system message when non-empty; default `""`.
     #: default: ""
     system_prompt: str
@@ -623,8 +640,12 @@ class UnloadResult(TypedDict):
     memory: MemoryInfo
 
 
-class ResetParams(TypedDict):
-    """Params of `reset` (none)."""
+class ResetParams(TypedDict, total=False):
+    """Params of `reset`."""
+    #: Also clear every resident's prompt cache; default true. Studio resets after every
+    #: stopped reply and keeps its conversations' caches (`false`).
+    #: default: true
+    prompt_cache: bool
 
 
 class ResetResult(TypedDict):
@@ -684,6 +705,9 @@ class _ResidentModelRequired(TypedDict):
     dtype: Dtype
     #: The context limit in force (tokens).
     context_length: int
+    #: The model's own context (its config's `max_position_embeddings`; 4096 when it names
+    #: none), whatever `max_seq_length` asked for.
+    native_context_length: int
     #: Parameter count.
     num_parameters: int
     #: Vocabulary size.
@@ -725,6 +749,17 @@ class TokenizeParams(TypedDict, total=False):
     #: With `messages`: append the assistant prompt; default true.
     #: default: true
     add_generation_prompt: bool
+    #: With `messages`: the template's inputs as `generate` takes them, so a count is the
+    #: prompt `generate` would run. Prepended as a system message when non-empty.
+    system_prompt: str
+    #: Passed to the chat template.
+    tools: Any
+    #: Passed to the chat template.
+    enable_thinking: bool | None
+    #: Passed to the chat template; undefined when absent.
+    reasoning_effort: str | None
+    #: Passed to the chat template; undefined when absent.
+    preserve_thinking: bool | None
 
 
 class _TokenizeResultRequired(TypedDict):

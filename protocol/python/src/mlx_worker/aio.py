@@ -250,9 +250,10 @@ class AsyncClient:
         """``unload``: one model, or all."""
         return cast(t.UnloadResult, await self.call("unload", drop_none({"model": model})))
 
-    async def reset(self) -> t.ResetResult:
-        """``reset``."""
-        return cast(t.ResetResult, await self.call("reset", {}))
+    async def reset(self, *, prompt_cache: bool = True) -> t.ResetResult:
+        """``reset``: clears MLX's buffer cache and, unless ``prompt_cache=False``, the prompt
+        caches."""
+        return cast(t.ResetResult, await self.call("reset", {"prompt_cache": prompt_cache}))
 
     async def status(self) -> t.StatusResult:
         """``status``."""

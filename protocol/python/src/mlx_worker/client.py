@@ -278,9 +278,10 @@ class Client:
         """``unload``: one model, or all."""
         return cast(t.UnloadResult, self.call("unload", drop_none({"model": model})))
 
-    def reset(self) -> t.ResetResult:
-        """``reset``: clears MLX's buffer cache and the prompt caches."""
-        return cast(t.ResetResult, self.call("reset", {}))
+    def reset(self, *, prompt_cache: bool = True) -> t.ResetResult:
+        """``reset``: clears MLX's buffer cache and, unless ``prompt_cache=False``, the prompt
+        caches."""
+        return cast(t.ResetResult, self.call("reset", {"prompt_cache": prompt_cache}))
 
     def status(self) -> t.StatusResult:
         """``status``: state, resident models, queue, memory."""

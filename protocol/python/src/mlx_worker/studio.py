@@ -1,15 +1,17 @@
-"""Unsloth Studio on mlx-worker.
+"""Unsloth Studio on mlx-worker: Studio 2026.10's ``MLXInferenceBackend``, served by the worker.
 
-:class:`MLXInferenceBackend` has the public surface of Studio's ``MLXInferenceBackend`` (the
-seed, ``studio/backend/core/inference/mlx_inference.py``), so Studio swaps one import::
+Studio's inference child imports its MLX backend in one line (``core/inference/worker.py``,
+2026.10.9: line 2101); the drop-in changes only that line (``studio/studio-2026.10.9.patch``)::
 
-    # from core.inference.mlx_inference import MLXInferenceBackend
-    from mlx_worker.studio import MLXInferenceBackend
-    backend = MLXInferenceBackend()          # finds mlx-worker: MLX_WORKER_BIN or PATH
+    from mlx_worker.studio import MLXInferenceBackend, _init_mlx_distributed
 
-:class:`Bridge` speaks the dicts Studio's orchestrator exchanges with its inference process
-(commands in, replies out), so the orchestrator can drive the Rust worker with no Python
-inference process in between.
+Everything Studio's worker and orchestrator call or read is here with Studio's names, keywords
+and value vocabularies (``docs/studio.md`` cites Studio's lines for each): ``load_model`` with
+every keyword Studio passes, ``models[name]`` with the keys Studio forwards, the generate
+methods yielding cumulative text, ``last_generation_stats`` latched before a generator ends,
+``count_chat_tokens``, raw completions, batched rows, and the refusals Studio's own backend
+gives for what the worker lacks (TurboQuant, the MTP/DFlash/DSpark/EAGLE-3 drafters, audio,
+video, int8 prefill, offload).
 """
 
 from __future__ import annotations
@@ -17,31 +19,119 @@ from __future__ import annotations
 import base64
 import io
 import os
-import queue
 import threading
 import time
-import traceback
-from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from . import _types as t
-from ._core import find_binary
 from .client import Client, Generation
-from .errors import MLXWorkerError, NoModelError, WorkerDiedError
+from .errors import (
+    ContextOverflowError,
+    InvalidParamsError,
+    MLXWorkerError,
+    NoModelError,
+    WorkerDiedError,
+)
 
-# How often the generator and the cancel watcher look at `cancel_event` (seconds): the
-# generator ends within 100 ms of the event being set, the worker hears of it at once.
+# How often a generator and the cancel watcher look at ``cancel_event`` (seconds).
 _POLL_S = 0.02
+# How long a stopped generator waits for the worker's answer, so its stats are latched.
+_ANSWER_WAIT_S = 30.0
+#: How many generations the worker runs together (``--max-batch``): Studio's batched rows.
+BATCH_WIDTH = 4
+
+# -- Studio's vocabularies ------------------------------------------------------------------
+
+#: ``kv_quant`` as Studio's settings send it: "auto" (none), integer widths, TurboQuant widths.
+KV_BITS_CHOICES = (8, 6, 5, 4, 3, 2)
+TURBOQUANT_BITS_CHOICES = (4, 3.5, 3, 2)
+TURBOQUANT_PREFIX = "tq-"
+#: The widths the worker quantizes its KV cache to.
+WORKER_KV_BITS = (8, 4)
+#: Studio's speculation modes, and the legacy names it maps onto them.
+SPEC_MODES = ("auto", "off", "ngram", "mtp", "dflash", "dspark", "eagle3")
+_SPEC_ALIASES = {
+    "mtp+ngram": "mtp", "default": "auto", "draft-mtp": "mtp", "draft-dspark": "dspark",
+    "draft-dflash": "dflash", "ngram-mod": "ngram", "ngram-simple": "ngram", "none": "off",
+    "disable": "off", "disabled": "off",
+}  # fmt: skip
+#: Studio's cap on a copy or draft depth.
+_SPEC_DEPTH_MAX = 16
 
 
-def _studio_timings(result: t.GenerateResult) -> dict[str, Any]:
-    """llama-server's timings, as Studio reads them, from a `generate` result."""
-    timings, usage = result["timings"], result["usage"]
+def parse_kv_quant(value: Any) -> tuple[int | float | None, bool]:
+    """Studio's ``kv_quant`` string as ``(bits, turboquant)``: ``None``/``""``/``"auto"`` and
+    anything unknown are ``(None, False)`` (no quantization, as Studio's backend reads them)."""
+    text = "" if value is None else str(value).strip().lower()
+    if text.startswith(TURBOQUANT_PREFIX):
+        try:
+            bits = float(text[len(TURBOQUANT_PREFIX) :])
+        except ValueError:
+            return None, False
+        if bits in TURBOQUANT_BITS_CHOICES:
+            return (int(bits) if bits.is_integer() else bits), True
+        return None, False
+    if text.isdigit() and int(text) in KV_BITS_CHOICES:
+        return int(text), False
+    return None, False
+
+
+def encode_kv_quant(bits: int | float | None, turboquant: bool = False) -> str:
+    """The inverse of :func:`parse_kv_quant` (``"auto"`` for none)."""
+    if bits is None:
+        return "auto"
+    if turboquant:
+        return f"{TURBOQUANT_PREFIX}{bits:g}"
+    return str(int(bits))
+
+
+def spec_mode(value: Any) -> str:
+    """Studio's ``speculative_type`` normalised: one of :data:`SPEC_MODES` (``"auto"`` else)."""
+    if not isinstance(value, str) or not value.strip():
+        return "auto"
+    mode = value.strip().lower()
+    mode = _SPEC_ALIASES.get(mode, mode)
+    return mode if mode in SPEC_MODES else "auto"
+
+
+def format_type(template: Any) -> str:
+    """Studio's ``chat_template_info.format_type`` of a template text."""
+    if not template:
+        return "generic"
+    if not isinstance(template, str):
+        return "generic"
+    low = template.lower()
+    if "start_header_id" in low and "end_header_id" in low:
+        return "llama3"
+    if "[inst]" in low and "[/inst]" in low:
+        return "mistral"
+    if "<|im_start|>" in low and "<|im_end|>" in low:
+        return "chatml"
+    return "custom"
+
+
+def _init_mlx_distributed() -> tuple[None, int, int]:
+    """Studio's worker asks this for an MLX group when a load is distributed. The worker splits
+    a model over its own group of ranks (started by ``mlx.launch``: ``MLXInferenceBackend(
+    launch=...)``), not over one Studio's process made, so this is a group of one; Studio's
+    worker then refuses the distributed load with its own message."""
+    return None, 0, 1
+
+
+# -- stats ----------------------------------------------------------------------------------
+
+
+def generation_stats(result: t.GenerateResult) -> dict[str, Any]:
+    """Studio's ``last_generation_stats`` from a ``generate`` result: ``usage`` (with
+    ``prompt_tokens_details.cached_tokens``), llama-server ``timings`` (with the draft counts
+    when drafts ran) and ``finish_reason`` (``"stop"`` or ``"length"``; a cancelled reply is a
+    stop, as in Studio)."""
+    usage, timings = result["usage"], result["timings"]
 
     def per_token(ms: float, n: int) -> float:
         return ms / n if n else 0.0
 
-    return {
+    studio_timings = {
         "prompt_n": timings["prompt_n"],
         "prompt_ms": timings["prompt_ms"],
         "prompt_per_token_ms": per_token(timings["prompt_ms"], timings["prompt_n"]),
@@ -52,18 +142,18 @@ def _studio_timings(result: t.GenerateResult) -> dict[str, Any]:
         "predicted_per_second": timings["predicted_per_second"],
         "cache_n": usage["cached_tokens"],
     }
-
-
-def generation_stats(result: t.GenerateResult) -> dict[str, Any]:
-    """Studio's ``stats``: ``usage`` and llama-server ``timings``."""
-    usage = result["usage"]
+    if usage.get("drafted_tokens"):
+        studio_timings["draft_n"] = usage["drafted_tokens"]
+        studio_timings["draft_n_accepted"] = usage.get("accepted_tokens", 0)
     return {
         "usage": {
             "prompt_tokens": usage["prompt_tokens"],
             "completion_tokens": usage["completion_tokens"],
             "total_tokens": usage["total_tokens"],
+            "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
         },
-        "timings": _studio_timings(result),
+        "timings": studio_timings,
+        "finish_reason": "length" if result["finish_reason"] == "length" else "stop",
     }
 
 
@@ -93,56 +183,70 @@ def _dtype_name(dtype: Any) -> str | None:
     return name if name in ("bfloat16", "float16", "float32") else None
 
 
-def studio_model_info(identifier: str, loaded: t.LoadResult, override_requested: bool) -> dict[str, Any]:
-    """``model_info`` of Studio's ``loaded`` reply, from a ``load`` result."""
-    info = loaded["info"]
-    template = info["chat_template"]
-    kv = info["kv_quantization"]
-    eligibility = None
-    if kv.get("requested") is not None:
-        eligibility = "eligible" if kv.get("applied") is not None else "ineligible"
-    return {
-        "identifier": identifier,
-        "display_name": info["display_name"],
-        "is_vision": info["is_vision"],
-        "is_lora": info["is_lora"],
-        "is_gguf": False,
-        "is_mlx": True,
-        "is_audio": False,
-        "audio_type": None,
-        "has_audio_input": False,
-        "context_length": info["context_length"],
-        "mlx_kv_bits": kv.get("applied"),
-        "mlx_kv_bits_requested": kv.get("requested"),
-        "mlx_kv_quant_eligibility": eligibility,
-        "mlx_kv_quant_reason": kv.get("reason"),
-        "chat_template_override_requested": override_requested,
-        "chat_template_info": {
-            "has_template": template["present"],
-            "template": template.get("text"),
-            "format_type": "jinja" if template["present"] else None,
-            "template_name": template["source"],
-            "special_tokens": dict(info["special_tokens"]),
-        },
-    }
+def _context_refusal(error: ContextOverflowError) -> Exception:
+    """A prompt over the context as Studio's backend refuses it: Studio's own
+    ``ContextBudgetExceeded`` when running inside Studio (its worker then reports the counts to
+    the orchestrator), a ``ValueError`` with the same message and counts elsewhere."""
+    data = error.data or {}
+    request_tokens, context_tokens = int(data.get("prompt_tokens", 0)), int(data.get("context_length", 0))
+    try:
+        from core.inference.context_refusal import ContextBudgetExceeded
+    except ImportError:
+        refusal = ValueError(
+            f"Message too long: {request_tokens} tokens exceeds the {context_tokens}-token "
+            "context window. Try increasing the Context Length in Model settings, or shorten "
+            "the conversation."
+        )
+        refusal.request_tokens, refusal.context_tokens = request_tokens, context_tokens  # type: ignore[attr-defined]
+        return refusal
+    return ContextBudgetExceeded(request_tokens, context_tokens)
+
+
+class _Reasoning:
+    """Studio's reasoning normalisation over the worker's deltas: the worker marks each delta's
+    ``channel``; where reasoning arrives without its ``<think>`` tags (a thought the template
+    opened in the prompt, harmony's analysis channel), the tags are written around it, so the
+    cumulative text reads ``<think>...</think>answer`` as Studio's backend yields it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._open = False  # a <think> this class wrote is open
+
+    def add(self, delta: t.GenerateDelta) -> str:
+        text = delta["text"]
+        channel = delta.get("channel")
+        if channel == "reasoning" and not self._open and not self.text and not text.lstrip().startswith("<think>"):
+            self.text += "<think>"
+            self._open = True
+        elif channel == "content" and self._open:
+            self.text += "</think>"
+            self._open = False
+        self.text += text
+        return self.text
+
+    def finish(self) -> str:
+        if self._open:
+            self.text += "</think>"
+            self._open = False
+        return self.text
 
 
 class MLXInferenceBackend:
-    """Studio's MLX backend on mlx-worker: the seed's attributes and methods, one worker process
-    underneath (started by the first ``load_model``, replaced after a crash by the next one).
+    """Studio's ``MLXInferenceBackend`` (2026.10) on one mlx-worker process, started by the first
+    ``load_model`` and replaced after a crash by the next one.
 
-    ``binary`` is the worker (else ``$MLX_WORKER_BIN``, else ``mlx-worker`` on PATH).
-    ``launch``, when given, is the command that starts the worker as a group of ranks (the
-    worker and its args follow it), e.g. ``["mlx.launch", "--backend", "ring", "--hosts",
-    "10.0.0.1,10.0.0.2", "--"]``: then a load with ``mlx_distributed`` and
-    ``mlx_parallel_mode`` (Studio's settings) splits the model over the ranks.
+    ``binary`` is the worker (else ``$MLX_WORKER_BIN``, else the one installed with this
+    package, else ``mlx-worker`` on PATH). ``launch``, when given, starts the worker as a group
+    of ranks (e.g. ``["mlx.launch", "--backend", "ring", "--hosts", "10.0.0.1,10.0.0.2",
+    "--"]``); a ``config`` with ``mlx_distributed`` and ``mlx_parallel_mode`` then splits the
+    model over them.
     """
 
     def __init__(
         self,
         binary: str | os.PathLike[str] | None = None,
         *,
-        worker_args: Iterable[str] = (),
+        worker_args: Iterable[str] = ("--max-batch", str(BATCH_WIDTH)),
         launch: Iterable[str] = (),
     ):
         self.models: dict[str, dict[str, Any]] = {}
@@ -150,17 +254,19 @@ class MLXInferenceBackend:
         self.loading_models: set[str] = set()
         self.loaded_local_models: list[str] = []
         self.device = "mlx"
-        #: ``{"usage", "timings"}`` of the last finished generation (Studio's ``stats``).
+        #: Studio's ``stats`` of the last generation, set before its generator ends.
         self.last_generation_stats: dict[str, Any] | None = None
-        #: The last generation's whole ``generate`` result (``finish_reason`` included).
+        #: Per row of the last :meth:`generate_chat_batch`.
+        self.last_batch_generation_stats: list[dict[str, Any] | None] = []
+        #: The last generation's whole ``generate`` result (``tool_calls`` included).
         self.last_generation_result: t.GenerateResult | None = None
+        self._distributed_group = None
+        self._distributed_rank = 0
+        self._distributed_world_size = 1
         self._binary = binary
         self._worker_args = list(worker_args)
         self._launch = list(launch)
         self._client: Client | None = None
-        # Set once the worker has answered the last generation.
-        self._generation_done = threading.Event()
-        self._generation_done.set()
 
     # -- the worker -------------------------------------------------------------------------
 
@@ -169,6 +275,8 @@ class MLXInferenceBackend:
         """The worker's client (started on first use)."""
         if self._client is None:
             if self._launch:
+                from ._core import find_binary
+
                 worker = [find_binary(self._binary), *self._worker_args]
                 self._client = Client(self._launch[0], args=[*self._launch[1:], *worker])
             else:
@@ -186,6 +294,11 @@ class MLXInferenceBackend:
             self._client.close()
             self._client = None
 
+    def _active(self) -> dict[str, Any]:
+        if self.active_model_name is None or self._client is None or not self._client.alive:
+            raise RuntimeError("No model loaded")
+        return self.models[self.active_model_name]
+
     # -- load / unload ----------------------------------------------------------------------
 
     def load_model(
@@ -197,35 +310,48 @@ class MLXInferenceBackend:
         trust_remote_code: bool = False,
         gpu_ids: Any = None,
         dtype: Any = None,
-        *,
-        kv_bits: int | None = None,
+        parallel_mode: str | None = None,
+        distributed_group: Any = None,
+        kv_quant: Any = None,
         chat_template_override: str | None = None,
-        on_progress: Callable[[t.LoadProgress], None] | None = None,
+        int8_prefill: bool = False,
+        speculative_type: str | None = None,
+        spec_draft_n_max: int | None = None,
+        spec_draft_model: str | None = None,
+        spec_drafters_allowed: Any = None,
+        offload: tuple[Any, Any] = (None, None),
+        *,
+        on_progress: Any = None,
     ) -> bool:
-        """Loads ``config.identifier`` (or ``config`` itself as a name) and makes it active.
+        """Loads ``config.identifier`` (or ``config`` itself as a name) and makes it active;
+        returns True or raises, leaving the models already loaded as they were.
 
-        ``config`` may carry ``is_vision``, ``is_lora``, ``is_gguf`` (hints; the worker detects
-        each), ``base_model`` (with ``is_lora``: the adapter's base), ``kv_bits`` /
-        ``mlx_kv_bits``, ``chat_template_override``, and ``mlx_distributed`` with
-        ``mlx_parallel_mode`` (``"tensor"`` or ``"pipeline"``: the model split over the ranks of
-        a worker started through ``launch``). ``hf_token`` goes to the worker's hub
-        client only, never into ``os.environ``. Raises
-        :class:`~mlx_worker.errors.LoadFailedError` (with ``kind``) on failure, leaving the
-        models already loaded as they were. ``gpu_ids`` is accepted and ignored (MLX has one
-        device).
+        The keywords are Studio's (``worker.py`` passes them all). ``hf_token`` goes to the
+        worker's hub client only, never into ``os.environ``; ``gpu_ids`` and
+        ``spec_drafters_allowed`` are accepted and ignored (MLX has one device; the worker has
+        no companion drafters to filter). What the worker cannot do is reported in Studio's
+        fields, as Studio's backend reports it, not raised.
         """
-        del gpu_ids
-        model_name = config.identifier if hasattr(config, "identifier") else str(config)
-        if getattr(config, "audio_type", None):
-            raise MLXWorkerError(
-                f"cannot load {model_name!r}: audio models are not supported by mlx-worker"
+        del gpu_ids, spec_drafters_allowed
+        name = config.identifier if hasattr(config, "identifier") else str(config)
+        if distributed_group is not None and _group_size(distributed_group) > 1:
+            raise ValueError(
+                "mlx-worker splits a model over its own group of ranks "
+                "(MLXInferenceBackend(launch=[...])), not over an MLX group made in Studio's "
+                "process: run without distributed inference."
             )
-        if kv_bits is None:
-            kv_bits = getattr(config, "kv_bits", None) or getattr(config, "mlx_kv_bits", None)
-        if chat_template_override is None:
-            chat_template_override = getattr(config, "chat_template_override", None)
+        audio_type = getattr(config, "audio_type", None)
+        if audio_type and audio_type != "audio_vlm":
+            raise RuntimeError(
+                f"cannot load {name!r}: mlx-worker serves text and vision models; audio models "
+                "(speech in or out) are not supported"
+            )
+        kv_bits, turboquant = parse_kv_quant(kv_quant)
+        kv_sent = kv_bits if (not turboquant and kv_bits in WORKER_KV_BITS) else None
+        mode = spec_mode(speculative_type)
+        draft_model = spec_draft_model if (spec_draft_model and mode in ("auto",)) else None
         params: dict[str, Any] = {
-            "max_seq_length": max_seq_length or 0,
+            "max_seq_length": int(max_seq_length) if max_seq_length and int(max_seq_length) > 0 else 0,
             "load_in_4bit": bool(load_in_4bit),
             "hf_token": hf_token or None,
             "trust_remote_code": bool(trust_remote_code),
@@ -233,44 +359,85 @@ class MLXInferenceBackend:
             "is_vision": getattr(config, "is_vision", None),
             "is_lora": getattr(config, "is_lora", None),
             "is_gguf": getattr(config, "is_gguf", None),
-            "kv_bits": kv_bits,
-            "chat_template_override": chat_template_override,
+            "kv_bits": kv_sent,
+            "chat_template_override": chat_template_override or None,
+            "draft_model": draft_model,
         }
-        if getattr(config, "mlx_distributed", False) and getattr(config, "mlx_parallel_mode", None):
-            params["parallel"] = config.mlx_parallel_mode
-        model = model_name
+        if getattr(config, "mlx_distributed", False) and (parallel_mode or getattr(config, "mlx_parallel_mode", None)):
+            params["parallel"] = parallel_mode or config.mlx_parallel_mode
+        model = name
         base_model = getattr(config, "base_model", None)
         if getattr(config, "is_lora", False) and base_model:
-            model, params["adapter"] = base_model, model_name
+            model, params["adapter"] = base_model, name
         if self._client is not None and not self._client.alive:
             self._forget_models()  # it died since: the next load starts a fresh one
-        self.loading_models.add(model_name)
+        draft_refused = False
         try:
             try:
                 loaded = self.client.load(model, on_progress=on_progress, **params)
-            except WorkerDiedError:
-                self._forget_models()
-                raise
-        finally:
-            self.loading_models.discard(model_name)
+            except InvalidParamsError as e:
+                if draft_model is None or e.field != "draft_model":
+                    raise
+                # As Studio: a drafter that does not fit the model is passed over.
+                params["draft_model"], draft_model, draft_refused = None, None, True
+                loaded = self.client.load(model, on_progress=on_progress, **params)
+        except WorkerDiedError:
+            self._forget_models()
+            raise
         info = loaded["info"]
-        self.models[model_name] = {
+        kv = info["kv_quantization"]
+        speculation = _speculation(mode, spec_draft_model, draft_model, draft_refused, kv.get("applied"), spec_draft_n_max)
+        template = info["chat_template"]
+        entry: dict[str, Any] = {
             "model_id": loaded["model_id"],
+            "load_result": loaded,
+            "trust_remote_code": bool(trust_remote_code),
+            "gguf_variant": None,
+            "precision_folder": None,
             "is_vision": info["is_vision"],
             "is_lora": info["is_lora"],
+            "base_model": base_model if info["is_lora"] else None,
             "is_audio": False,
             "audio_type": None,
             "has_audio_input": False,
-            "model_info": studio_model_info(model_name, loaded, chat_template_override is not None),
-            "load_result": loaded,
+            "has_video_input": False,
+            "context_length": info["context_length"],
+            "requested_context_length": params["max_seq_length"],
+            "native_context_length": info["native_context_length"],
+            "max_context_length": info["native_context_length"],
+            # The worker refuses a prompt longer than the context (never slides past it).
+            "context_length_enforced": True,
+            "context_length_fitted": None,
+            "context_unbounded_when_batched": False,
+            "mlx_context_budget": info["context_length"],
+            **_kv_fields(kv_bits, turboquant, kv),
+            "mlx_int8_prefill": False,
+            "mlx_int8_prefill_requested": bool(int8_prefill),
+            "mlx_int8_prefill_reason": "mlx-worker has no int8 prefill" if int8_prefill else "",
+            "mlx_offload": _offload_fields(offload),
+            "chat_template_override_requested": chat_template_override,
+            "chat_template_override_reason": None,
+            **speculation,
+            "chat_template_info": {
+                "has_template": template["present"],
+                "template": template.get("text"),
+                "format_type": format_type(template.get("text")),
+                "template_name": None,
+                "special_tokens": {
+                    f"{k}_token": v for k, v in info["special_tokens"].items() if v
+                } if template["present"] else {},
+                "renders_image": info["is_vision"],
+                "accepts_multiple_images": False,
+            },
         }
-        if os.path.isdir(model_name) and model_name not in self.loaded_local_models:
-            self.loaded_local_models.append(model_name)
-        self.active_model_name = model_name
+        self.models[name] = entry
+        if os.path.isdir(name) and name not in self.loaded_local_models:
+            self.loaded_local_models.append(name)
+        self.active_model_name = name
         return True
 
     def unload_model(self, model_name: str) -> bool:
-        """Unloads ``model_name`` (the worker frees its memory)."""
+        """Unloads ``model_name`` (the worker frees its memory); always True, as Studio's."""
         entry = self.models.pop(model_name, None)
         if entry is not None and self._client is not None and self._client.alive:
             still_used = any(m["model_id"] == entry["model_id"] for m in self.models.values())
@@ -283,18 +450,68 @@ class MLXInferenceBackend:
             self.active_model_name = None
         return True
 
-    def reset_generation_state(self) -> None:
-        """Clears the worker's MLX buffer cache and prompt caches."""
+    def reset_generation_state(self, caller_cancel_event: Any = None) -> None:
+        """Frees MLX's buffer cache; the conversations' prompt caches stay (Studio resets after
+        every stopped reply, and the next turn reuses its prefix)."""
+        del caller_cancel_event
         if self._client is not None and self._client.alive:
-            self._client.reset()
+            self._client.reset(prompt_cache=False)
 
-    # -- generate ---------------------------------------------------------------------------
+    # -- counting and raw prompts -----------------------------------------------------------
 
-    def generate_chat_response(
+    def count_chat_tokens(
         self,
         messages: list[dict[str, Any]],
         system_prompt: str = "",
-        image: Any = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+        preserve_thinking: bool | None = None,
+    ) -> int:
+        """The prompt's tokens as ``generate`` would run it (template, system prompt, tools)."""
+        entry = self._active()
+        result = self.client.tokenize(
+            model=entry["model_id"],
+            messages=_text_only(messages),
+            system_prompt=system_prompt or None,
+            tools=tools,
+            enable_thinking=enable_thinking,
+            reasoning_effort=reasoning_effort,
+            preserve_thinking=preserve_thinking,
+        )
+        return int(result["count"])
+
+    def resolve_completion_prompt(self, prompt: Any) -> dict[str, Any]:
+        """A raw completion's prompt as token ids, as llama-server tokenizes one: a string, or
+        a list of strings and token ids (special tokens parsed; the tokenizer's BOS once, for a
+        leading string). ``{"ids", "text", "n_vocab"}``; ``ValueError`` for a bad prompt."""
+        entry = self._active()
+        if isinstance(prompt, dict):
+            prompt = prompt.get("prompt_string")
+        pieces = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(pieces, list) or not all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in pieces):
+            raise ValueError("Invalid prompt.")
+        n_vocab = int(entry["load_result"]["info"]["vocab_size"])
+        ids: list[int] = []
+        for i, piece in enumerate(pieces):
+            if isinstance(piece, int):
+                ids.append(piece)
+            elif piece:
+                tokens = self.client.tokenize(model=entry["model_id"], text=piece)["tokens"]
+                if i > 0 and tokens and tokens[0] in _bos_ids(self.client, entry):
+                    tokens = tokens[1:]
+                ids.extend(tokens)
+        if not ids:
+            raise ValueError("The prompt is empty.")
+        if any(not 0 <= i < n_vocab for i in ids):
+            raise ValueError("Prompt contains invalid tokens.")
+        text = "".join(p for p in pieces if isinstance(p, str))
+        return {"ids": ids, "text": text, "n_vocab": n_vocab}
+
+    def generate_completion(
+        self,
+        prompt_ids: list[int],
         temperature: float = 0.7,
         top_p: float = 0.9,
         top_k: int = 40,
@@ -302,319 +519,441 @@ class MLXInferenceBackend:
         max_new_tokens: int = 256,
         repetition_penalty: float = 1.0,
         cancel_event: Any = None,
-        *,
         presence_penalty: float = 0.0,
+        seed: int | None = None,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[Any, float] | None = None,
+        stop: Any = None,
+        penalty_window: int | None = None,
+        grammar: str | None = None,
+        n_probs: int = 0,
+    ) -> Iterator[str]:
+        """A raw completion of ``prompt_ids`` (no chat template): yields the text so far."""
+        entry = self._active()
+        params = _sampling(temperature, top_p, top_k, min_p, max_new_tokens, repetition_penalty, presence_penalty)
+        params.update(
+            model=entry["model_id"],
+            prompt_ids=list(prompt_ids),
+            **_options(seed, frequency_penalty, logit_bias, stop, None),
+        )
+        if penalty_window is not None:
+            params["repetition_context_size"] = max(int(penalty_window), 1)
+        if grammar:
+            params["grammar"] = grammar
+        if n_probs:
+            params["logprobs"] = min(int(n_probs), 20)
+        self.last_generation_stats = None
+        yield from self._stream([], params, cancel_event, reasoning=False)
+
+    # -- chat -------------------------------------------------------------------------------
+
+    def generate_chat_response(
+        self,
+        messages: list[dict[str, Any]],
+        system_prompt: str = "",
+        image: Any = None,
+        images: list[Any] | None = None,
+        image_ordinal: int | None = None,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        top_k: int = 40,
+        min_p: float = 0.0,
+        max_new_tokens: int = 256,
+        repetition_penalty: float = 1.0,
+        cancel_event: Any = None,
         tools: list[dict[str, Any]] | None = None,
         enable_thinking: bool | None = None,
         reasoning_effort: str | None = None,
         preserve_thinking: bool | None = None,
         continue_final_message: bool = False,
-        use_adapter: bool | None = None,
-        **extra: Any,
+        presence_penalty: float = 0.0,
+        seed: int | None = None,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[Any, float] | None = None,
+        stop: Any = None,
+        response_format: dict[str, Any] | None = None,
+        reasoning_is_extracted: bool = False,
+        _adapter_state: bool | None = None,
+        tool_protocol_active: bool | None = None,
+        video: Any = None,
     ) -> Iterator[str]:
-        """Yields the answer so far (cumulative text, only ever growing).
+        """Yields the reply so far (cumulative text, only ever growing, a template-opened or
+        native-channel thought as ``<think>...</think>``).
 
-        ``cancel_event`` (a ``threading.Event`` or a ``multiprocessing`` Event): once set, the
-        worker is told at once (mid-prefill too) and this generator ends within 100 ms.
-        ``extra`` takes the protocol's other ``generate`` params (``seed``, ``stop``, ...).
+        ``cancel_event`` is anything with ``is_set()`` (Studio's worker passes its own
+        ``_StopWhileItRuns``): once set, the worker is told at once (mid-prefill too) and this
+        generator ends within 20 ms; ``last_generation_stats`` is set before it ends, also then.
+        Every keyword is Studio's; ``image_ordinal``, ``reasoning_is_extracted`` and
+        ``tool_protocol_active`` change nothing here (one image per turn; the worker's text is
+        raw). A vision model gets ``image`` (else the newest of ``images``, as Studio's backend
+        keeps one image for a template without several image markers).
         """
-        if self.active_model_name is None or self._client is None:
-            raise RuntimeError("No model loaded")
-        entry = self.models[self.active_model_name]
-        if repetition_penalty is None or float(repetition_penalty) in (0.0, 1.0):
-            repetition_penalty = 1.0  # 0 and 1 both mean off, as in the seed
-        params: dict[str, Any] = {
-            "model": entry["model_id"],
-            "system_prompt": system_prompt or "",
-            "temperature": float(temperature),
-            "top_p": float(top_p),
-            "top_k": int(top_k or 0),
-            "min_p": float(min_p or 0.0),
-            "max_new_tokens": int(max_new_tokens),
-            "repetition_penalty": float(repetition_penalty),
-            "presence_penalty": float(presence_penalty or 0.0),
-            "tools": tools,
-            "enable_thinking": enable_thinking,
-            "reasoning_effort": reasoning_effort,
-            "preserve_thinking": preserve_thinking,
-            "continue_final_message": bool(continue_final_message),
-            "use_adapter": use_adapter,
-            **extra,
-        }
-        # As the seed: an image goes to a vision model, a text model never sees it.
-        if entry["is_vision"] and image is not None:
-            params["image"] = image_to_wire(image)
+        del image_ordinal, reasoning_is_extracted, tool_protocol_active
+        entry = self._active()
+        if video is not None:
+            raise RuntimeError("The loaded model does not read video.")
+        params = _sampling(temperature, top_p, top_k, min_p, max_new_tokens, repetition_penalty, presence_penalty)
+        params.update(
+            model=entry["model_id"],
+            system_prompt=system_prompt or "",
+            tools=tools or None,
+            enable_thinking=enable_thinking,
+            reasoning_effort=reasoning_effort,
+            preserve_thinking=preserve_thinking,
+            continue_final_message=bool(continue_final_message),
+            use_adapter=_adapter_state,
+            speculative=entry.get("speculative"),
+            **_options(seed, frequency_penalty, logit_bias, stop, response_format),
+        )
+        picture = image if image is not None else (images[-1] if images else None)
+        if entry["is_vision"] and picture is not None:
+            params["image"] = image_to_wire(picture)
         self.last_generation_stats = None
-        self.last_generation_result = None
-        yield from self._stream(self._client, list(messages), params, cancel_event)
+        yield from self._stream(list(messages), params, cancel_event, reasoning=True)
+
+    def generate_with_adapter_control(
+        self, use_adapter: bool | None = None, cancel_event: Any = None, **gen_kwargs: Any
+    ) -> Iterator[str]:
+        """:meth:`generate_chat_response` with the adapter on (True), off (False: the base
+        weights, no reload) or as loaded (None)."""
+        if use_adapter is not None and not isinstance(use_adapter, bool):
+            if isinstance(use_adapter, str):
+                raise NotImplementedError(
+                    "named adapter selection is not supported; use True for the loaded adapter "
+                    "or False for the base model."
+                )
+            raise TypeError("use_adapter must be None, True, False, or a string.")
+        yield from self.generate_chat_response(cancel_event=cancel_event, _adapter_state=use_adapter, **gen_kwargs)
+
+    def generate_audio_input_response(self, *args: Any, **kwargs: Any) -> Iterator[str]:
+        """Audio input: refused as Studio's backend refuses a model without an audio tower."""
+        del args, kwargs
+        raise RuntimeError(
+            "Audio input is not supported for this model on the MLX backend: no verified "
+            "audio-capable tower/processor was detected at load."
+        )
+        yield ""  # a generator, as Studio's: the refusal comes at the first next()
 
     def _stream(
-        self, client: Client, messages: list[dict[str, Any]], params: dict[str, Any], cancel_event: Any
+        self, messages: list[dict[str, Any]], params: dict[str, Any], cancel_event: Any, *, reasoning: bool
     ) -> Iterator[str]:
-        done = self._generation_done = threading.Event()
+        client = self.client
         try:
-            generation = client.generate(messages, **params)
+            generation = client.generate(messages, **{k: v for k, v in params.items() if v is not None})
         except WorkerDiedError:
-            done.set()
             self._forget_models()
             raise
         stop_watching = threading.Event()
         if cancel_event is not None:
             threading.Thread(
-                target=self._watch_cancel,
-                args=(generation, cancel_event, stop_watching),
-                name="mlx-worker-cancel",
-                daemon=True,
+                target=_watch_cancel, args=(generation, cancel_event, stop_watching), name="mlx-worker-cancel", daemon=True
             ).start()
-        text = ""
-        finished = False
+        text = _Reasoning() if reasoning else None
+        plain = ""
         try:
             while True:
                 if cancel_event is not None and cancel_event.is_set():
                     break
-                delta = generation.poll(_POLL_S if cancel_event is not None else None)
+                delta = generation.poll(_POLL_S)
                 if delta is not None:
-                    if delta["text"]:
-                        text += delta["text"]
-                        yield text
+                    if delta["text"] or (text is not None and delta.get("channel")):
+                        if text is not None:
+                            yield text.add(delta)
+                        else:
+                            plain += delta["text"]
+                            yield plain
                 elif generation.done:
-                    finished = True
-                    self._record(generation)
                     break
         except WorkerDiedError:
             self._forget_models()
             raise
+        except ContextOverflowError as e:
+            raise _context_refusal(e) from None
         finally:
             stop_watching.set()
-            if not finished:
-                # Cancelled, or the caller stopped reading: the worker stops, its answer is
-                # recorded when it comes, without holding up the caller.
-                threading.Thread(
-                    target=self._finish_abandoned, args=(generation, done), name="mlx-worker-finish", daemon=True
-                ).start()
-            else:
-                done.set()
+            self._latch(generation)
+        ended = generation.result is not None and generation.result["finish_reason"] != "cancelled"
+        if text is not None and ended:
+            before = text.text
+            if text.finish() != before:  # a thought this class opened, closed as Studio's finish() does
+                yield text.text
 
-    @staticmethod
-    def _watch_cancel(generation: Generation, cancel_event: Any, stop: threading.Event) -> None:
-        while not stop.is_set() and not generation.done:
-            if cancel_event.wait(_POLL_S):
-                try:
-                    generation.cancel()
-                except MLXWorkerError:
-                    pass
-                return
-
-    def _finish_abandoned(self, generation: Generation, done: threading.Event) -> None:
+    def _latch(self, generation: Generation) -> None:
+        """Waits for the worker's answer (a cancelled generation answers at its next step) and
+        records it, so Studio reads the stats right after the generator ends."""
         try:
             if not generation.done:
                 generation.cancel()
-            generation.finish()
-            if done is self._generation_done:
-                self._record(generation)
+            deadline = time.monotonic() + _ANSWER_WAIT_S
+            while not generation.done and time.monotonic() < deadline:
+                generation.poll(_POLL_S)
+            if generation.done:
+                result = generation.finish()
+                self.last_generation_result = result
+                self.last_generation_stats = generation_stats(result)
+        except WorkerDiedError:
+            self._forget_models()
         except MLXWorkerError:
-            pass
-        finally:
-            done.set()
+            pass  # the generation's own error is raised where it was read
 
-    def _record(self, generation: Generation) -> None:
-        assert generation.result is not None
-        self.last_generation_result = generation.result
-        self.last_generation_stats = generation_stats(generation.result)
+    # -- batches ----------------------------------------------------------------------------
 
-    def wait_for_generation(self, timeout: float | None = None) -> bool:
-        """Waits until the worker has answered the last generation (a cancelled one's answer
-        comes after the generator ended); returns whether it has."""
-        return self._generation_done.wait(timeout)
+    def batch_unavailable_reason(self, requests: list[dict[str, Any]]) -> str | None:
+        """Why ``requests`` cannot run as one batch (None: they can), in Studio's words."""
+        if self.active_model_name is None:
+            return "no model is loaded"
+        for request in requests:
+            reason = _row_gap(request)
+            if reason is not None:
+                return reason
+        if len(requests) < 2:
+            return "fewer than two replies were requested"
+        return None
 
-    def generate_with_adapter_control(
-        self, use_adapter: bool | None = None, cancel_event: Any = None, **gen_kwargs: Any
-    ) -> Iterator[str]:
-        """:meth:`generate_chat_response` with ``use_adapter``: ``False`` answers with the base
-        weights although a LoRA adapter is loaded (no reload)."""
-        yield from self.generate_chat_response(cancel_event=cancel_event, use_adapter=use_adapter, **gen_kwargs)
+    def resident_unavailable_reason(self, request: dict[str, Any]) -> str | None:
+        """Studio's resident batch (rows joining an open batch) is not offered: the worker
+        batches every generate itself (``--max-batch``), so Studio's one-at-a-time path and
+        :meth:`generate_chat_batch` already share its decode steps."""
+        del request
+        return "mlx-worker joins generations into its own batch; no resident batch is kept open"
 
+    def open_resident_batch(self, *, width: int, adapter_state: Any = None) -> Any:
+        """Refused: see :meth:`resident_unavailable_reason`."""
+        del width, adapter_state
+        raise RuntimeError(f"MLX batched generation is unavailable: {self.resident_unavailable_reason({})}")
 
-# -- the bridge -------------------------------------------------------------------------------
-
-#: The members of Studio's generate command that map onto `generate_chat_response` as they are.
-_GENERATE_FIELDS = (
-    "messages", "system_prompt", "temperature", "top_p", "top_k", "min_p", "max_new_tokens",
-    "repetition_penalty", "presence_penalty", "use_adapter", "tools", "enable_thinking",
-    "reasoning_effort", "preserve_thinking", "continue_final_message",
-)  # fmt: skip
-
-_SHUTDOWN = object()
-
-#: While a load runs, the bridge sends a ``status`` reply at least this often (seconds): Studio's
-#: orchestrator gives up on a load after 300 s without one.
-HEARTBEAT_S = 30.0
-
-
-class Bridge:
-    """Studio's inference-process protocol on mlx-worker: :meth:`send` command dicts (as the
-    orchestrator puts them on its command queue), read reply dicts with :meth:`get` or by
-    iterating (as it reads its reply queue). Every reply carries ``ts``.
-
-    Commands: ``load`` (Studio's load settings: ``model_name``, ``max_seq_length``,
-    ``load_in_4bit``, ``hf_token``, ``trust_remote_code``, ``mlx_kv_bits``,
-    ``chat_template_override``, ``is_vision``, ``is_lora``, ``base_model``, ``is_gguf``,
-    ``audio_type``, ``mlx_distributed``, ``mlx_parallel_mode``), ``generate``, ``cancel``, ``unload``, ``reset``, ``status``, ``shutdown``.
-    ``cancel`` acts at once (as Studio's shared cancel event); ``unload`` answers the generates
-    still queued before it ``gen_done`` with ``cancelled: true``. Anything else is passed to the
-    worker as a method (Studio's audio commands are answered with the worker's "audio is not
-    supported") and a failure is an ``error`` reply.
-    """
-
-    def __init__(self, binary: str | os.PathLike[str] | None = None, *, backend: MLXInferenceBackend | None = None):
-        self.backend = backend or MLXInferenceBackend(binary)
-        self._commands: queue.Queue[Any] = queue.Queue()
-        self._replies: queue.Queue[Any] = queue.Queue()
-        self._cancel = threading.Event()
-        self._lock = threading.Lock()
-        self._sent = 0  # commands sent so far
-        self._unload_mark = 0  # generates sent before this unload are skipped
-        self._thread = threading.Thread(target=self._run, name="mlx-worker-bridge", daemon=True)
-        self._thread.start()
-
-    def send(self, command: dict[str, Any]) -> None:
-        """Queues a command (``cancel`` takes effect at once)."""
-        kind = command.get("type")
-        with self._lock:
-            self._sent += 1
-            if kind == "cancel":
-                self._cancel.set()
-                return
-            if kind == "unload":
-                self._unload_mark = self._sent
-            self._commands.put((self._sent, command))
-
-    def get(self, timeout: float | None = None) -> dict[str, Any]:
-        """The next reply (``queue.Empty`` after ``timeout`` s)."""
-        reply = self._replies.get(timeout=timeout)
-        if reply is _SHUTDOWN:
-            self._replies.put(_SHUTDOWN)
-            raise EOFError("the bridge has shut down")
-        return reply
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        """Replies until ``shutdown``."""
-        while True:
-            try:
-                yield self.get()
-            except EOFError:
-                return
-
-    def close(self) -> None:
-        """Sends ``shutdown`` and waits for the bridge to stop."""
-        if self._thread.is_alive():
-            self.send({"type": "shutdown"})
-            self._thread.join()
-
-    def _reply(self, message: dict[str, Any]) -> None:
-        self._replies.put({**message, "ts": time.time()})
-
-    def _run(self) -> None:
-        while True:
-            seq, command = self._commands.get()
-            kind = command.get("type")
-            if kind == "shutdown":
-                self.backend.close()
-                self._replies.put(_SHUTDOWN)
-                return
-            handler = {
-                "load": self._load,
-                "generate": self._generate,
-                "unload": self._unload,
-                "reset": self._reset,
-                "status": self._status,
-            }.get(kind, self._other)
-            try:
-                handler(seq, command)
-            except Exception as e:  # noqa: BLE001 - every failure becomes a reply
-                self._reply({"type": "error", "request_id": command.get("request_id"), "error": str(e)})
-
-    def _load(self, _seq: int, c: dict[str, Any]) -> None:
-        config = SimpleNamespace(
-            identifier=c["model_name"],
-            is_vision=c.get("is_vision", False),
-            is_lora=c.get("is_lora", False),
-            is_gguf=c.get("is_gguf", False),
-            base_model=c.get("base_model"),
-            audio_type=c.get("audio_type"),
-            mlx_distributed=c.get("mlx_distributed", False),
-            mlx_parallel_mode=c.get("mlx_parallel_mode"),
-        )
-
-        def heartbeat(p: t.LoadProgress) -> None:
-            message = f"{p['stage']}: {p['message']}" if p.get("message") else str(p["stage"])
-            self._reply({"type": "status", "message": message})
-
-        loading = threading.Event()
-
-        def keep_alive() -> None:
-            started = time.monotonic()
-            while not loading.wait(HEARTBEAT_S):
-                self._reply({"type": "status", "message": f"loading {c['model_name']} ({time.monotonic() - started:.0f} s)"})
-
-        threading.Thread(target=keep_alive, name="mlx-worker-heartbeat", daemon=True).start()
-        try:
-            self.backend.load_model(
-                config,
-                max_seq_length=c.get("max_seq_length", 2048),
-                load_in_4bit=c.get("load_in_4bit", True),
-                hf_token=c.get("hf_token") or None,
-                trust_remote_code=c.get("trust_remote_code", False),
-                kv_bits=c.get("mlx_kv_bits"),
-                chat_template_override=c.get("chat_template_override"),
-                on_progress=heartbeat,
+    def generate_chat_batch(
+        self, requests: list[dict[str, Any]], *, cancel_event: Any = None, _adapter_state: bool | None = None
+    ) -> Iterator[tuple[int, str | None]]:
+        """Several replies at once on the worker's continuous batching: yields ``(row, text so
+        far)`` and ``(row, None)`` when a row ends (its stats are in
+        ``last_batch_generation_stats[row]`` by then)."""
+        reason = self.batch_unavailable_reason(requests)
+        if reason is not None:
+            raise RuntimeError(f"MLX batched generation is unavailable: {reason}")
+        entry = self._active()
+        self.last_batch_generation_stats = [None] * len(requests)
+        self.last_generation_stats = None
+        rows: list[tuple[Generation, _Reasoning]] = []
+        for request in requests:
+            params = _sampling(
+                request.get("temperature", 0.7), request.get("top_p", 0.9), request.get("top_k", 40),
+                request.get("min_p", 0.0), request.get("max_new_tokens", 256),
+                request.get("repetition_penalty", 1.0), request.get("presence_penalty", 0.0),
+            )  # fmt: skip
+            params.update(
+                model=entry["model_id"],
+                system_prompt=request.get("system_prompt") or "",
+                enable_thinking=request.get("enable_thinking"),
+                reasoning_effort=request.get("reasoning_effort"),
+                preserve_thinking=request.get("preserve_thinking"),
+                continue_final_message=bool(request.get("continue_final_message", False)),
+                use_adapter=_adapter_state,
+                **_options(request.get("seed"), request.get("frequency_penalty", 0.0), request.get("logit_bias"), request.get("stop"), None),
             )
-        except Exception as e:  # noqa: BLE001
-            self._reply({"type": "loaded", "success": False, "error": str(e), "stack": traceback.format_exc()})
-            return
-        finally:
-            loading.set()
-        model_info = self.backend.models[c["model_name"]]["model_info"]
-        self._reply({"type": "loaded", "success": True, "model_info": model_info})
-
-    def _generate(self, seq: int, c: dict[str, Any]) -> None:
-        request_id = c.get("request_id")
-        if seq < self._unload_mark:
-            self._reply({"type": "gen_done", "request_id": request_id, "cancelled": True, "stats": None})
-            return
-        self._cancel.clear()  # as Studio: cleared when a generate starts
-        kwargs = {k: c[k] for k in _GENERATE_FIELDS if c.get(k) is not None}
-        image = c.get("image_base64")
+            picture = request.get("image")
+            if entry["is_vision"] and picture is not None:
+                params["image"] = image_to_wire(picture)
+            messages = list(request["messages"])
+            rows.append((self.client.generate(messages, **{k: v for k, v in params.items() if v is not None}), _Reasoning()))
+        running = set(range(len(rows)))
         try:
-            for text in self.backend.generate_chat_response(image=image, cancel_event=self._cancel, **kwargs):
-                self._reply({"type": "token", "request_id": request_id, "text": text})
-            self.backend.wait_for_generation(timeout=30)
-        except Exception as e:  # noqa: BLE001
-            self._reply({"type": "gen_error", "request_id": request_id, "error": str(e), "stack": traceback.format_exc()})
+            while running:
+                if cancel_event is not None and cancel_event.is_set():
+                    break
+                moved = False
+                for row in sorted(running):
+                    generation, text = rows[row]
+                    delta = generation.poll(0)
+                    if delta is not None:
+                        moved = True
+                        if delta["text"] or delta.get("channel"):
+                            yield row, text.add(delta)
+                    elif generation.done:
+                        moved = True
+                        running.discard(row)
+                        self.last_batch_generation_stats[row] = generation_stats(generation.finish())
+                        yield row, None
+                if not moved:
+                    time.sleep(0.005)
+        finally:
+            for row in sorted(running):
+                generation = rows[row][0]
+                try:
+                    generation.cancel()
+                    self.last_batch_generation_stats[row] = generation_stats(generation.finish())
+                except MLXWorkerError:
+                    pass
+        for row in sorted(running):
+            yield row, None
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _watch_cancel(generation: Generation, cancel_event: Any, stop: threading.Event) -> None:
+    """Tells the worker the moment ``cancel_event.is_set()`` (mid-prefill too)."""
+    while not stop.is_set() and not generation.done:
+        if cancel_event.is_set():
+            try:
+                generation.cancel()
+            except MLXWorkerError:
+                pass
             return
-        self._reply({"type": "gen_done", "request_id": request_id, "stats": self.backend.last_generation_stats})
+        stop.wait(_POLL_S)
 
-    def _unload(self, _seq: int, c: dict[str, Any]) -> None:
-        name = c.get("model_name") or self.backend.active_model_name
-        if name is not None:
-            self.backend.unload_model(name)
-        self._reply({"type": "unloaded", "model_name": name})
 
-    def _reset(self, _seq: int, _c: dict[str, Any]) -> None:
-        self.backend.reset_generation_state()
-        self._reply({"type": "reset_ack"})
+def _group_size(group: Any) -> int:
+    try:
+        return int(group.size())
+    except Exception:  # noqa: BLE001 - not an MLX group: treat as one process
+        return 1
 
-    def _status(self, _seq: int, _c: dict[str, Any]) -> None:
-        self._reply(
-            {
-                "type": "status_response",
-                "active_model": self.backend.active_model_name,
-                "models": list(self.backend.models),
-                "loading": sorted(self.backend.loading_models),
-            }
-        )
 
-    def _other(self, _seq: int, c: dict[str, Any]) -> None:
-        params = {k: v for k, v in c.items() if k != "type"}
-        result = self.backend.client.call(str(c.get("type")), params)
-        self._reply({"type": str(c.get("type")), "request_id": c.get("request_id"), "result": result})
+def _sampling(temperature, top_p, top_k, min_p, max_new_tokens, repetition_penalty, presence_penalty) -> dict[str, Any]:
+    """The sampler's params; a repetition penalty of 0 or 1 means off, as in Studio."""
+    if repetition_penalty is None or float(repetition_penalty) in (0.0, 1.0):
+        repetition_penalty = 1.0
+    return {
+        "temperature": float(temperature if temperature is not None else 0.7),
+        "top_p": float(top_p if top_p is not None else 1.0),
+        "top_k": int(top_k or 0),
+        "min_p": float(min_p or 0.0),
+        "max_new_tokens": int(max_new_tokens) if max_new_tokens else 2048,
+        "repetition_penalty": float(repetition_penalty),
+        "presence_penalty": float(presence_penalty or 0.0),
+    }
+
+
+def _options(seed, frequency_penalty, logit_bias, stop, response_format) -> dict[str, Any]:
+    """Studio's optional generate fields as the worker's params (absent when unset)."""
+    options: dict[str, Any] = {}
+    if seed is not None:
+        options["seed"] = int(seed) % 2**64
+    if frequency_penalty:
+        options["frequency_penalty"] = float(frequency_penalty)
+    if logit_bias:
+        options["logit_bias"] = {str(k): float(v) for k, v in logit_bias.items()}
+    if stop:
+        options["stop"] = [s for s in ([stop] if isinstance(stop, str) else list(stop)) if s]
+    if response_format and response_format.get("type") != "text":
+        options["response_format"] = response_format
+    return options
+
+
+def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages without image parts (Studio counts no media)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = [p for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        out.append({**m, "content": content})
+    return out
+
+
+def _bos_ids(client: Client, entry: dict[str, Any]) -> set[int]:
+    bos = entry["load_result"]["info"].get("special_tokens", {}).get("bos")
+    if not bos:
+        return set()
+    return set(client.tokenize(model=entry["model_id"], text=bos)["tokens"][:1])
+
+
+def _row_gap(request: dict[str, Any]) -> str | None:
+    """What keeps one request out of a batch, in Studio's words."""
+    if request.get("images") or request.get("images_base64"):
+        return "a reply replays tool images"
+    if request.get("video") or request.get("video_base64"):
+        return "a reply carries a video clip"
+    if request.get("tools") or request.get("tool_protocol_active"):
+        return "a reply runs the tool protocol"
+    if request.get("response_format") is not None or request.get("grammar") is not None:
+        return "a reply is constrained to a response format"
+    if request.get("n_probs"):
+        return "a reply reports token probabilities"
+    if "prompt_ids" in request:
+        return "a raw prompt decodes on its own"
+    return None
+
+
+def _kv_fields(bits: int | float | None, turboquant: bool, kv: dict[str, Any]) -> dict[str, Any]:
+    """Studio's ``mlx_kv_*`` fields from what was asked (``bits``, ``turboquant``) and the
+    worker's ``kv_quantization`` answer."""
+    applied = kv.get("applied")
+    if bits is None:
+        eligibility, reason = None, ""
+    elif turboquant:
+        eligibility = "refused"
+        reason = "TurboQuant is not available in mlx-worker. The model is served without it."
+    elif bits not in WORKER_KV_BITS:
+        eligibility = "refused"
+        reason = f"mlx-worker quantizes the KV cache to 8 or 4 bits, not {bits}. The model is served without it."
+    elif applied is None:
+        eligibility, reason = "none", kv.get("reason") or "this model's KV cache layout cannot be quantized"
+    elif kv.get("reason"):
+        eligibility, reason = "partial", kv["reason"]
+    else:
+        eligibility, reason = "full", ""
+    return {
+        "mlx_kv_bits": applied,
+        "mlx_kv_bits_requested": bits,
+        "mlx_kv_quant": encode_kv_quant(applied),
+        "mlx_kv_quant_requested": encode_kv_quant(bits, turboquant),
+        "mlx_kv_quant_eligibility": eligibility,
+        "mlx_kv_quant_reason": reason,
+        "mlx_kv_quant_note": "",
+    }
+
+
+def _offload_fields(offload: Any) -> dict[str, Any]:
+    """Studio's ``mlx_offload``: nothing is read from disk; a concrete fraction asked for is
+    reported as not applied, with why."""
+    knobs = tuple(offload or (None, None)) + (None, None)
+
+    def part(knob: Any) -> dict[str, Any]:
+        wanted = knob not in (None, "auto", "off")
+        reason = "mlx-worker keeps every weight in memory" if wanted else None
+        return {"applied": None, "requested": knob, "reason": reason}
+
+    return {"disk_bytes": None, "ple": part(knobs[0]), "experts": part(knobs[1])}
+
+
+def _speculation(
+    mode: str, named: str | None, draft_model: str | None, draft_refused: bool, kv_applied: Any, n_max: Any
+) -> dict[str, Any]:
+    """Studio's ``speculative_type`` / ``spec_*`` fields and the worker's ``speculative``
+    request for them: ``ngram`` is the worker's prompt lookup; ``auto`` with a named drafter
+    its draft model; the drafter kinds it lacks (MTP, DFlash, DSpark, EAGLE-3) fall back to the
+    copy-only n-gram draft with Studio's reason, as Studio's backend falls back when it finds
+    none."""
+    depth = None
+    try:
+        depth = max(1, min(int(n_max), _SPEC_DEPTH_MAX)) if n_max is not None and int(n_max) > 0 else None
+    except (TypeError, ValueError):
+        depth = None
+    kind, reason, method = None, None, None
+    if mode == "off":
+        pass
+    elif kv_applied is not None and (mode != "auto" or named):
+        reason = "kv_quant"
+    elif mode == "ngram":
+        kind, method = "ngram", "prompt_lookup"
+    elif mode == "auto":
+        if draft_model:
+            kind, method = "draft_model", "draft_model"
+        elif draft_refused:
+            reason = "drafter_incompatible"
+    else:  # mtp, dflash, dspark, eagle3: no such drafter here
+        kind, method = "ngram", "prompt_lookup"
+        reason = "drafter_incompatible" if named else "drafter_not_found"
+    speculative = None
+    if method is not None:
+        speculative = {"method": method, **({"num_draft_tokens": depth} if depth else {})}
+    return {
+        "speculative_type": mode,
+        "spec_draft_n_max": depth,
+        "spec_draft_model": named or None,
+        "spec_drafter_kind": kind,
+        "spec_fallback_reason": reason,
+        "speculative": speculative,
+    }
