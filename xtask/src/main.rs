@@ -21,6 +21,7 @@ mod setup;
 mod studio;
 mod test;
 mod tools;
+mod wheel;
 mod venv;
 mod worker_bin;
 
@@ -85,6 +86,9 @@ enum Cmd {
     /// Unsloth Studio 2026.10.9's own worker child and orchestrator on the release worker
     /// (studio/scenarios.py through studio/studio-2026.10.9.patch): the scenario table.
     Studio,
+    /// The Python package with the release worker inside (target/wheels/*.whl), checked in a
+    /// fresh venv beside MLX's own wheel: `pip check` clean, `initialize` answered.
+    Wheel,
     /// This text.
     Help,
 }
@@ -110,6 +114,10 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Launch(opts)) => launch::run(&opts),
         Some(Cmd::Pytest) => pytest::run(None),
         Some(Cmd::Studio) => studio::run(None),
+        Some(Cmd::Wheel) => {
+            let wheel = wheel::build(&worker_bin::build_release()?)?;
+            wheel::check(&wheel)
+        }
         None | Some(Cmd::Help) => {
             use clap::CommandFactory;
             Cli::command().print_long_help()?;

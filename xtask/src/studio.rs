@@ -1,7 +1,8 @@
-//! `cargo xtask studio`: Unsloth Studio's own code on the release worker. A venv at
+//! `cargo xtask studio`: Unsloth Studio's own code on the release worker. The package's wheel
+//! (`cargo xtask wheel`: the worker inside) is built and checked; a venv at
 //! `target/studio/venv` holds Studio 2026.10.9 (the PyPI package `unsloth`, installed without its
 //! dependencies: no torch, no GPU package), the few light packages its worker child and
-//! orchestrator import on these paths, and this repository's Python package; Studio's
+//! orchestrator import on these paths, and the wheel (with `mlx-cpu`, which it requires); Studio's
 //! `studio/backend` is copied to `target/studio/backend` and `studio/studio-2026.10.9.patch`
 //! applied to it (what a Studio maintainer applies; its size is printed). Then
 //! `studio/scenarios.py` drives Studio's inference child and `InferenceOrchestrator` through
@@ -12,7 +13,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use crate::{parity, run_checked, setup, target_dir, venv, worker_bin, workspace_root};
+use crate::{parity, run_checked, setup, target_dir, venv, wheel, worker_bin, workspace_root};
 
 /// Studio's release, as Studio users install it.
 const STUDIO: &str = "unsloth==2026.10.9";
@@ -40,16 +41,12 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
         None => worker_bin::build_release()?,
     };
     let root = target_dir().join("studio");
+    // The package as users install it: the wheel with the worker inside, beside MLX's own.
+    let wheel = wheel::build(&worker)?;
+    wheel::check(&wheel)?;
     let python = studio_venv(&root.join("venv"))?;
-    eprintln!("studio: pip install protocol/python");
-    venv::pip_install(
-        &python,
-        [
-            "--no-deps".as_ref(),
-            "--force-reinstall".as_ref(),
-            workspace_root().join("protocol/python").as_os_str(),
-        ],
-    )?;
+    eprintln!("studio: pip install {}", wheel.display());
+    venv::pip_install(&python, ["--force-reinstall".as_ref(), wheel.as_os_str()])?;
     let backend = patched_backend(&python, &root)?;
 
     let cases = parity::Options::default().cases;
@@ -75,7 +72,8 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
             .env("HOME", &home)
             .env("HF_HUB_OFFLINE", "1")
             .env("PYTHONPATH", pythonpath)
-            .env("MLX_WORKER_BIN", &worker)
+            // The worker is the one the wheel installed: no MLX_WORKER_BIN, nothing on PATH.
+            .env_remove("MLX_WORKER_BIN")
             .env("MLX_WORKER_SMOLLM2_DIR", setup::default_model_dir()?)
             .env("MLX_WORKER_GEMMA3_DIR", setup::gemma3_270m_dir()?)
             .env("MLX_WORKER_TINY_LORA_DIR", &tiny_lora)
