@@ -10,7 +10,8 @@ Each scenario runs through Studio 2026.10.9's published code, patched by
 The only run-time facts forced are the hardware answers in `site/sitecustomize.py`.
 
 Env: MLX_WORKER_SMOLLM2_DIR, MLX_WORKER_GEMMA3_DIR, MLX_WORKER_TINY_LORA_DIR (a dir holding
-`adapter/`), MLX_WORKER_VISION_MODEL (a tiny vision model dir). Prints the table; exit 1 on a
+`adapter/`), MLX_WORKER_VISION_MODEL (a tiny vision model dir), MLX_WORKER_TINY_GPT_OSS (a
+tiny random gpt-oss on SmolLM2's tokenizer). Prints the table; exit 1 on a
 failure. `--only NAME` runs the scenarios whose name contains NAME.
 """
 
@@ -38,6 +39,7 @@ SMOLLM2 = os.environ["MLX_WORKER_SMOLLM2_DIR"]
 GEMMA3 = os.environ["MLX_WORKER_GEMMA3_DIR"]
 TINY_LORA = os.environ["MLX_WORKER_TINY_LORA_DIR"]
 VISION = os.environ["MLX_WORKER_VISION_MODEL"]
+TINY_GPT_OSS = os.environ["MLX_WORKER_TINY_GPT_OSS"]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 LONG = [{"role": "user", "content": "Tell me a long story about a dragon. " * 200}]
 
@@ -162,6 +164,57 @@ def studio_adapter() -> str:
         config.update(base_model_name_or_path=TINY_LORA, model=TINY_LORA)
         with open(path, "w", encoding="utf-8") as f:
             json.dump(config, f)
+    return folder
+
+
+# ChatML that renders tools and opens a thought in its generation prompt (templates with
+# thinking on do), for SmolLM2 given `<think>` tokens.
+THINKING = (
+    "{% if tools %}<|im_start|>system\n# Tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n<think>\n"
+)
+# gpt-oss's harmony prompt: tools in a developer message, the generation prompt
+# `<|start|>assistant`; the model answers on channels (analysis, final).
+HARMONY = (
+    "<|start|>system<|message|>Reasoning: low\n\n# Valid channels: analysis, commentary, final.<|end|>"
+    "{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}"
+    "<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant"
+)
+# Harmony's marker tokens, given the ids of SmolLM2's unused added tokens (the tiny gpt-oss
+# uses SmolLM2's tokenizer); its `<|return|>`, `<|call|>` and SmolLM2's eos end a reply.
+HARMONY_TOKENS = [(3, "<|start|>"), (4, "<|end|>"), (5, "<|message|>"), (6, "<|channel|>"), (7, "<|constrain|>"), (8, "<|return|>"), (9, "<|call|>")]
+TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "The time in a zone.",
+          "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}]
+
+
+def renamed(model: str, name: str, renames, special: bool, eos=None) -> str:
+    """A copy of `model` (weights linked) whose tokenizer's added tokens are renamed: a real
+    tokenizer given a family's markup (`<think>`, harmony's markers)."""
+    folder = os.path.join(os.environ["HOME"], name)
+    if os.path.isdir(folder):
+        return folder
+    os.makedirs(folder)
+    for file in os.listdir(model):
+        source = os.path.join(model, file)
+        if file.endswith(".safetensors"):
+            os.symlink(source, os.path.join(folder, file))
+        elif file != "tokenizer.json" and os.path.isfile(source):
+            with open(source, "rb") as f, open(os.path.join(folder, file), "wb") as g:
+                g.write(f.read())
+    with open(os.path.join(model, "tokenizer.json"), encoding="utf-8") as f:
+        tokenizer = json.load(f)
+    for token_id, new in renames:
+        added = tokenizer["added_tokens"][token_id]
+        assert added["id"] == token_id
+        old, added["content"], added["special"] = added["content"], new, special
+        del tokenizer["model"]["vocab"][old]
+        tokenizer["model"]["vocab"][new] = token_id
+    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer, f)
+    if eos is not None:
+        with open(os.path.join(folder, "generation_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"eos_token_id": eos}, f)
     return folder
 
 
@@ -337,7 +390,46 @@ def worker_other_models(results: dict) -> None:
         finally:
             child.close()
 
+    def thinking_and_tools():
+        model = renamed(SMOLLM2, "smollm2-think", [(11, "<think>"), (12, "</think>")], False)
+        child = Child(spawn_config(model, chat_template_override=THINKING))
+        try:
+            # The template opened the thought: the reply starts inside it; a bias on `</think>`
+            # makes the 135M model (which never learnt these tokens) close it at once.
+            _, texts = child.generate(logit_bias={"12": 100.0}, max_new_tokens=10)
+            check(cumulative(texts) and texts[0].startswith("<think>"), f"{texts[:3]}")
+            thought, _, answer = texts[-1].partition("</think>")
+            check(thought == "<think>" and answer.strip(), f"{texts[-1]!r}")
+            # Tools reach the template: counted and generated with them.
+            for rid, tools in (("t0", None), ("t1", TOOLS)):
+                child.cmd.put({"type": "count_tokens", "request_id": rid, "messages": QUESTION, "system_prompt": "", "tools": tools})
+            without, with_tools = child.wait("count_tokens_response", "t0"), child.wait("count_tokens_response", "t1")
+            done, _ = child.generate(tools=TOOLS, max_new_tokens=4)
+            check(with_tools["input_tokens"] > without["input_tokens"] + 20, f"{without} {with_tools}")
+            check(done["stats"]["usage"]["prompt_tokens"] == with_tools["input_tokens"], str(done["stats"]["usage"]))
+        finally:
+            child.close()
+
+    def harmony():
+        model = renamed(TINY_GPT_OSS, "tiny-gpt-oss-harmony", HARMONY_TOKENS, True, eos=[8, 9, 2])
+        child = Child(spawn_config(model, chat_template_override=HARMONY))
+        try:
+            schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"], "additionalProperties": False}
+            # Biases on `<|end|>` and `analysis` make the random model open an analysis and end it.
+            _, texts = child.generate(
+                response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+                logit_bias={"4": 100.0, "14975": 100.0}, max_new_tokens=200,
+            )
+            check(cumulative(texts) and texts[-1].startswith("<think>"), f"{texts[-1:]}")
+            thought, closed, answer = texts[-1].partition("</think>")
+            check(closed and json.loads(answer)["city"] in ("Paris", "Rome"), f"{texts[-1]!r}")
+            check("<|" not in texts[-1], f"markers in the text: {texts[-1]!r}")
+        finally:
+            child.close()
+
     results[("Gemma 3 270M: load with 8-bit KV, chat", "worker")] = attempt(gemma3)
+    results[("thinking (template opens <think>), tools", "worker")] = attempt(thinking_and_tools)
+    results[("gpt-oss harmony: analysis as <think>, final answer", "worker")] = attempt(harmony)
     results[("LoRA: adapter on, off, on", "worker")] = attempt(lora)
     results[("vision: images through image_base64 / images_base64", "worker")] = attempt(vision)
 
@@ -411,6 +503,28 @@ def orchestrator(results: dict) -> None:
         off = list(orch.generate_with_adapter_control(use_adapter=False, messages=QUESTION, temperature=0.0, max_new_tokens=12))
         check(on and off and on[-1] != off[-1], f"{on[-1:]} {off[-1:]}")
 
+    def over_long():
+        from core.inference.context_refusal import ContextBudgetExceeded
+
+        check(orch.load_model(SimpleNamespace(identifier=SMOLLM2), max_seq_length=512, load_in_4bit=False) is True, "load at 512")
+        try:
+            texts = list(orch.generate_chat_response(QUESTION * 1 + [{"role": "user", "content": "word " * 600}], max_new_tokens=8))
+        except ContextBudgetExceeded as e:
+            check(e.context_tokens == 512 and e.request_tokens > 512, str(e))
+        else:
+            check(False, f"an over-long prompt was answered: {texts[-1:]}")
+
+    def vision():
+        from PIL import Image
+
+        check(orch.load_model(SimpleNamespace(identifier=VISION), max_seq_length=0, load_in_4bit=False) is True, "load vision")
+        holder: dict = {}
+        question = [{"role": "user", "content": "What is this?"}]
+        list(orch.generate_chat_response(question, image=Image.new("RGB", (64, 48), (20, 200, 30)), temperature=0.0, max_new_tokens=6, stats_holder=holder))
+        with_image = holder["stats"]["usage"]["prompt_tokens"]
+        list(orch.generate_chat_response(question, temperature=0.0, max_new_tokens=6, stats_holder=holder))
+        check(with_image > holder["stats"]["usage"]["prompt_tokens"] + 8, f"{with_image} {holder['stats']['usage']}")
+
     def unload():
         check(orch.unload_model(orch.active_model_name) is True and not orch.models, "unload")
 
@@ -420,7 +534,9 @@ def orchestrator(results: dict) -> None:
         ("SmolLM2: count_chat_tokens", count), ("SmolLM2: n > 1 rows", batch),
         ("SmolLM2: raw completion", completion),
         ("SmolLM2: reload when settings change (the route's own comparison)", reload_on_settings),
-        ("LoRA: adapter on, off", adapter), ("unload", unload),
+        ("LoRA: adapter on, off", adapter),
+        ("SmolLM2 at 512 tokens: over-long prompt refused", over_long),
+        ("vision: an image through generate_chat_response", vision), ("unload", unload),
     ]:  # fmt: skip
         results[(name, "orchestrator")] = attempt(run)
 

@@ -50,6 +50,7 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
     let backend = patched_backend(&python, &root)?;
 
     let cases = parity::Options::default().cases;
+    let tiny_gpt_oss = parity::make_fixtures(&cases)?.join("tiny-gpt-oss");
     let tiny_lora = target_dir().join("parity-fixtures/tiny-lora");
     if !tiny_lora.join("adapter/adapter_config.json").is_file() {
         parity::run(&parity::Options {
@@ -77,7 +78,8 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
             .env("MLX_WORKER_SMOLLM2_DIR", setup::default_model_dir()?)
             .env("MLX_WORKER_GEMMA3_DIR", setup::gemma3_270m_dir()?)
             .env("MLX_WORKER_TINY_LORA_DIR", &tiny_lora)
-            .env("MLX_WORKER_VISION_MODEL", &vision),
+            .env("MLX_WORKER_VISION_MODEL", &vision)
+            .env("MLX_WORKER_TINY_GPT_OSS", &tiny_gpt_oss),
         "studio/scenarios.py",
     )
 }

@@ -203,31 +203,23 @@ def _context_refusal(error: ContextOverflowError) -> Exception:
 
 
 class _Reasoning:
-    """Studio's reasoning normalisation over the worker's deltas: the worker marks each delta's
-    ``channel``; where reasoning arrives without its ``<think>`` tags (a thought the template
-    opened in the prompt, harmony's analysis channel), the tags are written around it, so the
-    cumulative text reads ``<think>...</think>answer`` as Studio's backend yields it."""
+    """Studio's reasoning normalisation over the worker's deltas. The worker marks each delta's
+    ``channel``; where a thought arrives without its ``<think>`` tag (one the template opened
+    in the prompt, harmony's analysis channel), the tag is written before it, and ``</think>``
+    where the answer starts, so the cumulative text reads ``<think>...</think>answer`` as
+    Studio's backend yields it (a thought cut off stays open, as there)."""
 
     def __init__(self) -> None:
         self.text = ""
         self._open = False  # a <think> this class wrote is open
 
     def add(self, delta: t.GenerateDelta) -> str:
-        text = delta["text"]
-        channel = delta.get("channel")
-        if channel == "reasoning" and not self._open and not self.text and not text.lstrip().startswith("<think>"):
-            self.text += "<think>"
-            self._open = True
+        text, channel = delta["text"], delta.get("channel")
+        if channel == "reasoning" and not self.text and not text.lstrip().startswith("<think>"):
+            self.text, self._open = "<think>", True
         elif channel == "content" and self._open:
-            self.text += "</think>"
-            self._open = False
+            self.text, self._open = self.text + "</think>", False
         self.text += text
-        return self.text
-
-    def finish(self) -> str:
-        if self._open:
-            self.text += "</think>"
-            self._open = False
         return self.text
 
 
@@ -672,11 +664,6 @@ class MLXInferenceBackend:
         finally:
             stop_watching.set()
             self._latch(generation)
-        ended = generation.result is not None and generation.result["finish_reason"] != "cancelled"
-        if text is not None and ended:
-            before = text.text
-            if text.finish() != before:  # a thought this class opened, closed as Studio's finish() does
-                yield text.text
 
     def _latch(self, generation: Generation) -> None:
         """Waits for the worker's answer (a cancelled generation answers at its next step) and
