@@ -475,6 +475,24 @@ def orchestrator(results: dict) -> None:
         n, model = orch.count_chat_tokens(QUESTION, "")
         check(n > 5 and model == SMOLLM2, f"{n} {model}")
 
+    def parallel_chats():
+        questions = [QUESTION, [{"role": "user", "content": "Name three fruits."}]]
+        alone = [list(orch.generate_chat_response(q, temperature=0.0, max_new_tokens=40))[-1] for q in questions]
+        seen: dict[int, list] = {0: [], 1: []}
+
+        def chat(i: int) -> None:
+            for text in orch.generate_chat_response(questions[i], temperature=0.0, max_new_tokens=40):
+                seen[i].append((time.monotonic(), text))
+
+        threads = [threading.Thread(target=chat, args=(i,)) for i in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        check([seen[i][-1][1] for i in (0, 1)] == alone, f"{[seen[i][-1][1] for i in (0, 1)]} vs alone {alone}")
+        first_ends, second_starts = min(seen[i][-1][0] for i in (0, 1)), max(seen[i][0][0] for i in (0, 1))
+        check(second_starts < first_ends, "the chats did not stream at the same time")
+
     def batch():
         holder: dict = {}
         events = list(orch.generate_chat_batch([{}, {"seed": 5, "temperature": 1.0}], QUESTION, temperature=0.0, max_new_tokens=16, stats_holder=holder))
@@ -531,7 +549,9 @@ def orchestrator(results: dict) -> None:
     for name, run in [
         ("SmolLM2: load_model (8-bit KV)", load), ("SmolLM2: streamed chat", chat),
         ("SmolLM2: stop mid-prefill (reset_generation_state(event))", stop),
-        ("SmolLM2: count_chat_tokens", count), ("SmolLM2: n > 1 rows", batch),
+        ("SmolLM2: count_chat_tokens", count),
+        ("SmolLM2: two chats at once (resident batch), each as alone", parallel_chats),
+        ("SmolLM2: n > 1 rows", batch),
         ("SmolLM2: raw completion", completion),
         ("SmolLM2: reload when settings change (the route's own comparison)", reload_on_settings),
         ("LoRA: adapter on, off", adapter),

@@ -521,19 +521,13 @@ class MLXInferenceBackend:
         n_probs: int = 0,
     ) -> Iterator[str]:
         """A raw completion of ``prompt_ids`` (no chat template): yields the text so far."""
-        entry = self._active()
-        params = _sampling(temperature, top_p, top_k, min_p, max_new_tokens, repetition_penalty, presence_penalty)
-        params.update(
-            model=entry["model_id"],
-            prompt_ids=list(prompt_ids),
-            **_options(seed, frequency_penalty, logit_bias, stop, None),
-        )
-        if penalty_window is not None:
-            params["repetition_context_size"] = max(int(penalty_window), 1)
-        if grammar:
-            params["grammar"] = grammar
-        if n_probs:
-            params["logprobs"] = min(int(n_probs), 20)
+        params = self._completion_params(
+            prompt_ids, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, seed=seed, frequency_penalty=frequency_penalty,
+            logit_bias=logit_bias, stop=stop, penalty_window=penalty_window, grammar=grammar,
+            n_probs=n_probs,
+        )  # fmt: skip
         self.last_generation_stats = None
         yield from self._stream([], params, cancel_event, reasoning=False)
 
@@ -581,6 +575,48 @@ class MLXInferenceBackend:
         keeps one image for a template without several image markers).
         """
         del image_ordinal, reasoning_is_extracted, tool_protocol_active
+        params = self._chat_params(
+            system_prompt=system_prompt, image=image, images=images, temperature=temperature,
+            top_p=top_p, top_k=top_k, min_p=min_p, max_new_tokens=max_new_tokens,
+            repetition_penalty=repetition_penalty, tools=tools, enable_thinking=enable_thinking,
+            reasoning_effort=reasoning_effort, preserve_thinking=preserve_thinking,
+            continue_final_message=continue_final_message, presence_penalty=presence_penalty,
+            seed=seed, frequency_penalty=frequency_penalty, logit_bias=logit_bias, stop=stop,
+            response_format=response_format, _adapter_state=_adapter_state, video=video,
+        )  # fmt: skip
+        self.last_generation_stats = None
+        yield from self._stream(list(messages), params, cancel_event, reasoning=True)
+
+    def _chat_params(
+        self,
+        *,
+        system_prompt: str = "",
+        image: Any = None,
+        images: list[Any] | None = None,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        top_k: int = 40,
+        min_p: float = 0.0,
+        max_new_tokens: int = 256,
+        repetition_penalty: float = 1.0,
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+        preserve_thinking: bool | None = None,
+        continue_final_message: bool = False,
+        presence_penalty: float = 0.0,
+        seed: int | None = None,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[Any, float] | None = None,
+        stop: Any = None,
+        response_format: dict[str, Any] | None = None,
+        _adapter_state: bool | None = None,
+        video: Any = None,
+        **ignored: Any,
+    ) -> dict[str, Any]:
+        """The worker's ``generate`` params for Studio's chat keywords (one home for the mapping:
+        single replies, batched rows and resident rows)."""
+        del ignored  # Studio's keywords that change nothing here (see generate_chat_response)
         entry = self._active()
         if video is not None:
             raise RuntimeError("The loaded model does not read video.")
@@ -600,8 +636,29 @@ class MLXInferenceBackend:
         picture = image if image is not None else (images[-1] if images else None)
         if entry["is_vision"] and picture is not None:
             params["image"] = image_to_wire(picture)
-        self.last_generation_stats = None
-        yield from self._stream(list(messages), params, cancel_event, reasoning=True)
+        return {k: v for k, v in params.items() if v is not None}
+
+    def _completion_params(self, prompt_ids: list[int], **sampling: Any) -> dict[str, Any]:
+        """The worker's ``generate`` params for a raw completion (``generate_completion``'s
+        keywords)."""
+        entry = self._active()
+        params = _sampling(
+            sampling.get("temperature", 0.7), sampling.get("top_p", 0.9), sampling.get("top_k", 40),
+            sampling.get("min_p", 0.0), sampling.get("max_new_tokens", 256),
+            sampling.get("repetition_penalty", 1.0), sampling.get("presence_penalty", 0.0),
+        )  # fmt: skip
+        params.update(
+            model=entry["model_id"],
+            prompt_ids=list(prompt_ids),
+            **_options(sampling.get("seed"), sampling.get("frequency_penalty"), sampling.get("logit_bias"), sampling.get("stop"), None),
+        )
+        if sampling.get("penalty_window") is not None:
+            params["repetition_context_size"] = max(int(sampling["penalty_window"]), 1)
+        if sampling.get("grammar"):
+            params["grammar"] = sampling["grammar"]
+        if sampling.get("n_probs"):
+            params["logprobs"] = min(int(sampling["n_probs"]), 20)
+        return params
 
     def generate_with_adapter_control(
         self, use_adapter: bool | None = None, cancel_event: Any = None, **gen_kwargs: Any
@@ -631,7 +688,7 @@ class MLXInferenceBackend:
     ) -> Iterator[str]:
         client = self.client
         try:
-            generation = client.generate(messages, **{k: v for k, v in params.items() if v is not None})
+            generation = client.generate(messages, **params)
         except WorkerDiedError:
             self._forget_models()
             raise
@@ -685,6 +742,17 @@ class MLXInferenceBackend:
 
     # -- batches ----------------------------------------------------------------------------
 
+    def _row(self, request: dict[str, Any], adapter_state: Any) -> tuple[Generation, _Reasoning]:
+        """One batched or resident row as a ``generate`` of its own: the worker joins the
+        generations in flight into one batch between its decode steps (``--max-batch``)."""
+        if "prompt_ids" in request:
+            fields = {k: v for k, v in request.items() if k != "prompt_ids"}
+            params, messages = self._completion_params(request["prompt_ids"], **fields), []
+        else:
+            params = self._chat_params(**{**request, "_adapter_state": adapter_state})
+            messages = list(request.get("messages") or [])
+        return self.client.generate(messages, **params), _Reasoning()
+
     def batch_unavailable_reason(self, requests: list[dict[str, Any]]) -> str | None:
         """Why ``requests`` cannot run as one batch (None: they can), in Studio's words."""
         if self.active_model_name is None:
@@ -698,16 +766,16 @@ class MLXInferenceBackend:
         return None
 
     def resident_unavailable_reason(self, request: dict[str, Any]) -> str | None:
-        """Studio's resident batch (rows joining an open batch) is not offered: the worker
-        batches every generate itself (``--max-batch``), so Studio's one-at-a-time path and
-        :meth:`generate_chat_batch` already share its decode steps."""
-        del request
-        return "mlx-worker joins generations into its own batch; no resident batch is kept open"
+        """Why ``request`` cannot join the open batch (None: it can)."""
+        if self.active_model_name is None:
+            return "no model is loaded"
+        return _row_gap(request)
 
-    def open_resident_batch(self, *, width: int, adapter_state: Any = None) -> Any:
-        """Refused: see :meth:`resident_unavailable_reason`."""
-        del width, adapter_state
-        raise RuntimeError(f"MLX batched generation is unavailable: {self.resident_unavailable_reason({})}")
+    def open_resident_batch(self, *, width: int, adapter_state: Any = None) -> "_ResidentSession":
+        """Studio's resident batch: replies join and leave while the others decode. Each row is
+        a generate of its own; the worker decodes them together."""
+        self._active()
+        return _ResidentSession(self, width, adapter_state)
 
     def generate_chat_batch(
         self, requests: list[dict[str, Any]], *, cancel_event: Any = None, _adapter_state: bool | None = None
@@ -718,64 +786,126 @@ class MLXInferenceBackend:
         reason = self.batch_unavailable_reason(requests)
         if reason is not None:
             raise RuntimeError(f"MLX batched generation is unavailable: {reason}")
-        entry = self._active()
         self.last_batch_generation_stats = [None] * len(requests)
         self.last_generation_stats = None
-        rows: list[tuple[Generation, _Reasoning]] = []
-        for request in requests:
-            params = _sampling(
-                request.get("temperature", 0.7), request.get("top_p", 0.9), request.get("top_k", 40),
-                request.get("min_p", 0.0), request.get("max_new_tokens", 256),
-                request.get("repetition_penalty", 1.0), request.get("presence_penalty", 0.0),
-            )  # fmt: skip
-            params.update(
-                model=entry["model_id"],
-                system_prompt=request.get("system_prompt") or "",
-                enable_thinking=request.get("enable_thinking"),
+        session = _ResidentSession(self, len(requests), _adapter_state)
+        try:
+            for row, request in enumerate(requests):
+                session.admit(request, row)
+            while session.rows_in_flight:
+                if cancel_event is not None and cancel_event.is_set():
+                    events = session.withdraw(session.handles)
+                else:
+                    events = session.step(None)
+                for row, text in events:
+                    if text is None:
+                        self.last_batch_generation_stats[row] = session.take_stats(row)
+                    yield row, text
+        finally:
+            session.close()
+
+
+class _ResidentSession:
+    """Studio's resident-batch session (``admit``, ``step``, ``withdraw``, ``take_stats``,
+    ``close``, ``rows_in_flight``, ``handles``, ``ending``) over concurrent ``generate``
+    requests. Rows are retired as they end, so none is ever left ``ending``."""
+
+    def __init__(self, backend: MLXInferenceBackend, width: int, adapter_state: Any):
+        self._backend = backend
+        self.width = width
+        self._adapter_state = adapter_state
+        self._rows: dict[Any, tuple[Generation, _Reasoning]] = {}
+        self._stats: dict[Any, dict[str, Any]] = {}
+
+    @property
+    def rows_in_flight(self) -> int:
+        return len(self._rows)
+
+    @property
+    def handles(self) -> list[Any]:
+        return list(self._rows)
+
+    @property
+    def ending(self) -> list[Any]:
+        return []
+
+    def admit(self, request: dict[str, Any], handle: Any) -> str:
+        """Starts a row; returns the text to show before its first token (none here). A prompt
+        over the context is refused here (Studio's ``RowRefused``: it then runs alone and gets
+        Studio's context refusal), not mid-batch, where an error would end every row."""
+        backend = self._backend
+        if "prompt_ids" not in request:
+            entry = backend._active()
+            counted = backend.count_chat_tokens(
+                request.get("messages") or [], request.get("system_prompt") or "",
+                tools=request.get("tools"), enable_thinking=request.get("enable_thinking"),
                 reasoning_effort=request.get("reasoning_effort"),
                 preserve_thinking=request.get("preserve_thinking"),
-                continue_final_message=bool(request.get("continue_final_message", False)),
-                use_adapter=_adapter_state,
-                **_options(request.get("seed"), request.get("frequency_penalty", 0.0), request.get("logit_bias"), request.get("stop"), None),
-            )
-            picture = request.get("image")
-            if entry["is_vision"] and picture is not None:
-                params["image"] = image_to_wire(picture)
-            messages = list(request["messages"])
-            rows.append((self.client.generate(messages, **{k: v for k, v in params.items() if v is not None}), _Reasoning()))
-        running = set(range(len(rows)))
-        try:
-            while running:
-                if cancel_event is not None and cancel_event.is_set():
-                    break
-                moved = False
-                for row in sorted(running):
-                    generation, text = rows[row]
-                    delta = generation.poll(0)
-                    if delta is not None:
-                        moved = True
-                        if delta["text"] or delta.get("channel"):
-                            yield row, text.add(delta)
-                    elif generation.done:
-                        moved = True
-                        running.discard(row)
-                        self.last_batch_generation_stats[row] = generation_stats(generation.finish())
-                        yield row, None
-                if not moved:
-                    time.sleep(0.005)
-        finally:
-            for row in sorted(running):
-                generation = rows[row][0]
+            )  # fmt: skip
+            if counted >= entry["context_length"]:
+                raise _row_refused("the prompt does not fit the context; it runs alone")
+        self._rows[handle] = backend._row(request, self._adapter_state)
+        return ""
+
+    def step(self, waiting: Any = None) -> Iterator[tuple[Any, str | None]]:
+        """What the rows produced since the last step: ``(handle, text so far)``, and
+        ``(handle, None)`` for a row that ended. Waits up to 20 ms for something, less when
+        ``waiting()`` says commands are pending."""
+        deadline = time.monotonic() + _POLL_S
+        while True:
+            events = list(self._drain())
+            if events or time.monotonic() >= deadline or (waiting is not None and waiting()):
+                yield from events
+                return
+            time.sleep(0.002)
+
+    def _drain(self) -> Iterator[tuple[Any, str | None]]:
+        for handle, (generation, text) in list(self._rows.items()):
+            while (delta := generation.poll(0)) is not None:
+                if delta["text"] or delta.get("channel"):
+                    yield handle, text.add(delta)
+            if generation.done:
+                yield from self._retire(handle)
+
+    def withdraw(self, handles: Iterable[Any]) -> Iterator[tuple[Any, str | None]]:
+        """Stops these rows; each ends with ``(handle, None)`` and its stats."""
+        for handle in list(handles):
+            if handle in self._rows:
                 try:
-                    generation.cancel()
-                    self.last_batch_generation_stats[row] = generation_stats(generation.finish())
+                    self._rows[handle][0].cancel()
                 except MLXWorkerError:
                     pass
-        for row in sorted(running):
-            yield row, None
+                yield from self._retire(handle)
+
+    def _retire(self, handle: Any) -> Iterator[tuple[Any, str | None]]:
+        generation, _ = self._rows.pop(handle)
+        try:
+            self._stats[handle] = generation_stats(generation.finish())
+        except WorkerDiedError:
+            self._backend._forget_models()
+            raise
+        yield handle, None
+
+    def take_stats(self, handle: Any) -> dict[str, Any] | None:
+        return self._stats.pop(handle, None)
+
+    def close(self) -> None:
+        """Stops every row still running."""
+        for _ in self.withdraw(self.handles):
+            pass
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _row_refused(reason: str) -> Exception:
+    """Studio's ``RowRefused`` (its worker then runs the reply alone) inside Studio; a
+    ``RuntimeError`` elsewhere."""
+    try:
+        from core.inference.worker import RowRefused
+    except ImportError:
+        return RuntimeError(reason)
+    return RowRefused(reason)
 
 
 def _watch_cancel(generation: Generation, cancel_event: Any, stop: threading.Event) -> None:
@@ -847,19 +977,10 @@ def _bos_ids(client: Client, entry: dict[str, Any]) -> set[int]:
 
 
 def _row_gap(request: dict[str, Any]) -> str | None:
-    """What keeps one request out of a batch, in Studio's words."""
-    if request.get("images") or request.get("images_base64"):
-        return "a reply replays tool images"
+    """What keeps one request out of a batch, in Studio's words. (The worker batches any
+    generate; what it cannot share a step with waits for the batch and runs alone.)"""
     if request.get("video") or request.get("video_base64"):
         return "a reply carries a video clip"
-    if request.get("tools") or request.get("tool_protocol_active"):
-        return "a reply runs the tool protocol"
-    if request.get("response_format") is not None or request.get("grammar") is not None:
-        return "a reply is constrained to a response format"
-    if request.get("n_probs"):
-        return "a reply reports token probabilities"
-    if "prompt_ids" in request:
-        return "a raw prompt decodes on its own"
     return None
 
 
