@@ -88,13 +88,15 @@ pub(crate) fn sdpa(
 /// and values `(B, Hkv, len, D)`, row `b` seeing its first `lens[b]` positions (`mask`
 /// `(B, 1, 1, len)`). On a GPU one fused call. On the CPU, where MLX's attention is its unfused
 /// ops, the same ops with each row's output bit for bit what that call gives the row alone
-/// over its own positions: the scores and the softmax of all rows at once (a masked position
-/// becomes `finfo.min`, exactly zero after the softmax, and zeros added to a sum change
-/// nothing: so with MLX's Linux x86-64 build, whose CPU softmax sums one lane; a build with
-/// wider SIMD lanes and a scalar tail would group a row's sum otherwise, and the unit tests
-/// below would say so), the weighted sum of the values row by row over the row's own
-/// positions, because OpenBLAS blocks a product's inner axis by its length and a sum over the
-/// padded length would group the same terms otherwise (docs/traps.md).
+/// over its own positions: the scores row by row over the row's own positions (OpenBLAS picks
+/// its kernel by a product's shape, and on AVX-512 machines its small-matrix kernels give a
+/// row's dot products other bits in a wider product: docs/traps.md), padded with `finfo.min`;
+/// the softmax of all rows at once (a masked position becomes `finfo.min`, exactly zero after
+/// the softmax, and zeros added to a sum change nothing: so with MLX's Linux x86-64 build,
+/// whose CPU softmax sums one lane; a build with wider SIMD lanes and a scalar tail would group
+/// a row's sum otherwise, and the unit tests below would say so); the weighted sum of the
+/// values row by row over the row's own positions, because OpenBLAS blocks a product's inner
+/// axis by its length and a sum over the padded length would group the same terms otherwise.
 pub(crate) fn sdpa_padded(
     q: &Array,
     keys: &Array,
@@ -129,8 +131,22 @@ pub(crate) fn sdpa_padded(
         v = v.expand_dims(2)?;
         mask = mask.expand_dims(2)?;
     }
-    let scores = ops::matmul(&q, k.swap_axes(-1, -2)?)?;
-    let lowest = Array::from_f32(lowest_of(scores.dtype())).as_dtype(scores.dtype())?;
+    let len = k.dim(-2);
+    let lowest = Array::from_f32(lowest_of(dtype)).as_dtype(dtype)?;
+    let rows = (lens.iter().enumerate())
+        .map(|(r, &n)| {
+            let r = r as i32;
+            let own = k.index((r..r + 1, Ellipsis, ..n, ..)).swap_axes(-1, -2)?;
+            let scores = ops::matmul(q.index(r..r + 1), own)?;
+            if n == len {
+                return Ok(scores);
+            }
+            let mut shape = scores.shape().to_vec();
+            *shape.last_mut().unwrap() = len - n;
+            ops::concatenate(&[scores, ops::broadcast_to(&lowest, &shape)?], -1)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let scores = ops::concatenate(&rows, 0)?;
     let mut scores = ops::select(&mask, &scores, &lowest)?;
     if let Some(sinks) = sinks {
         let mut shape = scores.shape().to_vec();
