@@ -159,7 +159,10 @@ async fn load_generate_and_tokenize_a_tiny_model() {
     g.system_prompt = "Be brief.".into();
     let ran = within(w.generate(&g).unwrap().finish()).await.unwrap();
     assert_eq!(with_system.count as u64, ran.usage.prompt_tokens);
-    assert!(with_system.prompt.unwrap().starts_with("<|im_start|>system\nBe brief."));
+    assert!(with_system
+        .prompt
+        .unwrap()
+        .starts_with("<|im_start|>system\nBe brief."));
 
     // A raw completion: `prompt_ids` is the prompt as it is, no template.
     let mut raw = GenerateParams::new(vec![]);
@@ -168,8 +171,16 @@ async fn load_generate_and_tokenize_a_tiny_model() {
     assert_eq!(completed.usage.prompt_tokens, PROMPT_TOKENS);
     assert_eq!(completed.text, result.text);
     raw.prompt_ids = Some(vec![VOCAB_SIZE as u32]);
-    let err = within(w.generate(&raw).unwrap().finish()).await.unwrap_err();
+    let err = within(w.generate(&raw).unwrap().finish())
+        .await
+        .unwrap_err();
     assert!(format!("{err:?}").contains("prompt_ids"), "{err:?}");
+    // A raw prompt has no template: a template input is refused, not dropped.
+    (raw.prompt_ids, raw.system_prompt) = (Some(r.tokens.clone()), "Be brief.".into());
+    let err = within(w.generate(&raw).unwrap().finish())
+        .await
+        .unwrap_err();
+    assert!(format!("{err:?}").contains("system_prompt"), "{err:?}");
 
     let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
     assert_eq!(status.active_model.as_deref(), Some(id.as_str()));

@@ -82,7 +82,9 @@ async fn the_next_turn_reuses_the_last_turns_cache_and_answers_the_same() {
     assert_eq!(kept.text, second.text);
 
     // `reset` forgets the cache.
-    within(w.call::<Reset>(&ResetParams::default())).await.unwrap();
+    within(w.call::<Reset>(&ResetParams::default()))
+        .await
+        .unwrap();
     let after_reset = ask(&w, &chat(&turns)).await;
     assert_eq!(after_reset.usage.cached_tokens, 0);
     assert_eq!(after_reset.text, second.text);

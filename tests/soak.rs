@@ -47,7 +47,9 @@ struct Reading {
 async fn read(w: &Client) -> Reading {
     // The prompt cache keeps a varying number of recent conversations (within its byte budget):
     // emptied, what stays is the weights and anything leaked.
-    within(w.call::<Reset>(&ResetParams::default())).await.unwrap();
+    within(w.call::<Reset>(&ResetParams::default()))
+        .await
+        .unwrap();
     let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
     let pid = w.pid().expect("the worker runs");
     let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -89,6 +89,14 @@ pub async fn worker_with_tiny_model(args: &[&str]) -> (Client, tempfile::TempDir
 }
 
 /// A greedy request for one user message.
+/// Whether the machine's BLAS gives a row of a product the bits it gets alone
+/// (`MLX_WORKER_BLAS_ROWS_EXACT`, which `cargo xtask test` measures; absent: yes). Where it does
+/// not (OpenBLAS's SkylakeX kernels, docs/traps.md), a batched row is as alone in its tokens up
+/// to near ties, as on a GPU, and the bit-for-bit checks would test the BLAS, not the worker.
+pub fn blas_rows_exact() -> bool {
+    std::env::var("MLX_WORKER_BLAS_ROWS_EXACT").map_or(true, |v| v != "0")
+}
+
 pub fn greedy(content: &str, max_new_tokens: u32) -> GenerateParams {
     let mut p = GenerateParams::new(vec![ChatMessage::new("user", content)]);
     p.max_new_tokens = max_new_tokens;

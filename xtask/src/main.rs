@@ -21,8 +21,8 @@ mod setup;
 mod studio;
 mod test;
 mod tools;
-mod wheel;
 mod venv;
+mod wheel;
 mod worker_bin;
 
 use std::path::PathBuf;

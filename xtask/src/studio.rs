@@ -88,7 +88,9 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
 fn studio_venv(venv: &Path) -> anyhow::Result<PathBuf> {
     let python = venv.join("bin/python");
     let wanted = format!("{}\n{STUDIO}\n", REQUIREMENTS.join("\n"));
-    if python.is_file() && std::fs::read_to_string(venv.join(MARKER)).ok().as_deref() == Some(&wanted) {
+    if python.is_file()
+        && std::fs::read_to_string(venv.join(MARKER)).ok().as_deref() == Some(&wanted)
+    {
         return Ok(python);
     }
     let _ = std::fs::remove_dir_all(venv);
@@ -106,7 +108,10 @@ fn studio_venv(venv: &Path) -> anyhow::Result<PathBuf> {
 /// A fresh copy of the installed Studio's `studio/backend` with the patch applied.
 fn patched_backend(python: &Path, root: &Path) -> anyhow::Result<PathBuf> {
     let out = Command::new(python)
-        .args(["-c", "import studio, os; print(os.path.join(os.path.dirname(studio.__file__), 'backend'))"])
+        .args([
+            "-c",
+            "import studio, os; print(os.path.join(os.path.dirname(studio.__file__), 'backend'))",
+        ])
         .output()
         .context("asking the venv where Studio is")?;
     if !out.status.success() {

@@ -18,6 +18,8 @@ pub fn run() -> anyhow::Result<()> {
     // Tests read both kinds of fixtures from one directory (`fixtures::vision_fixture`).
     parity::make_fixtures(&cases)?;
     let vision = parity::make_vision_fixtures(&cases)?;
+    // The batching tests compare rows bit for bit only where the BLAS keeps a row's bits.
+    let rows_exact = venv::blas_keeps_row_bits()?;
     eprintln!("test: cargo test --workspace (real models required)");
     run_checked(
         cargo()
@@ -27,7 +29,11 @@ pub fn run() -> anyhow::Result<()> {
             .env("MLX_WORKER_SMOLLM2_GGUF", setup::smollm2_gguf()?)
             .env("MLX_WORKER_GEMMA3_GGUF", &gemma3_gguf)
             .env("MLX_WORKER_GEMMA3_DIR", &gemma3)
-            .env("MLX_WORKER_VISION_FIXTURES", &vision),
+            .env("MLX_WORKER_VISION_FIXTURES", &vision)
+            .env(
+                "MLX_WORKER_BLAS_ROWS_EXACT",
+                if rows_exact { "1" } else { "0" },
+            ),
         "cargo test --workspace",
     )?;
     // On a Mac the native build above is the real thing; elsewhere, check the Mac's.

@@ -83,6 +83,26 @@ pub fn pip_install<S: AsRef<std::ffi::OsStr>>(
     )
 }
 
+/// Whether this machine's BLAS (the worker's OpenBLAS) gives a row of a product at SmolLM2's
+/// shapes the bits it gets alone, up to 8 rows (`xtask/parity/blas_rows.py`).
+pub fn blas_keeps_row_bits() -> anyhow::Result<bool> {
+    let python = reference_python()?;
+    let out = Command::new(&python)
+        .arg(crate::workspace_root().join("xtask/parity/blas_rows.py"))
+        .env("LD_PRELOAD", DEBIAN_OPENBLAS)
+        .output()
+        .context("running xtask/parity/blas_rows.py")?;
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() || said.is_empty() {
+        anyhow::bail!(
+            "blas_rows.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    eprintln!("test: this machine's BLAS keeps a row's bits: {said}");
+    Ok(said == "exact")
+}
+
 /// Debian's OpenBLAS (package libopenblas0-pthread): the BLAS the worker links on Linux
 /// (crates/mlx-sys), preloaded into mlx-lm where its numbers are compared with ours.
 pub const DEBIAN_OPENBLAS: &str = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0";

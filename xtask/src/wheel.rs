@@ -45,7 +45,11 @@ pub fn build(worker: &Path) -> anyhow::Result<PathBuf> {
          License: Apache-2.0\nRequires-Python: >=3.10\n{requires}",
         requires = requires.iter().map(|r| format!("Requires-Dist: {r}\n")).collect::<String>(),
     );
-    files.push((format!("{dist_info}/METADATA"), metadata.into_bytes(), 0o644));
+    files.push((
+        format!("{dist_info}/METADATA"),
+        metadata.into_bytes(),
+        0o644,
+    ));
     let wheel = format!(
         "Wheel-Version: 1.0\nGenerator: cargo-xtask-wheel\nRoot-Is-Purelib: false\nTag: py3-none-{platform}\n"
     );
@@ -81,7 +85,10 @@ pub fn check(wheel: &Path) -> anyhow::Result<()> {
     let venv = target_dir().join("wheels/check-venv");
     let _ = std::fs::remove_dir_all(&venv);
     crate::run_checked(
-        std::process::Command::new("python3").arg("-m").arg("venv").arg(&venv),
+        std::process::Command::new("python3")
+            .arg("-m")
+            .arg("venv")
+            .arg(&venv),
         "python3 -m venv",
     )?;
     let python = venv.join("bin/python");

@@ -77,7 +77,8 @@ pub fn tokenize(
                 ..RenderOptions::default()
             };
             let messages = convert::messages(messages)?;
-            let messages = mlx_engine::text::prepend_system_prompt(&params.system_prompt, &messages);
+            let messages =
+                mlx_engine::text::prepend_system_prompt(&params.system_prompt, &messages);
             let rendered = tokenizer
                 .render_and_encode(&messages, &options)
                 .map_err(template_error)?;

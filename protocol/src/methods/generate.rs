@@ -29,12 +29,31 @@ impl Method for Generate {
                 return bad("prompt_ids", "must hold at least one token id".into());
             }
             Some(_) if !p.messages.is_empty() => {
-                return bad("messages", "must be empty when `prompt_ids` is the prompt".into());
+                return bad(
+                    "messages",
+                    "must be empty when `prompt_ids` is the prompt".into(),
+                );
             }
-            Some(_) if p.image.is_some() => {
-                return bad("image", "a raw prompt (`prompt_ids`) takes no image".into());
+            Some(_) => {
+                // A raw prompt has no template: a template input would be silently dropped.
+                let template_inputs = [
+                    ("image", p.image.is_some()),
+                    ("system_prompt", !p.system_prompt.is_empty()),
+                    ("tools", p.tools.is_some()),
+                    ("tool_choice", p.tool_choice.is_some()),
+                    ("enable_thinking", p.enable_thinking.is_some()),
+                    ("reasoning_effort", p.reasoning_effort.is_some()),
+                    ("preserve_thinking", p.preserve_thinking.is_some()),
+                    ("continue_final_message", p.continue_final_message),
+                    ("add_generation_prompt", !p.add_generation_prompt),
+                ];
+                if let Some((field, _)) = template_inputs.iter().find(|(_, given)| *given) {
+                    return bad(
+                        field,
+                        "a raw prompt (`prompt_ids`) has no chat template: leave it out".into(),
+                    );
+                }
             }
-            Some(_) => {}
             None if p.messages.is_empty() => {
                 return bad("messages", "must hold at least one message".into());
             }

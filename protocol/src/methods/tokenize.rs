@@ -19,7 +19,23 @@ impl Method for Tokenize {
 
     fn validate(p: &TokenizeParams) -> Result<(), ResponseError> {
         match (&p.text, &p.messages) {
-            (Some(_), None) | (None, Some(_)) => Ok(()),
+            (Some(_), None) => {
+                let template_inputs = [
+                    ("system_prompt", !p.system_prompt.is_empty()),
+                    ("tools", p.tools.is_some()),
+                    ("enable_thinking", p.enable_thinking.is_some()),
+                    ("reasoning_effort", p.reasoning_effort.is_some()),
+                    ("preserve_thinking", p.preserve_thinking.is_some()),
+                ];
+                match template_inputs.iter().find(|(_, given)| *given) {
+                    Some((field, _)) => Err(ResponseError::invalid_params(
+                        *field,
+                        "`text` is tokenized as it is: template inputs go with `messages`",
+                    )),
+                    None => Ok(()),
+                }
+            }
+            (None, Some(_)) => Ok(()),
             (None, None) => Err(ResponseError::invalid_params(
                 "text",
                 "give `text` or `messages`",

@@ -253,7 +253,8 @@ class AsyncClient:
     async def reset(self, *, prompt_cache: bool = True) -> t.ResetResult:
         """``reset``: clears MLX's buffer cache and, unless ``prompt_cache=False``, the prompt
         caches."""
-        return cast(t.ResetResult, await self.call("reset", {"prompt_cache": prompt_cache}))
+        params = {} if prompt_cache else {"prompt_cache": False}  # an older worker refuses it
+        return cast(t.ResetResult, await self.call("reset", params))
 
     async def status(self) -> t.StatusResult:
         """``status``."""

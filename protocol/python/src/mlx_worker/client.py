@@ -281,7 +281,8 @@ class Client:
     def reset(self, *, prompt_cache: bool = True) -> t.ResetResult:
         """``reset``: clears MLX's buffer cache and, unless ``prompt_cache=False``, the prompt
         caches."""
-        return cast(t.ResetResult, self.call("reset", {"prompt_cache": prompt_cache}))
+        # Sent only when false: a worker older than the field refuses it.
+        return cast(t.ResetResult, self.call("reset", {} if prompt_cache else {"prompt_cache": False}))
 
     def status(self) -> t.StatusResult:
         """``status``: state, resident models, queue, memory."""

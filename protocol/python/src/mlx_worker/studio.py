@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import io
 import os
-import threading
 import time
 from typing import Any, Iterable, Iterator
 
@@ -37,6 +36,9 @@ from .errors import (
 _POLL_S = 0.02
 # How long a stopped generator waits for the worker's answer, so its stats are latched.
 _ANSWER_WAIT_S = 30.0
+# How long admitting a resident row waits for the worker to refuse its params (it answers a
+# refusal as the request arrives).
+_ADMIT_CHECK_S = 0.05
 #: How many generations the worker runs together (``--max-batch``): Studio's batched rows.
 BATCH_WIDTH = 4
 
@@ -209,17 +211,20 @@ class _Reasoning:
     where the answer starts, so the cumulative text reads ``<think>...</think>answer`` as
     Studio's backend yields it (a thought cut off stays open, as there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reasoning: bool = True) -> None:
         self.text = ""
+        self._reasoning = reasoning  # False: a raw completion's text, as it comes
         self._open = False  # a <think> this class wrote is open
 
     def add(self, delta: t.GenerateDelta) -> str:
-        text, channel = delta["text"], delta.get("channel")
+        text, channel = delta["text"], delta.get("channel") if self._reasoning else None
         if channel == "reasoning" and not self.text and not text.lstrip().startswith("<think>"):
             self.text, self._open = "<think>", True
         elif channel == "content" and self._open:
             self.text, self._open = self.text + "</think>", False
         self.text += text
+        if self._open and "</think>" in text:  # the model closed the thought itself
+            self._open = False
         return self.text
 
 
@@ -395,8 +400,8 @@ class MLXInferenceBackend:
             "has_video_input": False,
             "context_length": info["context_length"],
             "requested_context_length": params["max_seq_length"],
-            "native_context_length": info["native_context_length"],
-            "max_context_length": info["native_context_length"],
+            "native_context_length": info.get("native_context_length", info["context_length"]),
+            "max_context_length": info.get("native_context_length", info["context_length"]),
             # The worker refuses a prompt longer than the context (never slides past it).
             "context_length_enforced": True,
             "context_length_fitted": None,
@@ -567,8 +572,9 @@ class MLXInferenceBackend:
         native-channel thought as ``<think>...</think>``).
 
         ``cancel_event`` is anything with ``is_set()`` (Studio's worker passes its own
-        ``_StopWhileItRuns``): once set, the worker is told at once (mid-prefill too) and this
-        generator ends within 20 ms; ``last_generation_stats`` is set before it ends, also then.
+        ``_StopWhileItRuns``), looked at every 20 ms, prefill included: once set, the worker is
+        told and this generator ends when it has answered (at its next prefill chunk or decode
+        step); ``last_generation_stats`` is set before it ends, also then.
         Every keyword is Studio's; ``image_ordinal``, ``reasoning_is_extracted`` and
         ``tool_protocol_active`` change nothing here (one image per turn; the worker's text is
         raw). A vision model gets ``image`` (else the newest of ``images``, as Studio's backend
@@ -620,6 +626,8 @@ class MLXInferenceBackend:
         entry = self._active()
         if video is not None:
             raise RuntimeError("The loaded model does not read video.")
+        if max_new_tokens is None:  # as Studio: unset fills the context (the worker caps it there)
+            max_new_tokens = entry["context_length"]
         params = _sampling(temperature, top_p, top_k, min_p, max_new_tokens, repetition_penalty, presence_penalty)
         params.update(
             model=entry["model_id"],
@@ -652,8 +660,12 @@ class MLXInferenceBackend:
             prompt_ids=list(prompt_ids),
             **_options(sampling.get("seed"), sampling.get("frequency_penalty"), sampling.get("logit_bias"), sampling.get("stop"), None),
         )
-        if sampling.get("penalty_window") is not None:
-            params["repetition_context_size"] = max(int(sampling["penalty_window"]), 1)
+        window = sampling.get("penalty_window")
+        if window is not None and int(window) == 0:  # llama.cpp's repeat_last_n 0: penalties off
+            params.update(repetition_penalty=1.0, presence_penalty=0.0)
+            params.pop("frequency_penalty", None)
+        elif window is not None:
+            params["repetition_context_size"] = int(window)
         if sampling.get("grammar"):
             params["grammar"] = sampling["grammar"]
         if sampling.get("n_probs"):
@@ -692,25 +704,18 @@ class MLXInferenceBackend:
         except WorkerDiedError:
             self._forget_models()
             raise
-        stop_watching = threading.Event()
-        if cancel_event is not None:
-            threading.Thread(
-                target=_watch_cancel, args=(generation, cancel_event, stop_watching), name="mlx-worker-cancel", daemon=True
-            ).start()
-        text = _Reasoning() if reasoning else None
-        plain = ""
+        text = _Reasoning(reasoning)
         try:
             while True:
+                # Looked at every 20 ms, prefill included, on the consumer's own thread: Studio's
+                # stop object reads its StopLedger and may answer held commands, so only the
+                # thread that runs the generator may call it.
                 if cancel_event is not None and cancel_event.is_set():
                     break
                 delta = generation.poll(_POLL_S)
                 if delta is not None:
-                    if delta["text"] or (text is not None and delta.get("channel")):
-                        if text is not None:
-                            yield text.add(delta)
-                        else:
-                            plain += delta["text"]
-                            yield plain
+                    if delta["text"] or (reasoning and delta.get("channel")):
+                        yield text.add(delta)
                 elif generation.done:
                     break
         except WorkerDiedError:
@@ -719,7 +724,6 @@ class MLXInferenceBackend:
         except ContextOverflowError as e:
             raise _context_refusal(e) from None
         finally:
-            stop_watching.set()
             self._latch(generation)
 
     def _latch(self, generation: Generation) -> None:
@@ -751,7 +755,7 @@ class MLXInferenceBackend:
         else:
             params = self._chat_params(**{**request, "_adapter_state": adapter_state})
             messages = list(request.get("messages") or [])
-        return self.client.generate(messages, **params), _Reasoning()
+        return self.client.generate(messages, **params), _Reasoning("prompt_ids" not in request)
 
     def batch_unavailable_reason(self, requests: list[dict[str, Any]]) -> str | None:
         """Why ``requests`` cannot run as one batch (None: they can), in Studio's words."""
@@ -815,6 +819,7 @@ class _ResidentSession:
         self.width = width
         self._adapter_state = adapter_state
         self._rows: dict[Any, tuple[Generation, _Reasoning]] = {}
+        self._early: dict[Any, list[t.GenerateDelta]] = {}  # deltas read while admitting
         self._stats: dict[Any, dict[str, Any]] = {}
 
     @property
@@ -834,8 +839,11 @@ class _ResidentSession:
         over the context is refused here (Studio's ``RowRefused``: it then runs alone and gets
         Studio's context refusal), not mid-batch, where an error would end every row."""
         backend = self._backend
-        if "prompt_ids" not in request:
-            entry = backend._active()
+        entry = backend._active()
+        if "prompt_ids" in request:
+            if len(request["prompt_ids"]) >= entry["context_length"]:
+                raise _row_refused("the prompt does not fit the context; it runs alone")
+        else:
             counted = backend.count_chat_tokens(
                 request.get("messages") or [], request.get("system_prompt") or "",
                 tools=request.get("tools"), enable_thinking=request.get("enable_thinking"),
@@ -844,7 +852,25 @@ class _ResidentSession:
             )  # fmt: skip
             if counted >= entry["context_length"]:
                 raise _row_refused("the prompt does not fit the context; it runs alone")
-        self._rows[handle] = backend._row(request, self._adapter_state)
+        generation, text = backend._row(request, self._adapter_state)
+        # The worker checks a request's params as it arrives: a refusal comes back at once,
+        # and the row then runs alone, where the error is its own (in the batch it would end
+        # every row).
+        deadline, early = time.monotonic() + _ADMIT_CHECK_S, []
+        try:
+            while time.monotonic() < deadline and not generation.done:
+                delta = generation.poll(0.005)
+                if delta is not None:
+                    early.append(delta)
+            if generation.done and generation.result is None:
+                generation.finish()  # raises the worker's refusal
+        except WorkerDiedError:
+            backend._forget_models()
+            raise
+        except MLXWorkerError as refusal:
+            raise _row_refused(f"the worker refused this reply alone: {refusal}") from None
+        self._rows[handle] = (generation, text)
+        self._early[handle] = early
         return ""
 
     def step(self, waiting: Any = None) -> Iterator[tuple[Any, str | None]]:
@@ -861,7 +887,10 @@ class _ResidentSession:
 
     def _drain(self) -> Iterator[tuple[Any, str | None]]:
         for handle, (generation, text) in list(self._rows.items()):
-            while (delta := generation.poll(0)) is not None:
+            early = self._early.pop(handle, [])
+            while early or (delta := generation.poll(0)) is not None:
+                if early:
+                    delta = early.pop(0)
                 if delta["text"] or delta.get("channel"):
                     yield handle, text.add(delta)
             if generation.done:
@@ -890,9 +919,15 @@ class _ResidentSession:
         return self._stats.pop(handle, None)
 
     def close(self) -> None:
-        """Stops every row still running."""
-        for _ in self.withdraw(self.handles):
-            pass
+        """Stops every row still running (each is answered; one that failed is dropped)."""
+        for handle in self.handles:
+            try:
+                for _ in self.withdraw([handle]):
+                    pass
+            except WorkerDiedError:
+                raise
+            except MLXWorkerError:
+                self._rows.pop(handle, None)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -906,18 +941,6 @@ def _row_refused(reason: str) -> Exception:
     except ImportError:
         return RuntimeError(reason)
     return RowRefused(reason)
-
-
-def _watch_cancel(generation: Generation, cancel_event: Any, stop: threading.Event) -> None:
-    """Tells the worker the moment ``cancel_event.is_set()`` (mid-prefill too)."""
-    while not stop.is_set() and not generation.done:
-        if cancel_event.is_set():
-            try:
-                generation.cancel()
-            except MLXWorkerError:
-                pass
-            return
-        stop.wait(_POLL_S)
 
 
 def _group_size(group: Any) -> int:
@@ -936,7 +959,7 @@ def _sampling(temperature, top_p, top_k, min_p, max_new_tokens, repetition_penal
         "top_p": float(top_p if top_p is not None else 1.0),
         "top_k": int(top_k or 0),
         "min_p": float(min_p or 0.0),
-        "max_new_tokens": int(max_new_tokens) if max_new_tokens else 2048,
+        "max_new_tokens": int(max_new_tokens if max_new_tokens is not None else 2048),
         "repetition_penalty": float(repetition_penalty),
         "presence_penalty": float(presence_penalty or 0.0),
     }
@@ -1034,11 +1057,11 @@ def _speculation(
     its draft model; the drafter kinds it lacks (MTP, DFlash, DSpark, EAGLE-3) fall back to the
     copy-only n-gram draft with Studio's reason, as Studio's backend falls back when it finds
     none."""
-    depth = None
-    try:
-        depth = max(1, min(int(n_max), _SPEC_DEPTH_MAX)) if n_max is not None and int(n_max) > 0 else None
+    try:  # reported as asked (Studio's load route compares it), capped where it is used
+        asked = int(n_max) if n_max is not None and int(n_max) > 0 else None
     except (TypeError, ValueError):
-        depth = None
+        asked = None
+    depth = min(asked, _SPEC_DEPTH_MAX) if asked else None
     kind, reason, method = None, None, None
     if mode == "off":
         pass
@@ -1059,7 +1082,7 @@ def _speculation(
         speculative = {"method": method, **({"num_draft_tokens": depth} if depth else {})}
     return {
         "speculative_type": mode,
-        "spec_draft_n_max": depth,
+        "spec_draft_n_max": asked,
         "spec_draft_model": named or None,
         "spec_drafter_kind": kind,
         "spec_fallback_reason": reason,
