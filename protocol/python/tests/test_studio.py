@@ -73,7 +73,8 @@ def test_the_seeds_call_sequence(backend: MLXInferenceBackend, binary: str, smol
     assert backend.active_model_name == smollm2 and backend.loading_models == set()
     entry = backend.models[smollm2]
     assert entry["load_result"]["info"]["display_name"] == "SmolLM2-135M-Instruct"
-    assert entry["context_length"] == entry["native_context_length"] == 8192
+    assert (entry["context_length"], entry["native_context_length"]) == (FAST["max_seq_length"], 8192)
+    assert entry["requested_context_length"] == FAST["max_seq_length"]
     assert entry["chat_template_info"]["format_type"] == "chatml"
     assert not any(TOKEN in value for value in os.environ.values())
 

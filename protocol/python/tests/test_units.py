@@ -37,9 +37,20 @@ def test_stats_have_studios_names():
                     "predicted_ms": 20.0, "predicted_per_second": 200.0, "ttft_ms": 9.0},
     }  # fmt: skip
     stats = generation_stats(result)
-    assert stats["usage"] == {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14}
+    assert stats["usage"] == {
+        "prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
+        "prompt_tokens_details": {"cached_tokens": 6},
+    }  # fmt: skip
+    assert stats["finish_reason"] == "length"
     timings = stats["timings"]
     assert (timings["prompt_per_token_ms"], timings["predicted_per_token_ms"], timings["cache_n"]) == (2.0, 5.0, 6)
+    assert "draft_n" not in timings
+    # Drafts ran: their counts; a cancelled reply is a stop, in Studio's words.
+    result["usage"].update(drafted_tokens=5, accepted_tokens=3)
+    result["finish_reason"] = "cancelled"
+    stats = generation_stats(result)
+    assert (stats["timings"]["draft_n"], stats["timings"]["draft_n_accepted"]) == (5, 3)
+    assert stats["finish_reason"] == "stop"
 
 
 def test_no_worker_outlives_its_host(binary: str):
