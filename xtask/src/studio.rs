@@ -33,7 +33,6 @@ const REQUIREMENTS: [&str; 10] = [
     "cryptography==51.0.1",
     "pillow==13.0.0",
 ];
-const MARKER: &str = "mlx-worker-studio-requirements.txt";
 
 pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
     let worker = match built {
@@ -84,25 +83,10 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
     )
 }
 
-/// The venv with Studio and its light imports, made once (a marker lists what it holds).
+/// The venv with Studio (without its dependencies) and its light imports, made once.
 fn studio_venv(venv: &Path) -> anyhow::Result<PathBuf> {
-    let python = venv.join("bin/python");
-    let wanted = format!("{}\n{STUDIO}\n", REQUIREMENTS.join("\n"));
-    if python.is_file()
-        && std::fs::read_to_string(venv.join(MARKER)).ok().as_deref() == Some(&wanted)
-    {
-        return Ok(python);
-    }
-    let _ = std::fs::remove_dir_all(venv);
-    eprintln!("studio: creating {} ({STUDIO}, no torch)", venv.display());
-    run_checked(
-        Command::new("python3").arg("-m").arg("venv").arg(venv),
-        "python3 -m venv",
-    )?;
-    venv::pip_install(&python, REQUIREMENTS)?;
-    venv::pip_install(&python, ["--no-deps", STUDIO])?;
-    std::fs::write(venv.join(MARKER), wanted)?;
-    Ok(python)
+    let requirements: Vec<&str> = REQUIREMENTS.iter().copied().chain([STUDIO]).collect();
+    venv::ensure(venv, &requirements, &[STUDIO])
 }
 
 /// A fresh copy of the installed Studio's `studio/backend` with the patch applied.

@@ -1,7 +1,7 @@
 //! The reference Python: mlx-lm and mlx-vlm in a venv at `<workspace>/.venv` (git-ignored),
 //! with pytest for the Python package's tests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
@@ -36,10 +36,19 @@ const MARKER: &str = "mlx-worker-requirements.txt";
 
 /// The venv's python, creating the venv and installing the reference packages if needed.
 pub fn reference_python() -> anyhow::Result<PathBuf> {
-    let venv = crate::workspace_root().join(".venv");
+    ensure(
+        &crate::workspace_root().join(".venv"),
+        &REQUIREMENTS,
+        &NO_DEPS,
+    )
+}
+
+/// The python of the venv at `venv` holding exactly `requirements` (those in `no_deps` installed
+/// without their dependencies), made or completed when its marker lists something else.
+pub fn ensure(venv: &Path, requirements: &[&str], no_deps: &[&str]) -> anyhow::Result<PathBuf> {
     let python = venv.join("bin").join("python");
     let marker = venv.join(MARKER);
-    let wanted = REQUIREMENTS.join("\n") + "\n";
+    let wanted = requirements.join("\n") + "\n";
     if python.is_file() && std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str())
     {
         return Ok(python);
@@ -47,19 +56,21 @@ pub fn reference_python() -> anyhow::Result<PathBuf> {
     if !python.is_file() {
         eprintln!("creating {}", venv.display());
         run(
-            Command::new("python3").arg("-m").arg("venv").arg(&venv),
+            Command::new("python3").arg("-m").arg("venv").arg(venv),
             "python3 -m venv",
         )?;
     }
     eprintln!(
         "installing {} into {}",
-        REQUIREMENTS.join(" "),
+        requirements.join(" "),
         venv.display()
     );
-    let (no_deps, rest): (Vec<&str>, Vec<&str>) =
-        REQUIREMENTS.iter().partition(|r| NO_DEPS.contains(r));
+    let (without, rest): (Vec<&str>, Vec<&str>) =
+        requirements.iter().partition(|r| no_deps.contains(r));
     pip_install(&python, rest)?;
-    pip_install(&python, ["--no-deps"].into_iter().chain(no_deps))?;
+    if !without.is_empty() {
+        pip_install(&python, ["--no-deps"].into_iter().chain(without))?;
+    }
     std::fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
     Ok(python)
 }

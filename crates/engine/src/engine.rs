@@ -108,12 +108,14 @@ pub(crate) fn prepare(
     let prompt = prompt::prompt_inputs(view.tokenizer, view.vision, &req.prompt)?;
     let markup = Markup::of(view.tokenizer, &prompt.ids);
     let vocab_size = view.info.vocab_size.max(1);
-    let raw = matches!(req.prompt, crate::request::Prompt::Tokens(_));
-    if let Some(&id) = (prompt.ids.iter().filter(|_| raw)).find(|&&id| id as usize >= vocab_size) {
-        return Err(EngineError::InvalidParams {
-            field: "prompt_ids".into(),
-            reason: format!("token id {id} is outside the vocabulary (0..{vocab_size})"),
-        });
+    // A raw prompt's ids come from the host; a template's from the tokenizer.
+    if let crate::request::Prompt::Tokens(ids) = &req.prompt {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(EngineError::InvalidParams {
+                field: "prompt_ids".into(),
+                reason: format!("token id {id} is outside the vocabulary (0..{vocab_size})"),
+            });
+        }
     }
     let guide = constraint
         .map(|c| constrained::compile(vocabulary, view.tokenizer, vocab_size, c, markup.as_ref()))
