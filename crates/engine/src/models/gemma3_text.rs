@@ -16,13 +16,13 @@ use serde_json::Value;
 
 use crate::{
     error::EngineError,
+    layers::rope::rope_from_config,
+    layers::weights::Weights,
+    layers::{self, scalar_like, Activation, AttentionShape, QkNormOver},
     models::{
-        parse_args,
+        model::parse_args,
         transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, NormLayout},
     },
-    nn::{self, scalar_like, Activation, AttentionShape, QkNormOver},
-    rope::rope_from_config,
-    weights::Weights,
 };
 
 /// Gemma 3's own computations, as mlx-lm's gemma3_text.py does them.
@@ -33,12 +33,12 @@ pub struct Gemma3 {
 impl Family for Gemma3 {
     /// Norms are stored as `w` and applied as `1 + w` (mlx-lm's Gemma `RMSNorm`: `1.0 + weight`,
     /// a Python float, so in the weight's dtype), computed here once instead of on every call.
-    fn norm_weight(&self, stored: Array) -> nn::Result<Array> {
+    fn norm_weight(&self, stored: Array) -> layers::Result<Array> {
         scalar_like(1.0, &stored)?.add(&stored)
     }
 
     /// `h *= mx.array(hidden_size**0.5, mx.bfloat16).astype(h.dtype)`.
-    fn scale_embeddings(&self, h: Array) -> nn::Result<Array> {
+    fn scale_embeddings(&self, h: Array) -> layers::Result<Array> {
         let s = Array::from_f32((self.hidden_size as f64).sqrt() as f32)
             .as_dtype(Dtype::Bfloat16)?
             .as_dtype(h.dtype())?;
@@ -47,7 +47,7 @@ impl Family for Gemma3 {
 
     /// `x + y`; in float16 summed in float32 and clipped to float16's range (mlx-lm's
     /// `clip_residual`), so that large activations do not overflow to inf.
-    fn residual(&self, x: &Array, y: &Array) -> nn::Result<Array> {
+    fn residual(&self, x: &Array, y: &Array) -> layers::Result<Array> {
         if x.dtype() != Dtype::Float16 {
             return x.add(y);
         }

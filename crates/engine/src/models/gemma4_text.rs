@@ -28,14 +28,14 @@ use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::moe::{split_fused_experts, MoeSpec, Routing, PROJECTIONS},
+    layers::rope::rope_from_config,
+    layers::weights::Weights,
+    layers::{self, scalar_like, Activation, AttentionShape, QkNormOver},
     models::{
-        moe::{split_fused_experts, MoeSpec, Routing, PROJECTIONS},
-        parse_args,
+        model::parse_args,
         transformer::{sanitize, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec, NormLayout},
     },
-    nn::{self, scalar_like, Activation, AttentionShape, QkNormOver},
-    rope::rope_from_config,
-    weights::Weights,
 };
 
 /// Gemma 4's own computations, as mlx-lm's gemma4_text.py does them.
@@ -50,9 +50,9 @@ pub struct Gemma4 {
 /// projection is the scaled embeddings through `per_layer_model_projection`, times
 /// `hidden^-0.5`, RMS-normalised per layer.
 struct PerLayerInputs {
-    embed_tokens_per_layer: nn::Embedding,
-    per_layer_model_projection: nn::Linear,
-    per_layer_projection_norm: nn::RmsNorm,
+    embed_tokens_per_layer: layers::Embedding,
+    per_layer_model_projection: layers::Linear,
+    per_layer_projection_norm: layers::RmsNorm,
     layers: i32,
     width: i32,
     hidden: i32,
@@ -71,7 +71,7 @@ impl PerLayerInputs {
         })
     }
 
-    fn forward(&self, tokens: &Array, h: &Array) -> nn::Result<Array> {
+    fn forward(&self, tokens: &Array, h: &Array) -> layers::Result<Array> {
         let (b, l) = (h.dim(0), h.dim(1));
         let shape = [b, l, self.layers, self.width];
         let rows = self.embed_tokens_per_layer.forward(tokens)?;
@@ -88,12 +88,12 @@ impl PerLayerInputs {
 
 impl Family for Gemma4 {
     /// `h * hidden_size**0.5`: a Python float, so in `h`'s dtype.
-    fn scale_embeddings(&self, h: Array) -> nn::Result<Array> {
+    fn scale_embeddings(&self, h: Array) -> layers::Result<Array> {
         h.multiply(scalar_like(self.embed_scale, &h)?)
     }
 
     /// `tanh(x / cap) * cap`, the cap in the logits' dtype.
-    fn logits(&self, logits: Array) -> nn::Result<Array> {
+    fn logits(&self, logits: Array) -> layers::Result<Array> {
         let Some(cap) = self.softcap else {
             return Ok(logits);
         };
@@ -101,7 +101,7 @@ impl Family for Gemma4 {
         ops::tanh(logits.divide(&cap)?)?.multiply(&cap)
     }
 
-    fn per_layer_inputs(&self, tokens: Option<&Array>, h: &Array) -> nn::Result<Option<Array>> {
+    fn per_layer_inputs(&self, tokens: Option<&Array>, h: &Array) -> layers::Result<Option<Array>> {
         let Some(per_layer) = &self.per_layer else {
             return Ok(None);
         };
@@ -114,7 +114,7 @@ impl Family for Gemma4 {
         per_layer.forward(tokens, h).map(Some)
     }
 
-    fn linears_mut(&mut self) -> Vec<(String, &mut nn::Linear)> {
+    fn linears_mut(&mut self) -> Vec<(String, &mut layers::Linear)> {
         match &mut self.per_layer {
             Some(p) => vec![
                 (

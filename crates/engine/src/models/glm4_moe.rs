@@ -11,13 +11,13 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::moe::{MoeSpec, Routing, Shared, PROJECTIONS},
+    layers::weights::Weights,
+    layers::QkNormOver,
     models::{
-        moe::{MoeSpec, Routing, Shared, PROJECTIONS},
-        parse_args,
+        model::parse_args,
         transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
     },
-    nn::QkNormOver,
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]

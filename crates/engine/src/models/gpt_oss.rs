@@ -14,14 +14,14 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::moe::{MoeSpec, Routing, PROJECTIONS},
+    layers::weights::Weights,
+    layers::Activation,
     models::{
         llama::layer_windows,
-        moe::{MoeSpec, Routing, PROJECTIONS},
-        parse_args,
+        model::parse_args,
         transformer::{CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
     },
-    nn::Activation,
-    weights::Weights,
 };
 
 /// mlx-lm's `ModelArgs` defaults.

@@ -5,11 +5,11 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::weights::Weights,
     models::{
-        parse_args,
+        model::parse_args,
         transformer::{sanitize, Decoder, DecoderSpec, Llama, LlamaArgs},
     },
-    weights::Weights,
 };
 
 /// mlx-lm's Llama `ModelArgs`.

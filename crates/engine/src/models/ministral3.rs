@@ -9,14 +9,14 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::rope::rope_from_config,
+    layers::weights::Weights,
+    layers::QueryTemperature,
     models::{
         llama::layer_windows,
-        parse_args,
+        model::parse_args,
         transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, Llama},
     },
-    nn::QueryTemperature,
-    rope::rope_from_config,
-    weights::Weights,
 };
 
 /// mlx-lm's ministral3 `ModelArgs` and its defaults.

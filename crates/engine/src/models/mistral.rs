@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::{error::EngineError, models::transformer::Decoder, weights::Weights};
+use crate::{error::EngineError, layers::weights::Weights, models::transformer::Decoder};
 
 pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
     super::llama::load(config, weights, "mistral")

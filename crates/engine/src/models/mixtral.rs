@@ -7,12 +7,12 @@ use serde_json::Value;
 
 use crate::{
     error::EngineError,
+    layers::moe::{MoeSpec, Routing},
+    layers::weights::Weights,
     models::{
-        moe::{MoeSpec, Routing},
-        parse_args,
+        model::parse_args,
         transformer::{load_uniform, CommonArgs, Decoder, LayerSpec, MlpSpec},
     },
-    weights::Weights,
 };
 
 /// mlx-lm's `ModelArgs` defaults.

@@ -6,12 +6,12 @@ use serde_json::Value;
 
 use crate::{
     error::EngineError,
+    layers::weights::Weights,
+    layers::QkNormOver,
     models::{
-        parse_args,
+        model::parse_args,
         transformer::{Decoder, LayerSpec, LlamaArgs, NormLayout},
     },
-    nn::QkNormOver,
-    weights::Weights,
 };
 
 /// mlx-lm's `ModelArgs` for OLMo 2 are Llama's, defaults included.

@@ -7,13 +7,13 @@ use serde_json::Value;
 
 use crate::{
     error::EngineError,
+    layers::moe::{MoeSpec, Routing, PROJECTIONS},
+    layers::weights::Weights,
+    layers::QkNormOver,
     models::{
-        moe::{MoeSpec, Routing, PROJECTIONS},
-        parse_args,
+        model::parse_args,
         transformer::{Decoder, LayerSpec, LlamaArgs, MlpSpec},
     },
-    nn::QkNormOver,
-    weights::Weights,
 };
 
 /// mlx-lm's `ModelArgs` defaults: Llama's, and the experts.

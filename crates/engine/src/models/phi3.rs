@@ -7,13 +7,13 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::rope::{rope_from_config, su_scaled},
+    layers::weights::Weights,
+    layers::Rope,
     models::{
-        parse_args,
+        model::parse_args,
         transformer::{load_uniform, CommonArgs, Decoder, LayerSpec},
     },
-    nn::Rope,
-    rope::{rope_from_config, su_scaled},
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]

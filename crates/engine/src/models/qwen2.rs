@@ -10,11 +10,11 @@ use serde_json::Value;
 
 use crate::{
     error::EngineError,
+    layers::weights::Weights,
     models::{
-        parse_args,
+        model::parse_args,
         transformer::{load_uniform, CommonArgs, Decoder},
     },
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]

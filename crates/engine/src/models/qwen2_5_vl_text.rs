@@ -10,13 +10,13 @@ use serde_json::Value;
 
 use crate::{
     error::EngineError,
+    layers::mrope::{mrope_section, MRope, MropeStyle},
+    layers::weights::Weights,
+    layers::Rope,
     models::{
-        parse_args,
+        model::parse_args,
         transformer::{load_uniform, CommonArgs, Decoder},
     },
-    nn::Rope,
-    rope::{mrope_section, MRope, MropeStyle},
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]

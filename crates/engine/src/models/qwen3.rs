@@ -6,12 +6,12 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::weights::Weights,
+    layers::QkNormOver,
     models::{
-        parse_args,
+        model::parse_args,
         transformer::{load_uniform, CommonArgs, Decoder, LayerSpec},
     },
-    nn::QkNormOver,
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]

@@ -13,14 +13,14 @@ use serde_json::{json, Value};
 
 use crate::{
     error::EngineError,
+    layers::gated_delta::{DeltaProjections, GatedDeltaSpec},
+    layers::moe::{split_fused_experts, MoeSpec},
+    layers::weights::Weights,
     models::{
-        gated_delta::{DeltaProjections, GatedDeltaSpec},
-        moe::{split_fused_experts, MoeSpec},
-        parse_args,
+        model::parse_args,
         qwen3_next::{drop_mtp, hybrid_layers, Qwen3Next},
         transformer::{sanitize, CommonArgs, Decoder},
     },
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]
@@ -97,7 +97,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, 
     let rotary = (head_dim as f64 * get("partial_rotary_factor", 0.25)) as i32;
     let max_pos = Some(args.max_position_embeddings);
     // mlx-lm passes `rope_parameters` as the scaling config (its `mrope_section` is unused).
-    let rope = crate::rope::rope_from_config(
+    let rope = crate::layers::rope::rope_from_config(
         rotary,
         get("rope_theta", 100000.0) as f32,
         false,
@@ -119,7 +119,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, 
     if args.num_experts > 0 {
         let (experts, k) = (args.num_experts, args.num_experts_per_tok);
         let moe = MoeSpec::qwen3(experts, k, args.norm_topk_prob, true);
-        moe.make_sparse(&mut spec.layers, 1, &[]);
+        spec.make_sparse(&moe, 1, &[]);
     }
     let hf = weights
         .names()

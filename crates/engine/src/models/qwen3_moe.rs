@@ -8,13 +8,13 @@ use serde_json::Value;
 
 use crate::{
     error::EngineError,
+    layers::moe::MoeSpec,
+    layers::weights::Weights,
+    layers::QkNormOver,
     models::{
-        moe::MoeSpec,
-        parse_args,
+        model::parse_args,
         transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama},
     },
-    nn::QkNormOver,
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]
@@ -51,11 +51,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     );
     let n = c.num_hidden_layers;
     let mut spec = DecoderSpec::uniform(layer, n, args.tie_word_embeddings, max_pos);
-    moe.make_sparse(
-        &mut spec.layers,
-        args.decoder_sparse_step,
-        &args.mlp_only_layers,
-    );
+    spec.make_sparse(&moe, args.decoder_sparse_step, &args.mlp_only_layers);
     sanitize(&mut weights, args.tie_word_embeddings);
     Decoder::load(weights, spec, Llama)
 }

@@ -12,16 +12,16 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::gated_delta::{DeltaProjections, GatedDeltaSpec},
+    layers::moe::MoeSpec,
+    layers::weights::Weights,
+    layers::{scalar_like, QkNormOver, Result, Rope},
     models::{
-        gated_delta::{DeltaProjections, GatedDeltaSpec},
-        moe::MoeSpec,
-        parse_args,
+        model::parse_args,
         transformer::{
             sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec,
         },
     },
-    nn::{scalar_like, QkNormOver, Result, Rope},
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]
@@ -96,11 +96,7 @@ pub fn load(
         args.norm_topk_prob,
         true,
     );
-    moe.make_sparse(
-        &mut spec.layers,
-        args.decoder_sparse_step,
-        &args.mlp_only_layers,
-    );
+    spec.make_sparse(&moe, args.decoder_sparse_step, &args.mlp_only_layers);
     // mlx-lm's sanitize does its work only on a Hugging Face checkpoint, which it knows by
     // per-expert tensors: there it also drops `mtp.*` and shifts the norms.
     let hf = weights

@@ -11,13 +11,13 @@ use serde_json::Value;
 
 use crate::{
     error::EngineError,
+    layers::mrope::{mrope_section, MRope, MropeStyle},
+    layers::weights::Weights,
+    layers::{QkNormOver, Rope},
     models::{
-        parse_args,
+        model::parse_args,
         transformer::{load_uniform, CommonArgs, Decoder, LayerSpec},
     },
-    nn::{QkNormOver, Rope},
-    rope::{mrope_section, MRope, MropeStyle},
-    weights::Weights,
 };
 
 /// mlx-vlm's `TextConfig`: these fields have no default there.

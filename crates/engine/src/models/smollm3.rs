@@ -7,11 +7,12 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::weights::Weights,
     models::{
-        llama, parse_args,
+        llama,
+        model::parse_args,
         transformer::{sanitize, Decoder, Llama},
     },
-    weights::Weights,
 };
 
 /// mlx-lm's `ModelArgs` defaults (the Llama fields are read by `llama::decoder_spec`).

@@ -15,22 +15,21 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    distributed::Group,
     error::{EngineError, LoadErrorKind},
-    kv_cache::{KvCache, Mask, PaddedCache, PaddedStep, StateCache},
-    models::{
-        gated_delta::{GatedDeltaNet, GatedDeltaSpec},
-        moe::{MoeSpec, SparseMoe},
-        parallel::{self, Placement, Reduce},
-        LanguageModel,
-    },
-    nn::{
+    layers::distributed::Group,
+    layers::gated_delta::{GatedDeltaNet, GatedDeltaSpec},
+    layers::kv_cache::{KvCache, Mask, PaddedCache, PaddedStep, StateCache},
+    layers::moe::{MoeSpec, SparseMoe},
+    layers::mrope::MRope,
+    layers::parallel::Parallel,
+    layers::parallel::{self, Placement, Reduce},
+    layers::rope::rope_from_config,
+    layers::weights::Weights,
+    layers::{
         Activation, Attention, AttentionShape, Embedding, GateUp, GatedMlp, Linear, QkNorm,
         QkNormOver, Qkv, Result, RmsNorm, Rope, RotaryAngles, SharedKv,
     },
-    request::Parallel,
-    rope::{rope_from_config, MRope},
-    weights::Weights,
+    models::model::LanguageModel,
 };
 
 type LoadResult<T> = std::result::Result<T, EngineError>;
@@ -251,7 +250,7 @@ pub struct LayerSpec {
 pub enum MlpSpec {
     /// `mlp.{gate,up,down}_proj` (or fused `gate_up_proj`).
     Dense,
-    /// Router and experts ([`crate::models::moe`]).
+    /// Router and experts ([`crate::layers::moe`]).
     Moe(MoeSpec),
     /// A dense MLP (`mlp`) and router and experts (named from the block) side by side, each
     /// output normed (`post_feedforward_layernorm_1`, `_2`), summed: Gemma 4's MoE block. The
@@ -293,6 +292,20 @@ pub struct DecoderSpec {
 }
 
 impl DecoderSpec {
+    /// Makes sparse every layer Qwen3-MoE's rule (kept by Qwen3-Next) makes sparse: not in
+    /// `mlp_only_layers`, experts configured, and `(i + 1) % step == 0`.
+    pub fn make_sparse(&mut self, moe: &MoeSpec, step: usize, mlp_only_layers: &[usize]) {
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let sparse = !mlp_only_layers.contains(&i)
+                && moe.num_experts > 0
+                && step > 0
+                && (i + 1) % step == 0;
+            if sparse {
+                layer.mlp = MlpSpec::Moe(moe.clone());
+            }
+        }
+    }
+
     /// `n` copies of one layer, final norm as the layers'.
     pub fn uniform(
         layer: LayerSpec,
@@ -438,7 +451,7 @@ struct PerLayerGate {
 
 impl PerLayerGate {
     fn forward(&self, h: &Array, input: &Array) -> Result<Array> {
-        let gate = crate::nn::gelu_approx(&self.per_layer_input_gate.forward(h)?)?;
+        let gate = crate::layers::gelu_approx(&self.per_layer_input_gate.forward(h)?)?;
         let gate = self.per_layer_projection.forward(&gate.multiply(input)?)?;
         h.add(self.post_per_layer_input_norm.forward(&gate)?)
     }
@@ -528,7 +541,7 @@ impl Block {
             (Mixer::LinearAttn(l), LayerKv::Rows(rows)) => {
                 let outs = (rows.into_iter().enumerate())
                     .map(|(b, (cache, _))| match cache {
-                        KvCache::State(state) => l.forward(&crate::nn::row(x, b), state),
+                        KvCache::State(state) => l.forward(&crate::layers::row(x, b), state),
                         _ => Err(mlx_rs::error::Exception::custom(
                             "a linear-attention layer needs a state cache",
                         )),
@@ -993,7 +1006,7 @@ impl<F: Family> Decoder<F> {
         if head.weight.dim(0) % p.group.size() as i32 != 0 {
             return Ok(());
         }
-        parallel::shard_rows(head, &p.group, "lm_head")?;
+        head.shard_rows(&p.group, "lm_head")?;
         self.vocab_split = Some(p.group.clone());
         Ok(())
     }
@@ -1478,9 +1491,9 @@ fn shard_block(block: &mut Block, group: &Rc<Group>, p: &str) -> LoadResult<()> 
     else {
         return Err(refused("fused projections"));
     };
-    parallel::shard_rows(q_proj, group, &format!("{p}.self_attn.q_proj"))?;
-    parallel::shard_rows(k_proj, group, &format!("{p}.self_attn.k_proj"))?;
-    parallel::shard_rows(v_proj, group, &format!("{p}.self_attn.v_proj"))?;
+    q_proj.shard_rows(group, &format!("{p}.self_attn.q_proj"))?;
+    k_proj.shard_rows(group, &format!("{p}.self_attn.k_proj"))?;
+    v_proj.shard_rows(group, &format!("{p}.self_attn.v_proj"))?;
     if let Some(sinks) = &a.sinks {
         a.sinks = Some(parallel::part(
             sinks,
@@ -1491,14 +1504,17 @@ fn shard_block(block: &mut Block, group: &Rc<Group>, p: &str) -> LoadResult<()> 
     }
     a.shape.n_heads /= n;
     a.shape.n_kv_heads /= n;
-    let attention =
-        parallel::shard_columns(&mut a.o_proj, group, &format!("{p}.self_attn.o_proj"))?;
+    let attention = a
+        .o_proj
+        .shard_columns(group, &format!("{p}.self_attn.o_proj"))?;
     let GateUp::Split { gate_proj, up_proj } = &mut mlp.gate_up else {
         return Err(refused("a fused gate/up projection"));
     };
-    parallel::shard_rows(gate_proj, group, &format!("{p}.mlp.gate_proj"))?;
-    parallel::shard_rows(up_proj, group, &format!("{p}.mlp.up_proj"))?;
-    let mlp = parallel::shard_columns(&mut mlp.down_proj, group, &format!("{p}.mlp.down_proj"))?;
+    gate_proj.shard_rows(group, &format!("{p}.mlp.gate_proj"))?;
+    up_proj.shard_rows(group, &format!("{p}.mlp.up_proj"))?;
+    let mlp = mlp
+        .down_proj
+        .shard_columns(group, &format!("{p}.mlp.down_proj"))?;
     block.tensor = Some(TensorReduce { attention, mlp });
     Ok(())
 }

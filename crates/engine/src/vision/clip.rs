@@ -19,9 +19,9 @@ use serde::Deserialize;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::{quick_gelu, LayerNorm, Result},
+    layers::weights::Weights,
+    layers::{quick_gelu, LayerNorm, Result},
     vision::siglip::EncoderLayer,
-    weights::Weights,
 };
 
 /// `vision_config` of config.json, with mlx-vlm's llava `VisionConfig` defaults.

@@ -20,13 +20,15 @@ use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::weights::Weights,
+    layers::{self, scalar_like, RmsNorm},
     models::parse_args,
-    nn::{self, scalar_like, RmsNorm},
     vision::{
+        model::PromptTokens,
+        model::VisionModel,
+        shared::ImageInputs,
         siglip::{SiglipConfig, SiglipTower},
-        ImageInputs, PromptTokens, VisionModel,
     },
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]
@@ -115,7 +117,7 @@ pub fn load(
         ));
     }
     let text = text_config(args.text_config);
-    let (mut tower_weights, mut projector) = super::split_parts(weights, "Gemma 3")?;
+    let (mut tower_weights, mut projector) = super::shared::split_parts(weights, "Gemma 3")?;
     for suffix in ["weight", "scales", "biases"] {
         weights.remove(&format!("lm_head.{suffix}"));
     }
@@ -167,7 +169,7 @@ pub fn load(
 
 impl Gemma3Vision {
     /// mlx-vlm's `Gemma3MultiModalProjector`: `(B, patches, d)` -> `(B, tokens, text hidden)`.
-    fn project(&self, x: &Array) -> nn::Result<Array> {
+    fn project(&self, x: &Array) -> layers::Result<Array> {
         let (b, d) = (x.dim(0), x.dim(2));
         let (p, t) = (self.patches_per_side, self.tokens_per_side);
         let k = p / t;
@@ -200,7 +202,7 @@ impl VisionModel for Gemma3Vision {
         images: &[images::RgbImage],
     ) -> Result<PromptTokens, EngineError> {
         let images = images.len();
-        super::check_placeholders(text, BOI, images)?;
+        super::shared::check_placeholders(text, BOI, images)?;
         let full = format!("\n\n{BOI}{}{EOI}\n\n", IMAGE.repeat(self.tokens_per_image));
         Ok(PromptTokens {
             text: text.replace(BOI, &full),
@@ -209,10 +211,10 @@ impl VisionModel for Gemma3Vision {
     }
 
     fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError> {
-        super::pixel_values(&self.processor, images)
+        super::shared::pixel_values(&self.processor, images)
     }
 
-    fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array> {
+    fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> layers::Result<Array> {
         let pixels = inputs
             .pixel_values
             .transpose_axes(&[0, 2, 3, 1])?
@@ -223,7 +225,7 @@ impl VisionModel for Gemma3Vision {
         features.reshape(&[-1, d])
     }
 
-    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array> {
+    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> layers::Result<Array> {
         // mlx-vlm: text rows kept, pad rows zero, image rows the features scaled down.
         let divisor = scalar_like(self.feature_divisor, features)?;
         let scaled = features.divide(&divisor)?.as_dtype(embeds.dtype())?;
@@ -232,6 +234,6 @@ impl VisionModel for Gemma3Vision {
         let keep = Array::from_slice(&keep, &[1, ids.len() as i32, 1]);
         let zeros = ops::zeros_like(&embeds)?;
         let text = ops::select(&keep, &embeds, &zeros)?;
-        super::scatter_rows(ids, self.image_token_id, text, &scaled)
+        super::shared::scatter_rows(ids, self.image_token_id, text, &scaled)
     }
 }

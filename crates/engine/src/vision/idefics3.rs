@@ -19,13 +19,15 @@ use serde_json::{json, Map, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::weights::Weights,
+    layers::{self, Linear},
     models::parse_args,
-    nn::{self, Linear},
     vision::{
+        model::PromptTokens,
+        model::VisionModel,
+        shared::ImageInputs,
         siglip::{SiglipConfig, SiglipTower},
-        ImageInputs, PromptTokens, VisionModel,
     },
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]
@@ -216,7 +218,7 @@ pub fn load(
              {patch} that scale_factor {s} divides"
         )));
     }
-    let proc: ProcessorArgs = super::processor_args(dir)?;
+    let proc: ProcessorArgs = super::shared::processor_args(dir)?;
     let image_seq_len = proc.image_seq_len.unwrap_or(169);
     let features = (grid * grid / (s * s)) as usize;
     if features != image_seq_len {
@@ -267,7 +269,7 @@ fn split_parts(weights: &mut Weights) -> Result<(Weights, Weights), EngineError>
     for part in ["embed_tokens.", "layers.", "norm."] {
         language.rename_prefix(part, &format!("model.{part}"));
     }
-    super::keep_language(weights, language, "Idefics3/SmolVLM")?;
+    super::shared::keep_language(weights, language, "Idefics3/SmolVLM")?;
     Ok((tower, connector))
 }
 
@@ -276,7 +278,7 @@ fn split_parts(weights: &mut Weights) -> Result<(Weights, Weights), EngineError>
 /// fraction `i / grid`, clipped below 1, counted against the boundaries `arange(1/side, 1,
 /// 1/side)` in float32. Float rounding makes these differ from `0..grid²` for most sides (side
 /// 32: some rows repeat); computed with MLX's own ops so they match.
-fn position_ids(grid: i32, side: i32) -> nn::Result<Array> {
+fn position_ids(grid: i32, side: i32) -> layers::Result<Array> {
     let step = 1.0 / f64::from(side);
     let boundaries = Array::arange::<f64, f32>(step, 1.0, step)?.expand_dims(0)?;
     let fractions =
@@ -294,7 +296,7 @@ fn position_ids(grid: i32, side: i32) -> nn::Result<Array> {
 impl Idefics3Vision {
     /// mlx-vlm's connector: `(tiles, patches, d)` -> `(tiles, patches / s², d s²)` by pixel
     /// shuffle, then the projection.
-    fn connect(&self, x: &Array) -> nn::Result<Array> {
+    fn connect(&self, x: &Array) -> layers::Result<Array> {
         let (b, n, d) = (x.dim(0), x.dim(1), x.dim(2));
         let s = self.scale_factor;
         let side = (n as f64).sqrt() as i32;
@@ -341,7 +343,7 @@ impl VisionModel for Idefics3Vision {
                 tokens_per_image: Vec::new(),
             });
         }
-        super::check_placeholders(text, IMAGE, images.len())?;
+        super::shared::check_placeholders(text, IMAGE, images.len())?;
         let pieces: Vec<&str> = text.split(IMAGE).collect();
         let mut out = pieces[0].to_owned();
         let mut tokens_per_image = Vec::with_capacity(images.len());
@@ -359,10 +361,10 @@ impl VisionModel for Idefics3Vision {
 
     fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError> {
         let processor = images::processors::Processor::Idefics3(self.processor.clone());
-        super::pixel_values(&processor, images)
+        super::shared::pixel_values(&processor, images)
     }
 
-    fn encode(&self, inputs: &ImageInputs, _dtype: Dtype) -> nn::Result<Array> {
+    fn encode(&self, inputs: &ImageInputs, _dtype: Dtype) -> layers::Result<Array> {
         // `(1, tiles, C, H, W)` -> channels-last tiles. mlx-vlm embeds the float32 pixels, casts
         // the embeddings to the tower's dtype, and casts its output back to float32 (the
         // pixels' dtype) for the connector.

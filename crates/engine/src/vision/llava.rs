@@ -19,13 +19,15 @@ use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::weights::Weights,
+    layers::{self, gelu, Linear},
     models::parse_args,
-    nn::{self, gelu, Linear},
     vision::{
         clip::{ClipConfig, ClipTower},
-        ImageInputs, PromptTokens, VisionModel,
+        model::PromptTokens,
+        model::VisionModel,
+        shared::ImageInputs,
     },
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]
@@ -163,7 +165,7 @@ pub fn load(
     }
     let drop_first = args.vision_feature_select_strategy == "default";
 
-    let (mut tower_weights, mut projector) = super::split_parts(weights, "LLaVA")?;
+    let (mut tower_weights, mut projector) = super::shared::split_parts(weights, "LLaVA")?;
 
     let deepest = feature_layers.iter().copied().max().unwrap_or(0);
     let tower = ClipTower::load(vision, &mut tower_weights, deepest)?;
@@ -178,7 +180,7 @@ pub fn load(
     // mlx-vlm's `LlavaProcessor`: (side / patch)^2 + num_additional_image_tokens, one less with
     // the "default" strategy. The side is the tower's: the processor must make images of it.
     let path = dir.join("processor_config.json");
-    let proc: ProcessorArgs = super::processor_args(dir)?;
+    let proc: ProcessorArgs = super::shared::processor_args(dir)?;
     let patch = proc.patch_size.unwrap_or(vision.patch_size).max(1);
     let side = vision.image_size / patch;
     let mut tokens = side * side + proc.num_additional_image_tokens;
@@ -232,7 +234,7 @@ impl VisionModel for LlavaVision {
             });
         }
         let token = &self.image_token;
-        super::check_placeholders(text, token, images)?;
+        super::shared::check_placeholders(text, token, images)?;
         Ok(PromptTokens {
             text: text.replace(token.as_str(), &token.repeat(self.tokens_per_image)),
             tokens_per_image: vec![self.tokens_per_image; images],
@@ -240,10 +242,10 @@ impl VisionModel for LlavaVision {
     }
 
     fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError> {
-        super::pixel_values(&self.processor, images)
+        super::shared::pixel_values(&self.processor, images)
     }
 
-    fn encode(&self, inputs: &ImageInputs, _dtype: Dtype) -> nn::Result<Array> {
+    fn encode(&self, inputs: &ImageInputs, _dtype: Dtype) -> layers::Result<Array> {
         // mlx-vlm's llava gives the tower float32 pixels as they are (no cast).
         let pixels = inputs.pixel_values.transpose_axes(&[0, 2, 3, 1])?;
         let states = self.tower.hidden_states(&pixels, &self.feature_layers)?;
@@ -253,7 +255,7 @@ impl VisionModel for LlavaVision {
                 true => s.try_index((.., 1..)),
                 false => Ok(s),
             })
-            .collect::<nn::Result<Vec<_>>>()?;
+            .collect::<layers::Result<Vec<_>>>()?;
         let selected = match states.len() {
             1 => states.into_iter().next().expect("one"),
             _ => ops::concatenate(&states, -1)?,

@@ -14,13 +14,15 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::weights::Weights,
+    layers::{self, gelu, Linear, RmsNorm},
     models::{self, parse_args},
-    nn::{self, gelu, Linear, RmsNorm},
     vision::{
+        model::PromptTokens,
+        model::VisionModel,
         pixtral::{PixtralConfig, PixtralTower},
-        ImageInputs, PromptTokens, VisionModel,
+        shared::ImageInputs,
     },
-    weights::Weights,
 };
 
 #[derive(Debug, Deserialize)]
@@ -101,7 +103,7 @@ pub fn load(
             &format!("vision_tower.vision_model.{part}"),
         );
     }
-    let (mut tower_weights, mut projector) = super::split_parts(weights, "Mistral 3")?;
+    let (mut tower_weights, mut projector) = super::shared::split_parts(weights, "Mistral 3")?;
     let vision = &args.vision_config;
     let tower = PixtralTower::load(vision, &mut tower_weights)?;
     let states = vision.num_hidden_layers as i64 + 1;
@@ -146,7 +148,7 @@ pub fn load(
             linear_1,
             linear_2,
             merge,
-            tokens: super::processor_args(dir)?,
+            tokens: super::shared::processor_args(dir)?,
             image_token_id,
             processor,
         },
@@ -159,7 +161,7 @@ impl Mistral3Vision {
     /// grid cut into `merge`-square blocks, each block's features `[c * merge^2 + i * merge + j]`
     /// (channel-major, as `unfold` orders them), all images' blocks in order, then
     /// `merging_layer`.
-    fn merge_patches(&self, x: &Array, sizes: &[[usize; 2]], patch: i32) -> nn::Result<Array> {
+    fn merge_patches(&self, x: &Array, sizes: &[[usize; 2]], patch: i32) -> layers::Result<Array> {
         let (d, m) = (x.dim(-1), self.merge);
         let mut start = 0;
         let mut merged = Vec::with_capacity(sizes.len());
@@ -179,7 +181,7 @@ impl Mistral3Vision {
 }
 
 /// Rows `start..start + n` of `(N, d)`.
-fn ops_slice(x: &Array, start: i32, n: i32) -> nn::Result<Array> {
+fn ops_slice(x: &Array, start: i32, n: i32) -> layers::Result<Array> {
     use mlx_rs::ops::indexing::IndexOp;
     Ok(x.index(start..start + n))
 }
@@ -195,7 +197,7 @@ impl VisionModel for Mistral3Vision {
         images: &[images::RgbImage],
     ) -> Result<PromptTokens, EngineError> {
         let t = &self.tokens;
-        super::check_placeholders(text, &t.image_token, images.len())?;
+        super::shared::check_placeholders(text, &t.image_token, images.len())?;
         let mut parts = text.split(t.image_token.as_str());
         let mut out = parts.next().unwrap_or_default().to_owned();
         let mut tokens_per_image = Vec::with_capacity(images.len());
@@ -221,10 +223,10 @@ impl VisionModel for Mistral3Vision {
 
     fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError> {
         let processor = images::processors::Processor::Pixtral(self.processor.clone());
-        super::pixel_values(&processor, images)
+        super::shared::pixel_values(&processor, images)
     }
 
-    fn encode(&self, inputs: &ImageInputs, _dtype: Dtype) -> nn::Result<Array> {
+    fn encode(&self, inputs: &ImageInputs, _dtype: Dtype) -> layers::Result<Array> {
         let pixels = inputs.pixel_values.transpose_axes(&[0, 2, 3, 1])?;
         let states = self.tower.hidden_states(&pixels, &inputs.image_sizes)?;
         let x = states[self.feature_layer].squeeze_axes(&[0])?;

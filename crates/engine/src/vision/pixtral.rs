@@ -13,9 +13,9 @@ use serde::Deserialize;
 
 use crate::{
     error::EngineError,
-    nn::{rotate_half, Activation, Linear, Result, RmsNorm},
+    layers::weights::Weights,
+    layers::{rotate_half, Activation, Linear, Result, RmsNorm},
     vision::siglip::conv_weight,
-    weights::Weights,
 };
 
 /// mlx-vlm's pixtral `VisionConfig` and its defaults.
@@ -210,7 +210,7 @@ impl PixtralTower {
         let turn =
             |t: &Array| -> Result<Array> { t.multiply(cos)?.add(rotate_half(t)?.multiply(sin)?) };
         let (q, k) = (turn(&q)?, turn(&k)?);
-        let o = crate::attention::sdpa(&q, &k, &v, self.scale, Some(mask.into()), None)?;
+        let o = crate::layers::sdpa::sdpa(&q, &k, &v, self.scale, Some(mask.into()), None)?;
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, n, -1])?;
         let x = x.add(l.o_proj.forward(&o)?)?;
         let y = l.ffn_norm.forward(&x)?;

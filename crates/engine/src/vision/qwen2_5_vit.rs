@@ -10,9 +10,9 @@ use serde::Deserialize;
 
 use crate::{
     error::EngineError,
-    nn::{self, gelu, Activation, Linear, RmsNorm},
+    layers::weights::Weights,
+    layers::{self, gelu, Activation, Linear, RmsNorm},
     vision::qwen_vit::{self, PatchEmbed, VitAttention},
-    weights::Weights,
 };
 
 /// `vision_config`, with mlx-vlm's defaults.
@@ -74,7 +74,7 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Array, rope: &(Array, Array), bounds: &Bounds) -> nn::Result<Array> {
+    fn forward(&self, x: &Array, rope: &(Array, Array), bounds: &Bounds) -> layers::Result<Array> {
         let bounds = match self.full {
             true => &bounds.images,
             false => &bounds.windows,
@@ -131,7 +131,7 @@ impl QwenVit {
 
     /// Feature rows `(tokens, text hidden)` of `pixels` `(patches, c * t * p * p)` with their
     /// grids, in the processor's (and the prompt's) order.
-    pub fn forward(&self, pixels: &Array, grids: &[[usize; 3]]) -> nn::Result<Array> {
+    pub fn forward(&self, pixels: &Array, grids: &[[usize; 3]]) -> layers::Result<Array> {
         let a = &self.args;
         let unit = a.spatial_merge_size * a.spatial_merge_size;
         let hidden = self.patch_embed.hidden();
@@ -143,7 +143,7 @@ impl QwenVit {
             a.window_size / a.spatial_merge_size / a.patch_size,
         );
         let order = Array::from_slice(&layout.order, &[layout.order.len() as i32]);
-        let in_windows = |t: &Array| -> nn::Result<Array> {
+        let in_windows = |t: &Array| -> layers::Result<Array> {
             t.reshape(&[s / unit, unit, -1])?
                 .take_axis(&order, 0)?
                 .reshape(&[s, -1])

@@ -17,9 +17,9 @@ use serde::Deserialize;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::{self, gelu, gelu_approx, quick_gelu, LayerNorm, Linear},
+    layers::weights::Weights,
+    layers::{self, gelu, gelu_approx, quick_gelu, LayerNorm, Linear},
     vision::qwen_vit::{self, PatchEmbed, VitAttention},
-    weights::Weights,
 };
 
 /// `vision_config`, with mlx-vlm's defaults.
@@ -93,7 +93,7 @@ pub struct Patching {
 struct Naming {
     fc1: &'static str,
     fc2: &'static str,
-    act: fn(&Array) -> nn::Result<Array>,
+    act: fn(&Array) -> layers::Result<Array>,
     merger: [&'static str; 3],
 }
 
@@ -120,7 +120,7 @@ struct Block {
     norm2: LayerNorm,
     fc1: Linear,
     fc2: Linear,
-    act: fn(&Array) -> nn::Result<Array>,
+    act: fn(&Array) -> layers::Result<Array>,
 }
 
 impl Block {
@@ -140,7 +140,7 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Array, rope: &(Array, Array), bounds: &[i32]) -> nn::Result<Array> {
+    fn forward(&self, x: &Array, rope: &(Array, Array), bounds: &[i32]) -> layers::Result<Array> {
         let h = x.add(self.attn.forward(&self.norm1.forward(x)?, rope, bounds)?)?;
         let m = (self.act)(&self.fc1.forward(&self.norm2.forward(&h)?)?)?;
         h.add(self.fc2.forward(&m)?)
@@ -172,7 +172,7 @@ impl Merger {
         })
     }
 
-    fn forward(&self, x: &Array, width: i32) -> nn::Result<Array> {
+    fn forward(&self, x: &Array, width: i32) -> layers::Result<Array> {
         let x = match self.postshuffle {
             true => self.norm.forward(&x.reshape(&[-1, width])?)?,
             false => self.norm.forward(x)?.reshape(&[-1, width])?,
@@ -277,7 +277,11 @@ impl Qwen3Vit {
     /// Feature rows `(tokens, text hidden)` of `pixels` `(patches, c * t * p * p)` with their
     /// grids, in the processor's order, and the deepstack features (the same rows, one set
     /// per deepstack block, in block order).
-    pub fn forward(&self, pixels: &Array, grids: &[[usize; 3]]) -> nn::Result<(Array, Vec<Array>)> {
+    pub fn forward(
+        &self,
+        pixels: &Array,
+        grids: &[[usize; 3]],
+    ) -> layers::Result<(Array, Vec<Array>)> {
         let m = self.patching.merge;
         let width = self.patch_embed.hidden() * m * m;
         let mut x = self.patch_embed.forward(pixels)?;
@@ -302,13 +306,13 @@ impl Qwen3Vit {
 /// rows around `linspace(0, side - 1, h)` x `linspace(0, side - 1, w)` weighted
 /// bilinearly (the weights in float32, then in the table's dtype), in the processor's
 /// patch order.
-fn position_embeddings(table: &Array, grids: &[[usize; 3]], m: i32) -> nn::Result<Array> {
+fn position_embeddings(table: &Array, grids: &[[usize; 3]], m: i32) -> layers::Result<Array> {
     let side = (table.dim(0) as f64).sqrt() as i32;
     let dtype = table.dtype();
     let mut per_image = Vec::with_capacity(grids.len());
     for &[t, h, w] in grids {
         let (h, w) = (h as i32, w as i32);
-        let axis = |n: i32| -> nn::Result<(Array, Array, Array)> {
+        let axis = |n: i32| -> layers::Result<(Array, Array, Array)> {
             let count = ops::LinspaceOptions {
                 count: n,
                 endpoint: true,
@@ -322,11 +326,11 @@ fn position_embeddings(table: &Array, grids: &[[usize; 3]], m: i32) -> nn::Resul
         let (hf, hc, dh) = axis(h)?;
         let (wf, wc, dw) = axis(w)?;
         let side_a = Array::from_int(side);
-        let rows = |r: &Array| -> nn::Result<Array> { r.multiply(&side_a)?.reshape(&[-1, 1]) };
+        let rows = |r: &Array| -> layers::Result<Array> { r.multiply(&side_a)?.reshape(&[-1, 1]) };
         let cols = |c: &Array| c.reshape(&[1, -1]);
         let one = Array::from_f32(1.0);
         let (ndh, ndw) = (one.subtract(&dh)?, one.subtract(&dw)?);
-        let outer = |a: &Array, b: &Array| -> nn::Result<Array> {
+        let outer = |a: &Array, b: &Array| -> layers::Result<Array> {
             a.reshape(&[-1, 1])?.multiply(b.reshape(&[1, -1])?)
         };
         let corners = [

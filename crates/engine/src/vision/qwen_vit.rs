@@ -7,8 +7,8 @@ use mlx_rs::{ops, Array};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    nn::{self, rotate_half, Linear},
-    weights::Weights,
+    layers::weights::Weights,
+    layers::{self, rotate_half, Linear},
 };
 
 /// The patch embedding: a Conv3d whose kernel and stride are the patch, over the processor's
@@ -25,7 +25,7 @@ pub struct PatchEmbed {
 
 /// A Conv3d weight in MLX's `(out, t, p, p, in)` layout; PyTorch's `(out, in, t, p, p)` is
 /// transposed (mlx-vlm's `check_array_shape` decides which it is).
-fn conv3d_weight(w: Array) -> nn::Result<Array> {
+fn conv3d_weight(w: Array) -> layers::Result<Array> {
     let s = w.shape();
     let mlx_layout = s.len() == 5 && (s[4] == 3 || (s[1] >= s[2] && s[1] >= s[3] && s[2] == s[3]));
     match mlx_layout {
@@ -57,7 +57,7 @@ impl PatchEmbed {
     }
 
     /// `(patches, hidden)`: the pixels cast to the convolution's dtype first, as mlx-vlm does.
-    pub fn forward(&self, pixels: &Array) -> nn::Result<Array> {
+    pub fn forward(&self, pixels: &Array) -> layers::Result<Array> {
         let (t, p) = (self.temporal, self.patch);
         let x = pixels
             .as_dtype(self.weight.dtype())?
@@ -91,7 +91,12 @@ impl VitAttention {
 
     /// Attention of `x` `(S, D)` within each span of `bounds` (cumulative ends), the queries
     /// and keys rotated by `rope` (cos, sin of [`rotary_angles`], float32).
-    pub fn forward(&self, x: &Array, rope: &(Array, Array), bounds: &[i32]) -> nn::Result<Array> {
+    pub fn forward(
+        &self,
+        x: &Array,
+        rope: &(Array, Array),
+        bounds: &[i32],
+    ) -> layers::Result<Array> {
         let s = x.dim(0);
         let qkv = self
             .qkv
@@ -100,7 +105,7 @@ impl VitAttention {
             .transpose_axes(&[1, 0, 2, 3])?;
         let parts = qkv.split_equal(3, 0)?;
         // mlx-vlm's `apply_rotary_pos_emb_vision`: in float32 (cos/sin are), cast back.
-        let rotate = |t: &Array| -> nn::Result<Array> {
+        let rotate = |t: &Array| -> layers::Result<Array> {
             t.multiply(&rope.0)?
                 .add(rotate_half(t)?.multiply(&rope.1)?)?
                 .as_dtype(t.dtype())?
@@ -117,7 +122,7 @@ impl VitAttention {
         );
         let mut outs = Vec::with_capacity(qs.len());
         for ((q, k), v) in qs.iter().zip(&ks).zip(&vs) {
-            outs.push(crate::attention::sdpa(q, k, v, self.scale, None, None)?);
+            outs.push(crate::layers::sdpa::sdpa(q, k, v, self.scale, None, None)?);
         }
         let o = ops::concatenate(&outs, 2)?
             .transpose_axes(&[0, 2, 1, 3])?
@@ -130,7 +135,7 @@ impl VitAttention {
 /// float32.
 pub fn inv_freq(head_dim: i32) -> Result<Array, EngineError> {
     let dim = head_dim / 2;
-    let freqs = || -> nn::Result<Array> {
+    let freqs = || -> layers::Result<Array> {
         let exponents =
             Array::arange::<f32, f32>(0.0, dim as f32, 2.0)?.divide(Array::from_f32(dim as f32))?;
         Array::from_f32(1.0).divide(ops::power(Array::from_f32(10000.0), &exponents)?)
@@ -140,7 +145,11 @@ pub fn inv_freq(head_dim: i32) -> Result<Array, EngineError> {
 
 /// mlx-vlm's `rot_pos_emb`: each patch's (row, column) angles `(S, head_dim / 2)`, patches
 /// in the processor's order (merge blocks row-major, row-major inside a block).
-pub fn rotary_angles(grids: &[[usize; 3]], merge: usize, inv_freq: &Array) -> nn::Result<Array> {
+pub fn rotary_angles(
+    grids: &[[usize; 3]],
+    merge: usize,
+    inv_freq: &Array,
+) -> layers::Result<Array> {
     let m = merge;
     let mut ids: Vec<i32> = Vec::new();
     for &[t, h, w] in grids {
@@ -170,7 +179,7 @@ pub fn rotary_angles(grids: &[[usize; 3]], merge: usize, inv_freq: &Array) -> nn
 }
 
 /// cos and sin `(S, 1, head_dim)` of `angles` `(S, head_dim / 2)`: both axes' angles, twice.
-pub fn rotary_cos_sin(angles: &Array) -> nn::Result<(Array, Array)> {
+pub fn rotary_cos_sin(angles: &Array) -> layers::Result<(Array, Array)> {
     let angles = ops::concatenate(&[angles, angles], -1)?.expand_dims(1)?;
     Ok((angles.cos()?, angles.sin()?))
 }

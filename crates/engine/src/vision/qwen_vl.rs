@@ -18,15 +18,17 @@ use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers,
+    layers::mrope::MropePositions,
+    layers::weights::Weights,
     models::parse_args,
-    nn,
-    rope::MropePositions,
     vision::{
+        model::PromptTokens,
+        model::VisionModel,
         qwen2_5_vit::{QwenVit, VitConfig},
         qwen3_vit::{Patching, Qwen3Vit, Vit2Config, Vit3Config},
-        ImageInputs, PromptTokens, VisionModel,
+        shared::ImageInputs,
     },
-    weights::Weights,
 };
 
 /// Which Qwen-VL.
@@ -222,7 +224,7 @@ fn split_parts(weights: &mut Weights, family: &str) -> Result<Weights, EngineErr
     weights.rename_prefix("lm_head.", "language_model.lm_head.");
     let tower = weights.split_off("vision_tower.");
     let language = weights.split_off("language_model.");
-    super::keep_language(weights, language, family)?;
+    super::shared::keep_language(weights, language, family)?;
     Ok(tower)
 }
 
@@ -261,7 +263,7 @@ impl VisionModel for QwenVlVision {
         text: &str,
         images: &[images::RgbImage],
     ) -> Result<PromptTokens, EngineError> {
-        super::check_placeholders(text, IMAGE_PAD, images.len())?;
+        super::shared::check_placeholders(text, IMAGE_PAD, images.len())?;
         let counts: Vec<usize> = self
             .grids(images)?
             .iter()
@@ -299,10 +301,10 @@ impl VisionModel for QwenVlVision {
 
     fn preprocess(&self, images: &[images::RgbImage]) -> Result<ImageInputs, EngineError> {
         let processor = images::processors::Processor::QwenVl(self.processor.clone());
-        super::pixel_values(&processor, images)
+        super::shared::pixel_values(&processor, images)
     }
 
-    fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> nn::Result<Array> {
+    fn encode(&self, inputs: &ImageInputs, dtype: Dtype) -> layers::Result<Array> {
         Ok(self.encode_with_deepstack(inputs, dtype)?.0)
     }
 
@@ -310,7 +312,7 @@ impl VisionModel for QwenVlVision {
         &self,
         inputs: &ImageInputs,
         _dtype: Dtype,
-    ) -> nn::Result<(Array, Vec<Array>)> {
+    ) -> layers::Result<(Array, Vec<Array>)> {
         let (pixels, grids) = (&inputs.pixel_values, &inputs.grid_thw);
         match &self.tower {
             Tower::Windowed(t) => Ok((t.forward(pixels, grids)?, Vec::new())),
@@ -318,8 +320,8 @@ impl VisionModel for QwenVlVision {
         }
     }
 
-    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> nn::Result<Array> {
-        super::scatter_rows(ids, self.image_token_id, embeds, features)
+    fn merge(&self, ids: &[u32], embeds: Array, features: &Array) -> layers::Result<Array> {
+        super::shared::scatter_rows(ids, self.image_token_id, embeds, features)
     }
 }
 

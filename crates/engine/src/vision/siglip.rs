@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use crate::{
     error::EngineError,
-    nn::{gelu_approx, LayerNorm, Linear, Result},
-    weights::Weights,
+    layers::weights::Weights,
+    layers::{gelu_approx, LayerNorm, Linear, Result},
 };
 
 /// `vision_config` of config.json, with mlx-vlm's defaults.
@@ -99,7 +99,7 @@ impl EncoderLayer {
         let q = split(self.q_proj.forward(x)?)?;
         let k = split(self.k_proj.forward(x)?)?;
         let v = split(self.v_proj.forward(x)?)?;
-        let o = crate::attention::sdpa(&q, &k, &v, scale, None, None)?;
+        let o = crate::layers::sdpa::sdpa(&q, &k, &v, scale, None, None)?;
         self.out_proj
             .forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, n, -1])?)
     }

@@ -6,7 +6,7 @@ use mlx_rs::Array;
 use serde_json::json;
 
 use super::sanitize;
-use crate::{error::LoadErrorKind, models::tests::refusal_with, weights::Weights};
+use crate::{error::LoadErrorKind, layers::weights::Weights, models::tests::refusal_with};
 use fixtures::mlx_test_lock;
 
 const P: &str = "model.layers.0.mlp.experts";
@@ -148,7 +148,7 @@ fn openai_blocks_count_two_parameters_a_byte_and_their_scales_none() {
 }
 
 /// A tiny random GPT-OSS in mlx-lm's layout: 2 layers (sliding window 4, then full), 4 experts.
-fn tiny_model() -> Box<dyn crate::models::LanguageModel> {
+fn tiny_model() -> Box<dyn crate::models::model::LanguageModel> {
     let random = |shape: &[i32]| mlx_rs::random::uniform::<_, f32>(-0.5, 0.5, shape, None).unwrap();
     let mut t = HashMap::new();
     for (name, shape) in [
@@ -201,8 +201,14 @@ fn layers_alternate_sliding_and_full_and_the_sinks_decline_kv_bits() {
     let _lock = mlx_test_lock();
     let model = tiny_model();
     let mut caches = model.make_caches();
-    assert!(matches!(caches[0], crate::kv_cache::KvCache::Rotating(_)));
-    assert!(matches!(caches[1], crate::kv_cache::KvCache::Standard(_)));
+    assert!(matches!(
+        caches[0],
+        crate::layers::kv_cache::KvCache::Rotating(_)
+    ));
+    assert!(matches!(
+        caches[1],
+        crate::layers::kv_cache::KvCache::Standard(_)
+    ));
     let reason = model.kv_bits_refusal().expect("sinks decline kv_bits");
     assert!(reason.contains("sinks"), "{reason}");
     // Past the window: the ring wraps and every position still gives logits.

@@ -1,0 +1,25 @@
+//! KV caches, one per attention layer, and the attention mask each implies.
+//!
+//! Full-attention layers keep every position ([`StandardCache`], mlx-lm's `KVCache`), or, with
+//! `kv_bits`, keep them quantized ([`QuantizedCache`], `QuantizedKVCache`); sliding-window
+//! layers keep the last `window` positions in a ring ([`RotatingCache`], `RotatingKVCache`,
+//! never quantized: mlx-lm cannot quantize it either); linear-attention layers keep a
+//! convolution window and a recurrent state instead ([`StateCache`], `ArraysCache`). All mirror mlx-lm's update rules exactly, because the order of
+//! keys in the cache and the mask shapes decide the floating-point sums, and parity is token
+//! for token.
+
+mod cache;
+mod mask;
+mod padded;
+mod quantized;
+mod rotating;
+mod standard;
+mod state;
+
+pub use cache::{KvCache, KV_GROUP_SIZE};
+pub use mask::Mask;
+pub use padded::{PaddedCache, PaddedStep};
+pub use state::StateCache;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,601 @@
+//! The engine: resident models, and the calls the worker makes on its MLX thread.
+
+use std::{rc::Rc, sync::Arc, time::Instant};
+
+use text::ModelTokenizer;
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    layers::device,
+    layers::distributed::Group,
+    layers::lora::AdapterSwitch,
+    layers::parallel::Placement,
+    models::{self, LanguageModel},
+    runtime::constrained::{self, Markup, ToolUse},
+    runtime::generate::{generate, GenerationContext, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
+    runtime::load,
+    runtime::memory,
+    runtime::prompt,
+    runtime::prompt_cache::{PromptCache, DEFAULT_PROMPT_CACHE_BYTES},
+    runtime::request::*,
+    runtime::scheduler::BatchAttention,
+    vision::{self, VisionModel},
+    CancelToken,
+};
+
+/// A model made resident by `load`.
+pub(crate) struct Resident {
+    info: ModelInfo,
+    model: Box<dyn LanguageModel>,
+    /// The vision side of a vision-language model.
+    vision: Option<Box<dyn VisionModel>>,
+    tokenizer: Arc<ModelTokenizer>,
+    /// The load that made it (without the token): which options it runs with.
+    load: LoadRequest,
+    /// The switch of the attached adapter, if any.
+    adapter: Option<AdapterSwitch>,
+    /// The draft model for speculative decoding, if one was loaded with it.
+    draft: Option<Box<dyn LanguageModel>>,
+    /// Recent generations' KV caches, for the next prompts that start the same way.
+    prompt_cache: PromptCache,
+    /// The tokenizer as the grammar engine reads it, made by the first constrained request.
+    vocabulary: Option<constrain::Vocabulary>,
+}
+
+/// What generating with a resident reads, borrowed apart from what it changes (its prompt
+/// cache and grammar vocabulary): generations in flight read it while another is prepared.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'r> {
+    pub model: &'r dyn LanguageModel,
+    pub draft: Option<&'r dyn LanguageModel>,
+    pub vision: Option<&'r dyn VisionModel>,
+    pub tokenizer: &'r ModelTokenizer,
+    pub info: &'r ModelInfo,
+    pub adapter: Option<&'r AdapterSwitch>,
+}
+
+impl Resident {
+    pub(crate) fn split(
+        &mut self,
+    ) -> (
+        View<'_>,
+        &mut PromptCache,
+        &mut Option<constrain::Vocabulary>,
+    ) {
+        let view = View {
+            model: self.model.as_ref(),
+            draft: self.draft.as_deref(),
+            vision: self.vision.as_deref(),
+            tokenizer: &self.tokenizer,
+            info: &self.info,
+            adapter: self.adapter.as_ref(),
+        };
+        (view, &mut self.prompt_cache, &mut self.vocabulary)
+    }
+}
+
+/// A request made ready to run on a resident: its prompt, its constraint compiled, its tools.
+pub(crate) struct Prepared {
+    /// The request, `max_new_tokens` cut to what the context leaves.
+    pub req: GenerateRequest,
+    pub prompt: prompt::PromptInputs,
+    pub tools: Option<ToolUse>,
+    pub guide: Option<(constrain::Guide, &'static str)>,
+    pub markup: Option<Markup>,
+    /// Whether the resident's adapter (if any) is on for it.
+    pub adapter_on: bool,
+}
+
+/// Checks `req` against the resident `view` shows and makes it ready: template, images, the
+/// constraint (or forced tool calls) compiled, the context limit.
+pub(crate) fn prepare(
+    view: View<'_>,
+    vocabulary: &mut Option<constrain::Vocabulary>,
+    req: &GenerateRequest,
+) -> Result<Prepared, EngineError> {
+    if let (Some(Speculative::DraftModel { .. }), None) = (req.speculative, view.draft) {
+        return Err(EngineError::InvalidParams {
+            field: "speculative.method".into(),
+            reason: "the model was loaded without a `draft_model`: load it with one, or use \
+                     \"prompt_lookup\""
+                .into(),
+        });
+    }
+    let tools = ToolUse::of(view.tokenizer, req)?;
+    let constraint = req
+        .constraint
+        .as_ref()
+        .or_else(|| tools.as_ref()?.forced.as_ref());
+    let prompt = prompt::prompt_inputs(view.tokenizer, view.vision, &req.prompt)?;
+    let markup = Markup::of(view.tokenizer, &prompt.ids);
+    let vocab_size = view.info.vocab_size.max(1);
+    // A raw prompt's ids come from the host; a template's from the tokenizer.
+    if let crate::runtime::request::Prompt::Tokens(ids) = &req.prompt {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(EngineError::InvalidParams {
+                field: "prompt_ids".into(),
+                reason: format!("token id {id} is outside the vocabulary (0..{vocab_size})"),
+            });
+        }
+    }
+    let guide = constraint
+        .map(|c| constrained::compile(vocabulary, view.tokenizer, vocab_size, c, markup.as_ref()))
+        .transpose()?;
+    let (n, context) = (prompt.ids.len(), view.info.context_length);
+    if n > context {
+        return Err(EngineError::ContextOverflow {
+            prompt_tokens: n,
+            context_length: context,
+        });
+    }
+    let mut req = req.clone();
+    req.max_new_tokens = req.max_new_tokens.min(context - n);
+    let adapter_on = view.adapter_on(&req);
+    Ok(Prepared {
+        req,
+        prompt,
+        tools,
+        guide,
+        markup,
+        adapter_on,
+    })
+}
+
+impl<'r> View<'r> {
+    /// Whether `req` runs with the resident's adapter on.
+    pub fn adapter_on(&self, req: &GenerateRequest) -> bool {
+        self.adapter.is_some() && req.use_adapter != Some(false)
+    }
+
+    /// What generating `prep` needs; sets the adapter's switch for it.
+    pub fn context(
+        &self,
+        prep: &Prepared,
+        started: Instant,
+        prefill_chunk: usize,
+        group: Option<&'r Group>,
+    ) -> GenerationContext<'r> {
+        if let Some(switch) = self.adapter {
+            switch.set(prep.adapter_on);
+        }
+        GenerationContext {
+            model: self.model,
+            draft: self.draft,
+            vision: self.vision,
+            tokenizer: self.tokenizer,
+            eos: self.tokenizer.eos_token_ids(),
+            vocab_size: self.info.vocab_size.max(1),
+            kv_bits: self.info.kv_bits.map(i32::from),
+            adapter_on: prep.adapter_on,
+            prefill_chunk,
+            markup: prep.markup.clone(),
+            started,
+            group,
+        }
+    }
+}
+
+/// After a generation: its tool calls read; after an error, MLX left clean for the next.
+pub(crate) fn finish(
+    view: View<'_>,
+    tools: Option<&ToolUse>,
+    result: &mut Result<Completion, EngineError>,
+) {
+    if let (Ok(completion), Some(tools)) = (result.as_mut(), tools) {
+        tools.read_calls(completion, view.tokenizer);
+    }
+    if result.is_err() {
+        // An MLX error mid-graph can leave work, buffers and a stream error behind (steps
+        // queued ahead of the one that failed): start the next request clean.
+        let _ = device::synchronize();
+        let _ = mlx_rs::memory::clear_cache();
+    }
+}
+
+/// Resident models and MLX state. Lives on one thread; see the crate docs.
+pub struct Engine {
+    /// In load order; the last one is the active model.
+    pub(crate) models: Vec<Resident>,
+    device: DeviceInfo,
+    /// The byte budget of the active model's prompt cache.
+    prompt_cache_bytes: u64,
+    /// The group of ranks this engine runs in step with, if the worker runs as one.
+    pub(crate) group: Option<Rc<Group>>,
+    /// How batched rows attend; `None`: the default.
+    batch_attention: Option<BatchAttention>,
+}
+
+/// What a successful `load` gives back.
+pub struct Loaded {
+    pub info: ModelInfo,
+    /// The model's tokenizer and chat template, for `tokenize` on other threads.
+    pub tokenizer: Arc<ModelTokenizer>,
+    /// Whether the model was already resident and kept (no `force`).
+    pub reused: bool,
+}
+
+/// What this rank holds of a model: its layers and the bytes of its weights.
+fn rank_share(model: &mut dyn LanguageModel) -> serde_json::Value {
+    let layers = match model.placement() {
+        Some((_, layers)) => layers,
+        None => 0..model.num_layers(),
+    };
+    let weight_bytes: usize = model
+        .linears_mut()
+        .iter()
+        .flat_map(|(_, l)| l.arrays())
+        .map(|a| a.nbytes())
+        .sum();
+    serde_json::json!({ "layers": [layers.start, layers.end], "weight_bytes": weight_bytes })
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.models.clear();
+        let _ = device::synchronize();
+        memory::release(true);
+    }
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Engine {
+    /// Starts MLX on its default device.
+    pub fn new() -> Self {
+        let device = device::device_info();
+        tracing::info!(
+            mlx = %device.mlx_version, backend = ?device.backend, device = %device.name,
+            memory_bytes = device.memory_bytes, blas = %device.cpu_blas, "MLX ready"
+        );
+        Self {
+            models: Vec::new(),
+            device,
+            prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
+            group: None,
+            batch_attention: None,
+        }
+    }
+
+    /// Batched rows attend as `attention` says; `None`: the default ([`BatchAttention`]).
+    pub fn with_batch_attention(mut self, attention: Option<BatchAttention>) -> Self {
+        self.batch_attention = attention;
+        self
+    }
+
+    /// How batched rows attend.
+    pub fn batch_attention(&self) -> BatchAttention {
+        self.batch_attention.unwrap_or_default()
+    }
+
+    /// Runs in step with the other ranks of `group`: every rank gets the same calls in the same
+    /// order (the worker's rank 0 shares them), and models may be split over them.
+    ///
+    /// The prompt cache then keeps the newest conversation only: which older ones fit a byte
+    /// budget depends on the bytes each rank holds (a pipeline's stages differ), and a prefix
+    /// reused on one rank but not another would put the ranks out of step.
+    pub fn with_group(mut self, group: Group) -> Self {
+        if self.prompt_cache_bytes > 0 {
+            tracing::info!("in a group of ranks the prompt cache keeps the newest conversation");
+        }
+        self.prompt_cache_bytes = 0;
+        self.group = Some(Rc::new(group));
+        self
+    }
+
+    /// The group, if the engine runs in one.
+    pub fn group(&self) -> Option<&Group> {
+        self.group.as_deref()
+    }
+
+    /// The group as `initialize` describes it.
+    pub fn group_info(&self) -> Option<GroupInfo> {
+        self.group.as_ref().map(|g| GroupInfo {
+            backend: g.backend().name().to_owned(),
+            size: g.size(),
+            rank: g.rank(),
+        })
+    }
+
+    /// Bounds the bytes of KV caches the active model keeps for later prompts.
+    pub fn with_prompt_cache_bytes(mut self, bytes: u64) -> Self {
+        self.prompt_cache_bytes = bytes;
+        self
+    }
+
+    /// The device MLX computes on.
+    pub fn device_info(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    /// The `model_type`s this build runs: text models, then vision-language models.
+    pub fn architectures() -> Vec<&'static str> {
+        let all = models::ARCHITECTURES.iter().chain(vision::ARCHITECTURES);
+        all.copied().collect()
+    }
+
+    /// The `model_type`s of vision-language models this build runs (images in).
+    pub fn vision_architectures() -> &'static [&'static str] {
+        vision::ARCHITECTURES
+    }
+
+    /// MLX memory now.
+    pub fn memory(&self) -> MemoryStats {
+        memory::stats()
+    }
+
+    /// Infos of resident models, in load order (the last is active).
+    pub fn models(&self) -> Vec<ModelInfo> {
+        self.models.iter().map(|r| r.info.clone()).collect()
+    }
+
+    /// The active model's id.
+    pub fn active_model(&self) -> Option<&str> {
+        self.models.last().map(|r| r.info.model_id.as_str())
+    }
+
+    /// Makes a model resident (and active): the steps of `load.rs`. A failure leaves resident
+    /// models as they were.
+    pub fn load(
+        &mut self,
+        req: &LoadRequest,
+        progress: &mut dyn FnMut(LoadProgress),
+        cancel: &CancelToken,
+    ) -> Result<Loaded, EngineError> {
+        let model_id = req.model.clone();
+        if let Some(i) = self.models.iter().position(|r| r.info.model_id == model_id) {
+            if !req.force && self.models[i].load.same_model_as(req) {
+                let r = self.models.remove(i);
+                let loaded = Loaded {
+                    info: r.info.clone(),
+                    tokenizer: r.tokenizer.clone(),
+                    reused: true,
+                };
+                self.models.push(r);
+                return Ok(loaded);
+            }
+        }
+        let placement = self.placement(req)?;
+        let built = self.build(req, placement, progress, cancel);
+        let resident = self.agree(built)?;
+        let (info, tokenizer) = (resident.info.clone(), resident.tokenizer.clone());
+        self.models.retain(|r| r.info.model_id != model_id);
+        self.models.push(resident);
+        load::report(progress, LoadStage::Ready, 1, "");
+        Ok(Loaded {
+            info,
+            tokenizer,
+            reused: false,
+        })
+    }
+
+    /// How `req` splits the model over the group, if it asks to.
+    fn placement(&self, req: &LoadRequest) -> Result<Option<Placement>, EngineError> {
+        let Some(mode) = req.parallel else {
+            return Ok(None);
+        };
+        let Some(group) = &self.group else {
+            return Err(load::refuse_parallel(
+                "this worker runs alone: start it as a group of ranks (`mlx.launch`, `cargo \
+                 xtask launch`) to split a model over them",
+            ));
+        };
+        Ok(Some(Placement {
+            group: group.clone(),
+            mode,
+            dtypes: Default::default(),
+        }))
+    }
+
+    /// This rank's resident for `req`, not yet in `models`: the steps of `load.rs`.
+    fn build(
+        &self,
+        req: &LoadRequest,
+        placement: Option<Placement>,
+        progress: &mut dyn FnMut(LoadProgress),
+        cancel: &CancelToken,
+    ) -> Result<Resident, EngineError> {
+        let files = load::resolve(req, progress, cancel)?;
+        let (config, tokenizer) = load::read(&files, req, progress, cancel)?;
+        memory::apply_limits(&self.device);
+        let mut built = load::build(&files, &config, req, placement, progress)?;
+        let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
+        load::check_experts_run_on(built.model.as_mut(), self.device.backend)?;
+        if req.draft_model.is_some() && built.vision.is_some() {
+            return Err(EngineError::InvalidParams {
+                field: "draft_model".into(),
+                reason: "speculative decoding with a draft model is for text models".into(),
+            });
+        }
+        let draft = load::draft(req, &tokenizer, progress, cancel)?;
+        let info = load::describe(req, &files, &config, &tokenizer, &built);
+        Ok(Resident {
+            info,
+            model: built.model,
+            vision: built.vision,
+            tokenizer: Arc::new(tokenizer),
+            load: LoadRequest {
+                hf_token: None,
+                force: false,
+                ..req.clone()
+            },
+            adapter: adapter_switch,
+            draft,
+            prompt_cache: PromptCache::new(self.prompt_cache_bytes),
+            vocabulary: None,
+        })
+    }
+
+    /// In a group, every rank's load must succeed or none keeps it: the ranks tell each other
+    /// how theirs went (and what each holds of a split model) before any makes it resident.
+    fn agree(&self, local: Result<Resident, EngineError>) -> Result<Resident, EngineError> {
+        let Some(group) = &self.group else {
+            return local;
+        };
+        let mut local = local;
+        let share = match &mut local {
+            Ok(r) => rank_share(r.model.as_mut()),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        let shares = group
+            .gather_bytes(share.to_string().as_bytes())
+            .map_err(|e| load::refuse_parallel(format!("the ranks could not agree: {e}")))?;
+        let shares: Vec<serde_json::Value> = shares
+            .iter()
+            .map(|b| serde_json::from_slice(b).unwrap_or_default())
+            .collect();
+        let mut resident = local?;
+        if let Some((rank, error)) = shares
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| Some((i, s.get("error")?.as_str()?)))
+        {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!("rank {rank} of the group could not load the model: {error}"),
+            ));
+        }
+        if let Some(mode) = resident.load.parallel {
+            let ranks = shares.iter().map(|s| RankShare {
+                layers: (
+                    s["layers"][0].as_u64().unwrap_or(0) as usize,
+                    s["layers"][1].as_u64().unwrap_or(0) as usize,
+                ),
+                weight_bytes: s["weight_bytes"].as_u64().unwrap_or(0),
+            });
+            resident.info.parallel = Some(ParallelInfo {
+                mode,
+                ranks: ranks.collect(),
+            });
+        }
+        Ok(resident)
+    }
+
+    /// Generates a completion with a resident model.
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_delta: &mut dyn FnMut(Delta),
+        cancel: &CancelToken,
+    ) -> Result<Completion, EngineError> {
+        let started = Instant::now();
+        let i = self.using(req.model.as_deref())?;
+        let prefill_chunk = self.prefill_chunk();
+        let (view, cache, vocabulary) = self.models[i].split();
+        let prep = prepare(view, vocabulary, req)?;
+        let ctx = view.context(&prep, started, prefill_chunk, self.group.as_deref());
+        let mut result = generate(
+            ctx,
+            &prep.req,
+            &prep.prompt,
+            cache,
+            prep.guide,
+            on_delta,
+            cancel,
+        );
+        finish(view, prep.tools.as_ref(), &mut result);
+        result
+    }
+
+    /// The index of the resident `model` names, now the only one with a prompt cache: memory
+    /// for one, not one per resident.
+    pub(crate) fn using(&mut self, model: Option<&str>) -> Result<usize, EngineError> {
+        let i = self.position(model)?;
+        for (j, other) in self.models.iter_mut().enumerate() {
+            if j != i {
+                other.prompt_cache.clear();
+            }
+        }
+        Ok(i)
+    }
+
+    /// Prompt tokens per prefill forward pass on this device.
+    pub(crate) fn prefill_chunk(&self) -> usize {
+        match self.device.backend {
+            Backend::Cpu => PREFILL_CHUNK_CPU,
+            Backend::Cuda | Backend::Metal => PREFILL_CHUNK_GPU,
+        }
+    }
+
+    /// The token ids a resident model would generate from for `prompt`: its chat template,
+    /// images decoded and their placeholders expanded for a vision model.
+    pub fn prompt_ids(
+        &self,
+        model: Option<&str>,
+        prompt: &Prompt,
+    ) -> Result<Vec<u32>, EngineError> {
+        let r = self.find(model)?;
+        Ok(prompt::prompt_inputs(&r.tokenizer, r.vision.as_deref(), prompt)?.ids)
+    }
+
+    /// Unloads one model, or all (`None`). Returns the ids unloaded.
+    pub fn unload(&mut self, model: Option<&str>) -> Result<Vec<String>, EngineError> {
+        let ids: Vec<String> = match model {
+            Some(id) => {
+                self.find(Some(id))?;
+                vec![id.to_owned()]
+            }
+            None => self
+                .models
+                .iter()
+                .map(|r| r.info.model_id.clone())
+                .collect(),
+        };
+        self.models.retain(|r| !ids.contains(&r.info.model_id));
+        memory::release(self.models.is_empty());
+        Ok(ids)
+    }
+
+    /// Clears MLX's buffer cache and, when `prompt_cache`, every resident's prompt cache.
+    pub fn reset(&mut self, prompt_cache: bool) {
+        if prompt_cache {
+            for r in &mut self.models {
+                r.prompt_cache.clear();
+            }
+        }
+        memory::release(false);
+    }
+
+    fn find(&self, model: Option<&str>) -> Result<&Resident, EngineError> {
+        Ok(&self.models[self.position(model)?])
+    }
+
+    /// The index of `model` (`None`: the active one) among the residents.
+    fn position(&self, model: Option<&str>) -> Result<usize, EngineError> {
+        let found = match model {
+            None => self.models.len().checked_sub(1),
+            Some(id) => self.models.iter().position(|r| r.info.model_id == id),
+        };
+        found.ok_or_else(|| match model {
+            None => EngineError::NotResident("no model is loaded: call `load` first".into()),
+            Some(id) => EngineError::NotResident(format!(
+                "model `{id}` is not resident; resident: [{}]",
+                self.models
+                    .iter()
+                    .map(|r| r.info.model_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        })
+    }
+}
+
+#[cfg(test)]
+impl Engine {
+    /// An engine holding a tiny random Llama (`fixtures::TinyLlama::default()`), written to a
+    /// temporary directory named for `name` and this process; the caller removes the directory.
+    pub(crate) fn with_tiny_llama(name: &str) -> (Self, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("mlx-{name}-{}", std::process::id()));
+        fixtures::write_tiny_llama(&dir, &fixtures::TinyLlama::default()).unwrap();
+        let mut engine = Engine::new();
+        let req = LoadRequest {
+            model: dir.display().to_string(),
+            ..Default::default()
+        };
+        engine.load(&req, &mut |_| {}, &CancelToken::new()).unwrap();
+        (engine, dir)
+    }
+}

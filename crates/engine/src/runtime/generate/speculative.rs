@@ -1,0 +1,328 @@
+//! Speculative decoding: draft tokens, from the sequence itself (prompt lookup: what followed an
+//! earlier occurrence of the last few tokens, in the prompt or the output) or from a smaller
+//! draft model with the same tokenizer, are checked by one forward pass of the model over the
+//! last token and the draft, which gives the model's own choice at every position. The choices
+//! are taken while they agree with the draft, plus the first that does not (or one past the
+//! draft): every token is still the model's, sampled with the request's sampler from the logits
+//! of the sequence before it (mlx-lm's acceptance rule), so greedy output is that of one-token
+//! steps, up to float differences between a pass over several positions and one. The cache
+//! positions of rejected draft tokens are trimmed away, in the model and in the draft model.
+//! Under a constraint, the grammar follows the draft to give each position its mask, cuts the
+//! draft where it refuses a token, and rolls back; the tokens taken are then followed as usual.
+
+use mlx_rs::{ops, transforms, Array};
+
+use super::{Decoder, GenerationContext, Output, Result, Step, CLEAR_CACHE_EVERY};
+use crate::{
+    layers::kv_cache::KvCache,
+    models::LanguageModel,
+    runtime::request::{Delta, FinishReason, GenerateRequest, Speculative},
+    CancelToken,
+};
+
+/// The longest suffix of the sequence looked up in it; shorter ones are tried after.
+const MAX_NGRAM: usize = 3;
+
+/// Where drafts come from, and how many were drafted and accepted.
+pub(super) struct Drafter<'a> {
+    source: Source<'a>,
+    num_draft_tokens: usize,
+    /// The last draft, until its outcome is known.
+    last: Vec<u32>,
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+enum Source<'a> {
+    /// The prompt, then every token taken so far.
+    Lookup {
+        history: Vec<u32>,
+    },
+    Model(DraftModel<'a>),
+}
+
+/// A draft model with its own caches, which hold the sequence up to `unfed`.
+struct DraftModel<'a> {
+    model: &'a dyn LanguageModel,
+    caches: Vec<KvCache>,
+    /// Tokens of the sequence the draft model has not run yet.
+    unfed: Vec<u32>,
+}
+
+impl<'a> Drafter<'a> {
+    /// The drafter `spec` asks for, its draft model (if any) prefilled with the prompt but its
+    /// last token; `None` when this generation cannot speculate (then it runs one token per pass).
+    pub fn new(
+        dec: &Decoder<'a>,
+        spec: Speculative,
+        prompt: &[u32],
+        cancel: &CancelToken,
+    ) -> Result<Option<Self>> {
+        if !dec.can_speculate() {
+            return Ok(None);
+        }
+        let (source, num_draft_tokens) = match spec {
+            Speculative::PromptLookup { num_draft_tokens } => {
+                let history = prompt.to_vec();
+                (Source::Lookup { history }, num_draft_tokens)
+            }
+            Speculative::DraftModel { num_draft_tokens } => {
+                // `Engine::generate` refused the request when no draft model is loaded.
+                let Some(model) = dec.ctx.draft else {
+                    return Ok(None);
+                };
+                let caches = model.make_caches();
+                if !caches.iter().all(|c| matches!(c, KvCache::Standard(_))) {
+                    return Ok(None);
+                }
+                let mut draft = DraftModel {
+                    model,
+                    caches,
+                    unfed: Vec::new(),
+                };
+                draft.prefill(prompt, &dec.ctx, cancel)?;
+                (Source::Model(draft), num_draft_tokens)
+            }
+        };
+        Ok(Some(Self {
+            source,
+            num_draft_tokens,
+            last: Vec::new(),
+            drafted: 0,
+            accepted: 0,
+        }))
+    }
+
+    /// Up to `limit` (and `num_draft_tokens`) tokens to follow the sequence.
+    fn draft(&mut self, limit: usize) -> Result<Vec<u32>> {
+        let limit = limit.min(self.num_draft_tokens);
+        self.last = match &mut self.source {
+            Source::Lookup { history } => lookup(history, limit),
+            Source::Model(draft) => draft.draft(limit)?,
+        };
+        self.drafted += self.last.len();
+        Ok(self.last.clone())
+    }
+
+    /// Only the first `n` tokens of the last draft are verified (a constraint refused the rest).
+    fn cut(&mut self, n: usize) {
+        self.drafted -= self.last.len() - n;
+    }
+
+    /// The first `accepted` tokens of the last draft were taken, then `next`.
+    fn taken(&mut self, accepted: usize, next: u32) {
+        self.accepted += accepted;
+        let draft = std::mem::take(&mut self.last);
+        match &mut self.source {
+            Source::Lookup { history } => {
+                history.extend(&draft[..accepted]);
+                history.push(next);
+            }
+            Source::Model(model) => model.taken(&draft, accepted, next),
+        }
+    }
+}
+
+/// Up to `limit` tokens that followed the latest earlier occurrence of the history's last `n`
+/// tokens, for the longest `n` (at most [`MAX_NGRAM`]) that occurs earlier at all.
+fn lookup(h: &[u32], limit: usize) -> Vec<u32> {
+    for n in (1..=MAX_NGRAM.min(h.len().saturating_sub(1))).rev() {
+        let tail = &h[h.len() - n..];
+        let found = (0..h.len() - n).rev().find(|&i| &h[i..i + n] == tail);
+        if let Some(i) = found {
+            let from = i + n;
+            return h[from..(from + limit).min(h.len())].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+impl DraftModel<'_> {
+    /// Runs all of `prompt` but its last token, in chunks, checking for cancellation.
+    fn prefill(
+        &mut self,
+        prompt: &[u32],
+        ctx: &GenerationContext<'_>,
+        cancel: &CancelToken,
+    ) -> Result<()> {
+        let (rest, last) = prompt.split_at(prompt.len() - 1);
+        for part in rest.chunks(ctx.prefill_chunk) {
+            if ctx.cancelled(cancel)? {
+                break;
+            }
+            let input = Array::from_slice(part, &[1, part.len() as i32]);
+            self.model.forward(&input, &mut self.caches)?;
+            transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
+        }
+        self.unfed = last.to_vec();
+        Ok(())
+    }
+
+    /// `limit` tokens, each the draft model's most likely next one (the last is not run).
+    fn draft(&mut self, limit: usize) -> Result<Vec<u32>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let unfed = std::mem::take(&mut self.unfed);
+        let mut input = Array::from_slice(&unfed, &[1, unfed.len() as i32]);
+        let mut tokens = Vec::with_capacity(limit);
+        for i in 0..limit {
+            let logits = self.model.forward(&input, &mut self.caches)?;
+            let last = logits.take_axis(Array::from_int(logits.dim(1) - 1), 1)?;
+            let token = ops::indexing::argmax_axis(&last, -1, None)?;
+            if i + 1 < limit {
+                input = token.reshape(&[1, 1])?;
+                transforms::async_eval([&input])?;
+            }
+            tokens.push(token);
+        }
+        transforms::eval(&tokens)?;
+        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
+    }
+
+    /// After `draft` (all but its last token run), `accepted` of it and then `next` were taken.
+    fn taken(&mut self, draft: &[u32], accepted: usize, next: u32) {
+        if let Some(&last) = draft.last() {
+            if accepted == draft.len() {
+                self.unfed.push(last);
+            } else {
+                let run_but_rejected = draft.len() - 1 - accepted;
+                for cache in &mut self.caches {
+                    cache.trim(run_but_rejected as i32);
+                }
+            }
+        }
+        self.unfed.push(next);
+    }
+}
+
+impl Decoder<'_> {
+    /// Whether draft positions can be taken back: every cache a plain KV cache (not a
+    /// sliding-window ring, a quantized cache or a recurrent state), no explicit rotary
+    /// positions. A constraint can: its grammar follows a draft and rolls back.
+    fn can_speculate(&self) -> bool {
+        self.positions.is_none()
+            && self.ctx.kv_bits.is_none()
+            && self
+                .caches
+                .iter()
+                .all(|c| matches!(c, KvCache::Standard(_)))
+    }
+
+    /// Runs `tokens` through the model in one pass and samples at every position, each with the
+    /// penalty history it would have had as a single step and the constraint's mask there
+    /// (`masks[i]` at position `i`; a position past them is never taken). Returns the steps and
+    /// those histories.
+    fn verify(
+        &mut self,
+        tokens: &[u32],
+        masks: Vec<Array>,
+    ) -> Result<(Vec<Step>, Vec<Option<Array>>)> {
+        let logits = self.forward(&Array::from_slice(tokens, &[tokens.len() as i32]), None)?;
+        let mut steps = Vec::with_capacity(tokens.len());
+        let mut recents = Vec::with_capacity(tokens.len());
+        let mut masks = masks.into_iter();
+        for (i, &token) in tokens.iter().enumerate() {
+            let row = logits.take_axis(Array::from_int(i as i32), 1)?;
+            self.remember(&Array::from_slice(&[token], &[1]))?;
+            steps.push(self.sample(row, masks.next())?);
+            recents.push(self.recent.clone());
+        }
+        Ok((steps, recents))
+    }
+
+    /// Forgets the last `n` positions fed to the model.
+    fn rewind(&mut self, n: usize) {
+        for cache in &mut self.caches {
+            cache.trim(n as i32);
+        }
+        self.next -= n;
+    }
+}
+
+/// Decodes from `first` (the prompt's next token, evaluated) with drafts from `drafter`: the
+/// finish reason and how many tokens were taken before it.
+pub(super) fn decode(
+    dec: &mut Decoder<'_>,
+    req: &GenerateRequest,
+    drafter: &mut Drafter<'_>,
+    first: Step,
+    out: &mut Output<'_>,
+    on_delta: &mut dyn FnMut(Delta),
+    cancel: &CancelToken,
+) -> Result<(FinishReason, usize)> {
+    let (mut pending, mut accepted) = (vec![first], 0);
+    let (mut n, mut since_clear) = (0usize, 0usize);
+    loop {
+        for step in &pending {
+            if dec.ctx.cancelled(cancel)? {
+                return Ok((FinishReason::Cancelled, n));
+            }
+            if n == req.max_new_tokens {
+                return Ok((FinishReason::Length, n));
+            }
+            if let Some(finish) = dec.take(step, out, on_delta)? {
+                return Ok((finish, n));
+            }
+            n += 1;
+        }
+        // The last token is taken but not yet run.
+        let last = *dec.sampled.last().expect("a token was taken");
+        drafter.taken(accepted, last);
+        if dec.ctx.cancelled(cancel)? {
+            return Ok((FinishReason::Cancelled, n));
+        }
+        if n == req.max_new_tokens {
+            return Ok((FinishReason::Length, n));
+        }
+        since_clear += pending.len();
+        if since_clear >= CLEAR_CACHE_EVERY {
+            mlx_rs::memory::clear_cache()?;
+            since_clear = 0;
+        }
+        // The token after the last draft must fit in max_new_tokens too.
+        let mut draft = drafter.draft(req.max_new_tokens - n - 1)?;
+        let masks = match dec.guide.as_mut() {
+            Some(guide) => {
+                let masks = guide.draft_masks(&mut draft, dec.ctx.eos)?;
+                drafter.cut(draft.len());
+                masks
+            }
+            None => Vec::new(),
+        };
+        let tokens: Vec<u32> = std::iter::once(last).chain(draft.iter().copied()).collect();
+        let (steps, mut recents) = dec.verify(&tokens, masks)?;
+        transforms::eval(steps.iter().map(|s| &s.token))?;
+        accepted = (draft.iter().zip(&steps))
+            .take_while(|(d, s)| s.token.item_exact::<u32>() == **d)
+            .count();
+        dec.rewind(draft.len() - accepted);
+        dec.recent = recents.swap_remove(accepted);
+        pending = steps;
+        pending.truncate(accepted + 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lookup as draft;
+
+    #[test]
+    fn drafts_what_followed_the_latest_earlier_match_of_the_longest_suffix() {
+        // "3 4" occurred before, followed by 5 6 7.
+        assert_eq!(draft(&[1, 2, 3, 4, 5, 6, 7, 9, 3, 4], 3), vec![5, 6, 7]);
+        // The longer suffix "2 3 4" wins over the later "3 4".
+        assert_eq!(draft(&[2, 3, 4, 8, 0, 3, 4, 9, 2, 3, 4], 2), vec![8, 0]);
+        // Of two matches of the same length, the latest.
+        assert_eq!(draft(&[7, 1, 7, 2, 7], 1), vec![2]);
+        // The draft stops at the end of the history.
+        assert_eq!(draft(&[5, 6, 5], 4), vec![6, 5]);
+    }
+
+    #[test]
+    fn nothing_to_draft_without_a_match() {
+        assert!(draft(&[1, 2, 3, 4], 4).is_empty());
+        assert!(draft(&[1], 4).is_empty());
+        assert!(draft(&[], 4).is_empty());
+    }
+}

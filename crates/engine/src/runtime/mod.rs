@@ -1,0 +1,20 @@
+//! The top floor: what runs a request. Resident models and their load (`engine.rs`,
+//! `load.rs`), the scheduler that steps generations together (`scheduler.rs`), a generation's
+//! loop (`generate.rs`, `generate/`), sampling, prompts and the prompt cache, constraints,
+//! memory, cancellation, and the engine's plain request and answer types (`request.rs`).
+
+pub mod cancel;
+pub mod constrained;
+pub mod engine;
+pub mod generate;
+pub mod load;
+pub mod memory;
+#[cfg(test)]
+mod moe_load_tests;
+pub mod prompt;
+pub mod prompt_cache;
+pub mod request;
+pub mod sampler;
+pub mod scheduler;
+#[cfg(test)]
+mod stream_error_tests;

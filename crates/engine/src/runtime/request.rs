@@ -1,0 +1,353 @@
+//! What the engine takes and gives back. Plain data, independent of the wire format.
+
+pub use model_store::{HfToken, LoadProgress, LoadStage};
+use std::path::PathBuf;
+
+pub use constrain::Constraint;
+
+pub use crate::layers::{
+    device::{Backend, DeviceInfo},
+    parallel::Parallel,
+};
+
+/// Compute dtype for unquantized weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightDtype {
+    Float32,
+    Float16,
+    Bfloat16,
+}
+
+/// A request to make a model resident.
+#[derive(Debug, Clone, Default)]
+pub struct LoadRequest {
+    /// A local model directory (Hugging Face layout), a `.gguf` file, or a Hugging Face repo id
+    /// (`org/name`: resolved in the hub cache, downloaded when missing).
+    pub model: String,
+    /// Hub revision (branch, tag or commit); `None` means "main".
+    pub revision: Option<String>,
+    /// Hub token for gated or private repos (else `HF_TOKEN`, else the token file).
+    pub hf_token: Option<HfToken>,
+    /// Context limit; 0 means the model's own.
+    pub max_seq_length: usize,
+    /// Quantize unquantized weights on load (affine, 4 bits, group 64).
+    pub load_in_4bit: bool,
+    /// Overrides the config's dtype for unquantized weights.
+    pub dtype: Option<WeightDtype>,
+    /// A Jinja chat template used instead of the model's.
+    pub chat_template_override: Option<String>,
+    /// A LoRA adapter (directory or repo id, mlx-lm or PEFT layout) applied on top of `model`.
+    /// Without it, a `model` that is itself an adapter directory loads its base model with it.
+    pub adapter: Option<String>,
+    /// Quantize full-attention KV caches to this many bits (4 or 8; group size 64).
+    pub kv_bits: Option<u8>,
+    /// A model with the same tokenizer loaded beside it, for [`Speculative::DraftModel`].
+    pub draft_model: Option<String>,
+    /// Split over the ranks of the worker's group (only when it runs as one).
+    pub parallel: Option<Parallel>,
+    /// Reload even if resident.
+    pub force: bool,
+}
+
+impl LoadRequest {
+    /// Whether `other` asks for the same resident model: every option that changes what gets
+    /// loaded or how it runs is equal (`force` and the token are not such options).
+    pub fn same_model_as(&self, other: &LoadRequest) -> bool {
+        self.model == other.model
+            && self.revision == other.revision
+            && self.max_seq_length == other.max_seq_length
+            && self.load_in_4bit == other.load_in_4bit
+            && self.dtype == other.dtype
+            && self.chat_template_override == other.chat_template_override
+            && self.adapter == other.adapter
+            && self.kv_bits == other.kv_bits
+            && self.draft_model == other.draft_model
+            && self.parallel == other.parallel
+    }
+}
+
+/// Quantization of a checkpoint's linear layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quantization {
+    pub bits: i32,
+    pub group_size: i32,
+}
+
+/// What is known about a resident model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub model_id: String,
+    pub path: PathBuf,
+    /// Our architecture name, e.g. "llama".
+    pub architecture: String,
+    /// `model_type` from config.json.
+    pub model_type: String,
+    pub is_vision: bool,
+    pub is_lora: bool,
+    pub is_gguf: bool,
+    pub dtype: WeightDtype,
+    pub quantization: Option<Quantization>,
+    pub context_length: usize,
+    /// The model's own context, whatever `max_seq_length` asked for.
+    pub native_context_length: usize,
+    pub num_parameters: u64,
+    pub vocab_size: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub chat_template_present: bool,
+    pub chat_template_source: text::ChatTemplateSource,
+    /// The chat template's raw text (the one used without tools).
+    pub chat_template_text: Option<String>,
+    pub special_tokens: text::SpecialTokens,
+    /// The last component of `model_id` (a `.gguf` without its extension).
+    pub display_name: String,
+    /// `kv_bits` as asked for, as applied (`None`: a plain cache), and why they differ.
+    pub kv_bits_requested: Option<u8>,
+    pub kv_bits: Option<u8>,
+    pub kv_bits_reason: Option<String>,
+    /// How the model is split over the group's ranks, and what each holds.
+    pub parallel: Option<ParallelInfo>,
+}
+
+/// A split model: its mode and each rank's share, by rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParallelInfo {
+    pub mode: Parallel,
+    pub ranks: Vec<RankShare>,
+}
+
+/// What one rank holds of a split model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankShare {
+    /// The layers it runs, `[start, end)`.
+    pub layers: (usize, usize),
+    /// The bytes of the weights it holds.
+    pub weight_bytes: u64,
+}
+
+/// The worker's group of ranks, when it runs as one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// MLX's name of the backend (`ring`, `jaccl`, `nccl`, `mpi`).
+    pub backend: String,
+    pub size: usize,
+    pub rank: usize,
+}
+
+/// MLX memory, in bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryStats {
+    pub active_bytes: u64,
+    pub peak_bytes: u64,
+    pub limit_bytes: u64,
+    pub cache_bytes: u64,
+}
+
+/// Sampling settings. The caller checks the ranges noted below (the sampler only asserts them):
+/// the worker does so in the protocol layer, where a bad value becomes a JSON-RPC error naming
+/// its field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerParams {
+    /// 0 means greedy (argmax); finite, >= 0.
+    pub temperature: f32,
+    /// In (0, 1]; 1.0 disables.
+    pub top_p: f32,
+    /// 0 or negative disables.
+    pub top_k: i32,
+    /// In [0, 1]; 0 disables.
+    pub min_p: f32,
+    /// Finite, > 0; 1.0 disables.
+    pub repetition_penalty: f32,
+    pub repetition_context_size: usize,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Token id -> additive bias on its logit.
+    pub logit_bias: Vec<(u32, f32)>,
+    pub seed: Option<u64>,
+}
+
+/// mlx-lm's defaults (`make_sampler`, `make_logits_processors`): greedy, no filter, no penalty
+/// (`top_p` 1.0 is this struct's spelling of mlx-lm's "off"). For the engine's tests and
+/// examples only: the worker sets every field from the request, whose defaults are the
+/// protocol's (`GenerateParams` in `protocol/src/methods/generate.rs`, their one home).
+impl Default for SamplerParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_context_size: 20,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+/// The prompt: chat messages rendered through the template, plain text, or token ids.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Messages rendered with the model's chat template (system prompt already prepended).
+    Chat {
+        messages: Vec<text::Message>,
+        options: text::RenderOptions,
+    },
+    /// Text encoded as is, with the tokenizer's special tokens (e.g. BOS) added.
+    Text(String),
+    /// Pre-tokenized ids (parity and benchmarks use these).
+    Tokens(Vec<u32>),
+}
+
+/// A request to generate a completion.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// A resident model id; `None` means the active (last loaded) model.
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    pub max_new_tokens: usize,
+    pub sampler: SamplerParams,
+    pub stop: Vec<String>,
+    /// When > 0, each delta carries the chosen token's logprob and this many alternatives.
+    pub logprobs: usize,
+    /// `Some(false)`: generate with the base weights although an adapter is loaded.
+    pub use_adapter: Option<bool>,
+    /// What the output must be (a JSON schema, a regex, a grammar); `None`: free text.
+    pub constraint: Option<Constraint>,
+    /// With tools in the prompt's options: whether calls are parsed, or forced.
+    pub tool_choice: ToolChoice,
+    /// Forced calls: one or more (true), or exactly one.
+    pub parallel_tool_calls: bool,
+    /// Draft tokens checked in one forward pass; `None`: one token per pass.
+    pub speculative: Option<Speculative>,
+}
+
+/// How draft tokens are found for speculative decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculative {
+    /// The tokens that followed the latest earlier occurrence of the sequence's last n-gram, in
+    /// the prompt or the output: at most `num_draft_tokens` per pass.
+    PromptLookup { num_draft_tokens: usize },
+    /// The resident's draft model, decoding greedily `num_draft_tokens` ahead.
+    DraftModel { num_draft_tokens: usize },
+}
+
+impl GenerateRequest {
+    /// Greedy decoding of `prompt` with the active model and nothing else asked (no stop
+    /// strings, logprobs, adapter switch or constraint; mlx-lm's sampler defaults otherwise):
+    /// what the parity harness and the engine's tests run.
+    pub fn greedy(prompt: Prompt, max_new_tokens: usize) -> Self {
+        Self {
+            model: None,
+            prompt,
+            max_new_tokens,
+            sampler: SamplerParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            stop: Vec::new(),
+            logprobs: 0,
+            use_adapter: None,
+            constraint: None,
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: true,
+            speculative: None,
+        }
+    }
+
+    /// The tool definitions the prompt carries (empty without tools).
+    pub fn tools(&self) -> &[serde_json::Value] {
+        match &self.prompt {
+            Prompt::Chat { options, .. } => options.tools.as_deref().unwrap_or_default(),
+            _ => &[],
+        }
+    }
+}
+
+/// What a generation with tools does about tool calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model may write calls; they are parsed.
+    #[default]
+    Auto,
+    /// Nothing is parsed.
+    None,
+    /// The output is one or more calls (constrained to the family's syntax).
+    Required,
+    /// The output is one or more calls of this tool.
+    Function(String),
+}
+
+/// One token's log-probabilities, when asked for.
+#[derive(Debug, Clone)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub text: String,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// New text since the last delta.
+#[derive(Debug, Clone)]
+pub struct Delta {
+    pub index: usize,
+    pub text: String,
+    pub tokens: Vec<TokenLogprob>,
+    /// For a model with reasoning markup: which part of the output the text belongs to.
+    pub channel: Option<Channel>,
+}
+
+/// The part of a reasoning model's output a delta belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Inside the markup (the markup's own tokens included).
+    Reasoning,
+    /// The answer.
+    Content,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    StopSequence,
+    Cancelled,
+    /// Ended as `Stop` would, with tool calls in the output.
+    ToolCalls,
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+    /// Speculative decoding: tokens drafted, and how many of them the model confirmed.
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
+}
+
+/// llama-server style timings, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    /// From the start of the request to the first token.
+    pub ttft_ms: f64,
+}
+
+/// A finished (or cancelled) generation.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+    /// The tool calls read from `text` (with tools, unless `ToolChoice::None`).
+    pub tool_calls: Vec<constrain::ToolCall>,
+}

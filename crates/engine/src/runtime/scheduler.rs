@@ -1,0 +1,276 @@
+//! Continuous batching: generations on one resident model share each decode step's forward
+//! pass (one pass over the weights serves them all), joining between steps and leaving when
+//! they end, each with its own sampler, constraint, stop strings, caches and stream. A
+//! sequence's tokens are those it gets alone: the batch runs the weights over its rows
+//! together and attention row by row (`LanguageModel::forward_rows`). A long prompt prefills
+//! a chunk per step while the others decode (`generate/interleave.rs`).
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Instant;
+
+use crate::{
+    layers::device::on_gpu,
+    layers::kv_cache::PaddedCache,
+    runtime::constrained::ToolUse,
+    runtime::engine::{finish, prepare, Prepared, View},
+    runtime::generate::{advance, open, resume, together, Opened, Sequence, Started},
+    runtime::prompt::PromptInputs,
+    runtime::prompt_cache::PromptCache,
+    runtime::request::{Completion, Delta, GenerateRequest},
+    CancelToken, Engine, EngineError, Group,
+};
+
+/// A generation handed to [`Engine::generate_batch`]: the request, its cancel token, where
+/// its deltas go and where its answer goes.
+pub struct Admission<'f> {
+    pub req: GenerateRequest,
+    pub cancel: CancelToken,
+    pub on_delta: Box<dyn FnMut(Delta) + 'f>,
+    pub on_done: Box<dyn FnOnce(Result<Completion, EngineError>) + 'f>,
+}
+
+/// How the rows of a batch attend (docs/decisions/batching.md). The default is padded on every
+/// device since 2026-12-05, when the CPU's padded step became bit for bit the rows' and
+/// measured faster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BatchAttention {
+    /// Row by row, each over its sequence's own caches: every row's bits are those it gets
+    /// alone (on the CPU; on a GPU a batched matmul may sum otherwise).
+    Rows,
+    /// All rows over one right-padded cache (models whose layers are all full attention;
+    /// others attend row by row): one cache write per layer and step, and the scores and
+    /// softmax of all rows in one pass. On the CPU the weighted sums of values stay row by row
+    /// and prefills alone, so every row's bits are still its lone run's; on a GPU attention is
+    /// one fused call and requests arriving together prefill in one pass: fewer kernels, but a
+    /// row's last bits may differ from its lone run's. The default.
+    #[default]
+    Padded,
+}
+
+/// What [`Engine::generate_batch`] asks between steps for the next generation to join: given a
+/// test of what can, the next request if it passes.
+pub type More<'f> = dyn FnMut(&dyn Fn(&GenerateRequest) -> bool) -> Option<Admission<'f>> + 'f;
+
+/// A generation set up to join the batch once its prompt is prefilled (a long one a chunk per
+/// step while in `Batch::prefilling`).
+struct Joiner<'a> {
+    id: usize,
+    opened: Opened<'a>,
+    req: GenerateRequest,
+    prompt: PromptInputs,
+    cancel: CancelToken,
+    on_delta: Box<dyn FnMut(Delta) + 'a>,
+}
+
+/// What a running sequence's end still needs.
+struct Pending<'f> {
+    on_done: Box<dyn FnOnce(Result<Completion, EngineError>) + 'f>,
+    tools: Option<ToolUse>,
+}
+
+/// Where the sequences of one batch come from and go.
+struct Batch<'a> {
+    view: View<'a>,
+    group: Option<&'a Group>,
+    prefill_chunk: usize,
+    seqs: Vec<Sequence<'a>>,
+    /// The rows' caches while they attend padded ([`BatchAttention::Padded`]).
+    padded: Option<PaddedCache>,
+    /// Whether requests that arrive together prefill in one pass (padded attention on a GPU).
+    together: bool,
+    /// Whether a long prompt prefills a chunk per step while the others decode
+    /// (`generate/interleave.rs`): when others can join.
+    interleave: bool,
+    /// Long prompts prefilling a chunk per step, first come first.
+    prefilling: VecDeque<Joiner<'a>>,
+    /// By sequence id.
+    pending: Vec<Option<Pending<'a>>>,
+}
+
+impl Engine {
+    /// Runs `first`, and with it, joining between its decode steps, each generation `more`
+    /// hands over, at most `max_batch` at a time. `more` is asked between steps with a test
+    /// of what can join (the same resident, the same adapter state, not speculative, a model
+    /// whose steps can be batched, no group of ranks); it gives the next request only if that
+    /// passes (else `None`, and is asked again next step). Returns when nothing runs and
+    /// nothing joined. Every admission's `on_done` is called once.
+    pub fn generate_batch<'f>(
+        &mut self,
+        first: Admission<'f>,
+        max_batch: usize,
+        more: &mut More<'f>,
+    ) {
+        let started = Instant::now();
+        let i = match self.using(first.req.model.as_deref()) {
+            Ok(i) => i,
+            Err(e) => return (first.on_done)(Err(e)),
+        };
+        let prefill_chunk = self.prefill_chunk();
+        let attention = self.batch_attention();
+        let active = i + 1 == self.models.len();
+        let group = self.group.as_deref();
+        let (view, cache, vocabulary) = self.models[i].split();
+        let batched = max_batch > 1 && group.is_none() && view.model.rows_supported();
+        let adapter_on = view.adapter_on(&first.req);
+        let id = view.info.model_id.clone();
+        let fits = |req: &GenerateRequest| {
+            batched
+                && req.speculative.is_none()
+                && view.adapter_on(req) == adapter_on
+                && req.model.as_deref().map_or(active, |m| m == id)
+        };
+        let open = fits(&first.req);
+        let padded =
+            batched && attention == BatchAttention::Padded && view.model.padded_supported();
+        let mut batch = Batch {
+            view,
+            group,
+            prefill_chunk,
+            seqs: Vec::new(),
+            padded: padded.then(PaddedCache::default),
+            // A joint prefill's rows get other bits than lone prefills on the CPU (docs/traps.md,
+            // "A matmul row's bits depend on how many rows ride with it").
+            together: batched && attention == BatchAttention::Padded && on_gpu(),
+            interleave: open,
+            prefilling: VecDeque::new(),
+            pending: Vec::new(),
+        };
+        let mut arriving = vec![(first, started)];
+        loop {
+            // Between two steps: with a joint prefill every waiting request that fits joins;
+            // else one, so that each one's first token comes after its own prefill and one
+            // step, not after every other joiner's prefill.
+            let taken = batch.seqs.len() + batch.prefilling.len();
+            let room = match batch.together {
+                true => max_batch,
+                false => max_batch.min(taken + 1),
+            };
+            while open && taken + arriving.len() < room {
+                match more(&fits) {
+                    Some(admission) => arriving.push((admission, Instant::now())),
+                    None => break,
+                }
+            }
+            if !arriving.is_empty() {
+                batch.admit(cache, vocabulary, std::mem::take(&mut arriving));
+            }
+            batch.prefill_step(cache);
+            if batch.seqs.is_empty() {
+                match batch.prefilling.is_empty() {
+                    true => return,
+                    false => continue,
+                }
+            }
+            for (id, result) in advance(&mut batch.seqs, cache, batch.padded.as_mut()) {
+                batch.done(id, result);
+            }
+        }
+    }
+}
+
+impl<'a> Batch<'a> {
+    /// Prepares and prefills `admissions` (with padded attention, in one pass where they can:
+    /// `generate/together.rs`); each joins the running sequences, or is answered here when it
+    /// already ended (an error, a cancel during prefill, a speculative run).
+    fn admit(
+        &mut self,
+        cache: &mut PromptCache,
+        vocabulary: &mut Option<constrain::Vocabulary>,
+        admissions: Vec<(Admission<'a>, Instant)>,
+    ) {
+        let mut opened = Vec::new();
+        for (admission, started) in admissions {
+            let Admission {
+                req,
+                cancel,
+                on_delta,
+                on_done,
+            } = admission;
+            let id = self.pending.len();
+            let prep = match prepare(self.view, vocabulary, &req) {
+                Ok(prep) => prep,
+                Err(e) => {
+                    on_done(Err(e));
+                    continue;
+                }
+            };
+            let ctx = (self.view).context(&prep, started, self.prefill_chunk, self.group);
+            let Prepared {
+                req,
+                prompt,
+                tools,
+                guide,
+                ..
+            } = prep;
+            self.pending.push(Some(Pending { on_done, tools }));
+            match open(Rc::new(ctx), &req, &prompt, cache, guide) {
+                Ok(o) => opened.push(Joiner {
+                    id,
+                    opened: o,
+                    req,
+                    prompt,
+                    cancel,
+                    on_delta,
+                }),
+                Err(e) => self.done(id, Err(e)),
+            }
+        }
+        let mut joint: Vec<_> = (opened.iter_mut())
+            .filter(|_| self.together)
+            .map(|p| (&mut p.opened, &p.prompt, &p.cancel))
+            .collect();
+        together::prefill(&mut joint);
+        for p in opened {
+            match self.interleave && p.opened.long(&p.prompt) {
+                true => self.prefilling.push_back(p),
+                false => self.join(p, cache),
+            }
+        }
+    }
+
+    /// The first long prompt's next chunk; once one chunk is left, it is prefilled and the
+    /// generation joins (or is answered: cancelled, failed). A cancelled one is answered at
+    /// once, wherever it waits.
+    fn prefill_step(&mut self, cache: &mut PromptCache) {
+        while let Some(i) = (self.prefilling.iter()).position(|p| p.cancel.is_cancelled()) {
+            let p = self.prefilling.remove(i).unwrap();
+            self.join(p, cache);
+        }
+        let Some(p) = self.prefilling.front_mut() else {
+            return;
+        };
+        if p.opened.long(&p.prompt) {
+            if let Err(e) = p.opened.prefill_ahead(&p.prompt) {
+                let id = p.id;
+                self.prefilling.pop_front();
+                self.done(id, Err(e));
+            }
+            return;
+        }
+        let p = self.prefilling.pop_front().unwrap();
+        self.join(p, cache);
+    }
+
+    /// Prefills what is left of `p`'s prompt and queues its first step: it joins the running
+    /// sequences, or is answered here when it already ended.
+    fn join(&mut self, p: Joiner<'a>, cache: &mut PromptCache) {
+        let id = p.id;
+        match resume(
+            id, p.opened, &p.req, &p.prompt, cache, p.on_delta, &p.cancel,
+        ) {
+            Ok(Started::Decoding(seq)) => self.seqs.push(seq),
+            Ok(Started::Done(completion)) => self.done(id, Ok(completion)),
+            Err(e) => self.done(id, Err(e)),
+        }
+    }
+
+    /// Answers sequence `id`.
+    fn done(&mut self, id: usize, mut result: Result<Completion, EngineError>) {
+        let Some(Pending { on_done, tools }) = self.pending[id].take() else {
+            return;
+        };
+        finish(self.view, tools.as_ref(), &mut result);
+        on_done(result);
+    }
+}
