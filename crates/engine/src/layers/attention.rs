@@ -1,12 +1,11 @@
 //! Self-attention as a layer: projections, q/k norms, RoPE, the KV cache, scaled dot-product
 //! attention, the output projection.
 
-use mlx_rs::{fast, ops, ops::indexing::IndexOp, Array};
+use mlx_rs::{fast, ops, Array};
 
 use crate::layers::{
-    array::split_rows,
     array::Result,
-    kv_cache::{KvCache, Mask, PaddedCache, PaddedStep},
+    kv_cache::{Attend, LayerKv, Positions, SharedKv},
     linear::Linear,
     norm::RmsNorm,
     rope::{Rope, RotaryAngles},
@@ -33,15 +32,6 @@ pub enum Qkv {
     QueryOnly {
         q_proj: Linear,
     },
-}
-
-/// A layer's keys and values after this pass's update (as its cache holds them) and the offset
-/// the pass started at: what Gemma 4's KV-shared layers attend to.
-#[derive(Clone)]
-pub struct SharedKv {
-    pub keys: Array,
-    pub values: Array,
-    pub offset: i32,
 }
 
 /// RMS norms over the queries and keys, before RoPE.
@@ -93,156 +83,32 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `mask` is this layer's cache's mask for `x`'s length, asked before the update
-    /// ([`KvCache::mask`]). `angles`: the pass's rotary angles when positions are given
-    /// explicitly (M-RoPE), else RoPE runs at the cache's offset. With `keep`, also the keys
-    /// and values after the cache's update, for the layers that share them.
+    /// The layer's output for `x` `(B, L, D)`: queries, keys and values projected for every
+    /// row at once, then rotated, stored and attended over as `kv`'s kind does it for each
+    /// sequence of the pass ([`LayerKv::attend`]), then through `o_proj` together. `angles`:
+    /// the pass's rotary angles when positions are given explicitly (M-RoPE), else RoPE runs at
+    /// each sequence's offset. With `keep`, also the keys and values after the cache's update,
+    /// for the layers that share them.
     pub fn forward(
         &self,
         x: &Array,
-        mask: &Mask,
-        cache: &mut KvCache,
+        kv: LayerKv,
         angles: Option<&RotaryAngles>,
         keep: bool,
     ) -> Result<(Array, Option<SharedKv>)> {
-        let s = &self.shape;
-        let (q, k, v, gate) = self.project(x)?;
-        let offset = cache.offset();
-        let (q, k) = s.rotate(q, k, self.rope.as_ref(), angles, offset)?;
-        let q = s.temper(q, offset)?;
-        if !keep {
-            let out = cache.update_and_attend(q, k, v, s.scale, mask, self.sinks.as_ref())?;
-            return Ok((self.output(out, gate.as_ref())?, None));
-        }
-        let (keys, values) = cache.update_and_fetch(k, v)?;
-        let kv = SharedKv {
-            keys,
-            values,
-            offset,
+        let (q, kv_own, gate) = self.project(x)?;
+        let at = At {
+            rope: self.rope.as_ref(),
+            angles,
+            shape: &self.shape,
         };
-        Ok((self.attend_to(q, &kv, mask, gate.as_ref())?, Some(kv)))
-    }
-
-    /// One decode step of a batch: `x` `(B, 1, D)` projected for all rows at once, then row `b`
-    /// rotated at, stored into and attending over `rows[b]`'s cache with its mask, as
-    /// [`Self::forward`] does for one sequence; the rows' outputs through `o_proj` together.
-    pub fn forward_rows(&self, x: &Array, rows: Vec<(&mut KvCache, &Mask)>) -> Result<Array> {
-        let s = &self.shape;
-        let (q, k, v, gate) = self.project(x)?;
-        let offsets: Vec<i32> = rows.iter().map(|(cache, _)| cache.offset()).collect();
-        // One rotation of all rows' queries and keys, each at its own position.
-        let at = Array::from_slice(&offsets, &[offsets.len() as i32]);
-        let (q, k) = self.rotate_rows(q, k, &at)?;
-        let parts = split_rows(&q)
-            .into_iter()
-            .zip(split_rows(&k))
-            .zip(split_rows(&v));
-        let outs = (rows.into_iter().zip(offsets).zip(parts))
-            .map(|(((cache, mask), offset), ((q, k), v))| {
-                let q = s.temper(q, offset)?;
-                cache.update_and_attend(q, k, v, s.scale, mask, self.sinks.as_ref())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.output(ops::concatenate(&outs, 0)?, gate.as_ref())
-    }
-
-    /// Prefill chunks of several sequences in one pass: `x` `(1, ΣL, D)` holds each sequence's
-    /// positions in turn (`segments[s]`: its cache, mask and length), projected together; each
-    /// segment then rotated at its cache's offset, stored and attending over its own cache with
-    /// its own mask, exactly as [`Self::forward`] does for that chunk alone; the outputs through
-    /// `o_proj` together.
-    pub fn forward_segments(
-        &self,
-        x: &Array,
-        segments: Vec<(&mut KvCache, &Mask, i32)>,
-    ) -> Result<Array> {
-        let s = &self.shape;
-        let (q, k, v, gate) = self.project(x)?;
-        let mut start = 0;
-        let mut outs = Vec::with_capacity(segments.len());
-        for (cache, mask, len) in segments {
-            let part = |a: &Array| a.index((.., .., start..start + len, ..));
-            let offset = cache.offset();
-            let (q, k) = s.rotate(part(&q), part(&k), self.rope.as_ref(), None, offset)?;
-            let q = s.temper(q, offset)?;
-            let sinks = self.sinks.as_ref();
-            outs.push(cache.update_and_attend(q, k, part(&v), s.scale, mask, sinks)?);
-            start += len;
-        }
-        self.output(ops::concatenate(&outs, 2)?, gate.as_ref())
-    }
-
-    /// One decode step of a batch whose rows' caches are one padded cache per layer
-    /// ([`PaddedCache`]): `x` `(B, 1, D)` projected and rotated for all rows at once (row `b`
-    /// at its own position), written with one scatter, attending in one call under the step's
-    /// mask. Layers with an attention temperature take [`Self::forward_rows`].
-    pub fn forward_padded(
-        &self,
-        x: &Array,
-        cache: &mut PaddedCache,
-        layer: usize,
-        step: &PaddedStep,
-    ) -> Result<Array> {
-        let s = &self.shape;
-        if s.temperature.is_some() {
-            return Err(mlx_rs::error::Exception::custom(
-                "a layer with an attention temperature attends row by row",
-            ));
-        }
-        let (q, k, v, gate) = self.project(x)?;
-        let (q, k) = self.rotate_rows(q, k, &step.offsets)?;
-        let (keys, values) = cache.update(layer, step, &k, &v)?;
-        let sinks = self.sinks.as_ref();
-        let out = crate::layers::sdpa::sdpa_padded(
-            &q, &keys, &values, s.scale, &step.mask, &step.lens, sinks,
-        )?;
-        self.output(out, gate.as_ref())
-    }
-
-    /// Queries and keys of a batch, row `b` rotated at `offsets[b]` (`(B,)` int32), in one
-    /// call each.
-    fn rotate_rows(&self, q: Array, k: Array, offsets: &Array) -> Result<(Array, Array)> {
-        match &self.rope {
-            Some(rope) => Ok((
-                rope.forward_rows(&q, offsets)?,
-                rope.forward_rows(&k, offsets)?,
-            )),
-            None => Ok((q, k)),
-        }
-    }
-
-    /// A KV-shared layer: its queries (RoPE at the sharing layer's offset) attend to `kv`.
-    pub fn forward_shared(&self, x: &Array, mask: &Mask, kv: &SharedKv) -> Result<Array> {
-        let (Qkv::QueryOnly { q_proj }, Some(QkNorm::PerHead(q_norm, None))) =
-            (&self.qkv, &self.qk_norm)
-        else {
-            return Err(mlx_rs::error::Exception::custom(
-                "only a KV-shared layer (queries only, per-head query norm) attends to shared \
-                 keys and values",
-            ));
+        let how = Attend {
+            scale: self.shape.scale,
+            sinks: self.sinks.as_ref(),
+            keep,
         };
-        let s = &self.shape;
-        let q = s.split_heads_normed(&q_proj.forward(x)?, s.n_heads, Some(q_norm))?;
-        let q = match &self.rope {
-            Some(rope) => rope.forward(&q, kv.offset)?,
-            None => q,
-        };
-        self.attend_to(s.temper(q, kv.offset)?, kv, mask, None)
-    }
-
-    /// Queries `(B, H, L, D)` attending to `kv` with `mask`, through the output projection.
-    fn attend_to(
-        &self,
-        q: Array,
-        kv: &SharedKv,
-        mask: &Mask,
-        gate: Option<&Array>,
-    ) -> Result<Array> {
-        let s = &self.shape;
-        let (k, v) = (&kv.keys, &kv.values);
-        let sinks = self.sinks.as_ref();
-        let out = crate::layers::sdpa::sdpa(&q, k, v, s.scale, mask.as_sdpa(), sinks)?;
-        self.output(out, gate)
+        let (out, kept) = kv.attend(q, kv_own, &at, &how)?;
+        Ok((self.output(out, gate.as_ref())?, kept))
     }
 
     /// Attention output `(B, H, L, D)`: heads merged, times the sigmoid of the output gate of a
@@ -255,10 +121,19 @@ impl Attention {
         }
     }
 
-    /// Queries, keys and values `(B, H, L, D)`, each normalised as the layer asks, and the
-    /// output gate `(B, L, H*D)` of a gated layer.
-    fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
+    /// Queries, keys and values `(B, H, L, D)`, each normalised as the layer asks (no keys and
+    /// values in a KV-shared layer), and the output gate `(B, L, H*D)` of a gated layer.
+    fn project(&self, x: &Array) -> Result<(Array, Option<(Array, Array)>, Option<Array>)> {
         let s = &self.shape;
+        if let Qkv::QueryOnly { q_proj } = &self.qkv {
+            let Some(QkNorm::PerHead(q_norm, None)) = &self.qk_norm else {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a KV-shared layer (queries only) takes a per-head query norm",
+                ));
+            };
+            let q = s.split_heads_normed(&q_proj.forward(x)?, s.n_heads, Some(q_norm))?;
+            return Ok((q, None, None));
+        }
         let (q, k, v) = match &self.qkv {
             Qkv::Split {
                 q_proj,
@@ -278,11 +153,7 @@ impl Attention {
                 let k = k_proj.forward(x)?;
                 (q_proj.forward(x)?, k.clone(), k)
             }
-            Qkv::QueryOnly { .. } => {
-                return Err(mlx_rs::error::Exception::custom(
-                    "a KV-shared layer has no keys and values of its own",
-                ))
-            }
+            Qkv::QueryOnly { .. } => unreachable!("returned above"),
         };
         let (q, gate) = match self.output_gate {
             true => {
@@ -311,7 +182,7 @@ impl Attention {
             }
             None => s.split_heads(&v, s.n_kv_heads)?,
         };
-        Ok((q, k, v, gate))
+        Ok((q, Some((k, v)), gate))
     }
 
     /// The linear layers under their checkpoint names (relative to `self_attn.`).
@@ -328,6 +199,39 @@ impl Attention {
         };
         out.push(("o_proj", &mut self.o_proj));
         out
+    }
+}
+
+/// Where one layer's queries and keys go in a pass: its RoPE at each sequence's offset, or the
+/// pass's explicit angles; its query temperature.
+struct At<'a> {
+    rope: Option<&'a Rope>,
+    angles: Option<&'a RotaryAngles>,
+    shape: &'a AttentionShape,
+}
+
+impl Positions for At<'_> {
+    fn rotate(&self, x: Array, offset: i32) -> Result<Array> {
+        match (self.angles, self.rope) {
+            (Some(a), _) => a.rotate(&x),
+            (None, Some(rope)) => rope.forward(&x, offset),
+            (None, None) => Ok(x),
+        }
+    }
+
+    fn rotate_rows(&self, x: Array, offsets: &Array) -> Result<Array> {
+        match self.rope {
+            Some(rope) => rope.forward_rows(&x, offsets),
+            None => Ok(x),
+        }
+    }
+
+    fn temper(&self, q: Array, offset: i32) -> Result<Array> {
+        self.shape.temper(q, offset)
+    }
+
+    fn tempers(&self) -> bool {
+        self.shape.temperature.is_some()
     }
 }
 
@@ -402,23 +306,6 @@ impl AttentionShape {
             None => x,
         };
         x.transpose_axes(&[0, 2, 1, 3])
-    }
-
-    /// RoPE on q and k at `offset` (the cache's, before this pass's update), or by `angles`
-    /// when given; neither for a layer without RoPE.
-    pub fn rotate(
-        &self,
-        q: Array,
-        k: Array,
-        rope: Option<&Rope>,
-        angles: Option<&RotaryAngles>,
-        offset: i32,
-    ) -> Result<(Array, Array)> {
-        match (angles, rope) {
-            (Some(a), _) => Ok((a.rotate(&q)?, a.rotate(&k)?)),
-            (None, Some(rope)) => Ok((rope.forward(&q, offset)?, rope.forward(&k, offset)?)),
-            (None, None) => Ok((q, k)),
-        }
     }
 
     /// The queries scaled by [`Self::temperature`], if the layer has one.

@@ -25,9 +25,7 @@ pub mod weights;
 
 pub use activation::{gelu, gelu_approx, quick_gelu, Activation};
 pub use array::{row, scalar_like, Result};
-pub use attention::{
-    Attention, AttentionShape, QkNorm, QkNormOver, Qkv, QueryTemperature, SharedKv,
-};
+pub use attention::{Attention, AttentionShape, QkNorm, QkNormOver, Qkv, QueryTemperature};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use mlp::{GateUp, GatedMlp};

@@ -5,7 +5,7 @@ use mlx_rs::{fast, Array};
 use crate::layers::array::Result;
 
 /// RMS normalisation with a learned scale: `weight` is the scale applied (a family that stores
-/// its norms differently converts them once at load, see `models::transformer::Family`).
+/// its norms differently converts them once at load, see `models::decoder::Family`).
 #[derive(Debug)]
 pub struct RmsNorm {
     pub weight: Array,

@@ -20,8 +20,8 @@ use crate::{
     layers::weights::Weights,
     layers::{self, scalar_like, Activation, AttentionShape, QkNormOver},
     models::{
+        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, NormLayout},
         model::parse_args,
-        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, NormLayout},
     },
 };
 

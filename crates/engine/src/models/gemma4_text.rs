@@ -22,6 +22,8 @@
 //! (`MlpSpec::DenseAndMoe`, Gemma 4's own router in `moe.rs`); Hugging Face's fused
 //! `experts.gate_up_proj` is split as mlx-lm's sanitize splits it.
 
+use std::collections::BTreeMap;
+
 use mlx_rs::{ops, Array};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -33,8 +35,8 @@ use crate::{
     layers::weights::Weights,
     layers::{self, scalar_like, Activation, AttentionShape, QkNormOver},
     models::{
+        decoder::{sanitize, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec, NormLayout},
         model::parse_args,
-        transformer::{sanitize, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec, NormLayout},
     },
 };
 
@@ -43,6 +45,31 @@ pub struct Gemma4 {
     embed_scale: f32,
     softcap: Option<f32>,
     per_layer: Option<PerLayerInputs>,
+    rms_norm_eps: f32,
+    /// Per layer this rank runs, by checkpoint index: what follows its block.
+    finish: BTreeMap<usize, LayerFinish>,
+}
+
+/// What Gemma 4 adds after a layer's block: the per-layer input gate (small models), then the
+/// stored `layer_scalar`.
+struct LayerFinish {
+    gate: Option<PerLayerGate>,
+    layer_scalar: Array,
+}
+
+/// Gemma 4's per-layer input gate: `h + norm(projection(gelu_approx(gate(h)) * input))`.
+struct PerLayerGate {
+    per_layer_input_gate: layers::Linear,
+    per_layer_projection: layers::Linear,
+    post_per_layer_input_norm: layers::RmsNorm,
+}
+
+impl PerLayerGate {
+    fn forward(&self, h: &Array, input: &Array) -> layers::Result<Array> {
+        let gate = layers::gelu_approx(&self.per_layer_input_gate.forward(h)?)?;
+        let gate = self.per_layer_projection.forward(&gate.multiply(input)?)?;
+        h.add(self.post_per_layer_input_norm.forward(&gate)?)
+    }
 }
 
 /// The per-layer inputs of Gemma 4's small models: `(projection + embedding) * 2^-0.5`, where
@@ -114,8 +141,63 @@ impl Family for Gemma4 {
         per_layer.forward(tokens, h).map(Some)
     }
 
+    fn has_per_layer_inputs(&self) -> bool {
+        self.per_layer.is_some()
+    }
+
+    fn load_layer(
+        &mut self,
+        weights: &mut Weights,
+        index: usize,
+        p: &str,
+    ) -> Result<(), EngineError> {
+        let gate = match self.per_layer {
+            Some(_) => Some(PerLayerGate {
+                per_layer_input_gate: weights.linear(&format!("{p}.per_layer_input_gate"))?,
+                per_layer_projection: weights.linear(&format!("{p}.per_layer_projection"))?,
+                post_per_layer_input_norm: (weights)
+                    .rms_norm(&format!("{p}.post_per_layer_input_norm"), self.rms_norm_eps)?,
+            }),
+            None => None,
+        };
+        let layer_scalar = weights.take(&format!("{p}.layer_scalar"))?;
+        self.finish
+            .insert(index, LayerFinish { gate, layer_scalar });
+        Ok(())
+    }
+
+    fn finish_layer(
+        &self,
+        index: usize,
+        out: Array,
+        input: Option<&Array>,
+    ) -> layers::Result<Array> {
+        let Some(finish) = self.finish.get(&index) else {
+            return Ok(out);
+        };
+        let out = match (&finish.gate, input) {
+            (Some(gate), Some(input)) => gate.forward(&out, input)?,
+            _ => out,
+        };
+        out.multiply(&finish.layer_scalar)
+    }
+
     fn linears_mut(&mut self) -> Vec<(String, &mut layers::Linear)> {
-        match &mut self.per_layer {
+        let gates = (self.finish.iter_mut()).flat_map(|(i, f)| match &mut f.gate {
+            Some(g) => vec![
+                (
+                    format!("model.layers.{i}.per_layer_input_gate"),
+                    &mut g.per_layer_input_gate,
+                ),
+                (
+                    format!("model.layers.{i}.per_layer_projection"),
+                    &mut g.per_layer_projection,
+                ),
+            ],
+            None => Vec::new(),
+        });
+        let mut out: Vec<(String, &mut layers::Linear)> = gates.collect();
+        out.extend(match &mut self.per_layer {
             Some(p) => vec![
                 (
                     "model.embed_tokens_per_layer".to_owned(),
@@ -127,7 +209,8 @@ impl Family for Gemma4 {
                 ),
             ],
             None => Vec::new(),
-        }
+        });
+        out
     }
 }
 
@@ -258,8 +341,6 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
             activation: Activation::GeluApprox,
             values_from_keys,
             v_norm: true,
-            layer_scalar: true,
-            per_layer_input: per_layer_width != 0,
             kv_from,
             mlp: mlp.clone(),
             ..LayerSpec::llama(args.rms_norm_eps, shape, rope)
@@ -281,6 +362,8 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
         embed_scale: (args.hidden_size as f64).sqrt() as f32,
         softcap: args.final_logit_softcapping.map(|c| c as f32),
         per_layer,
+        rms_norm_eps: args.rms_norm_eps,
+        finish: BTreeMap::new(),
     };
     Decoder::load(weights, spec, family)
 }
@@ -440,6 +523,8 @@ mod tests {
             embed_scale: 1.0,
             softcap: Some(30.0),
             per_layer: None,
+            rms_norm_eps: 1e-6,
+            finish: BTreeMap::new(),
         };
         let out = family
             .logits(Array::from_slice(&[0.0f32, 30.0, -300.0], &[3]))

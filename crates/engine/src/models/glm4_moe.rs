@@ -15,8 +15,8 @@ use crate::{
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
+        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
         model::parse_args,
-        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
     },
 };
 

@@ -18,9 +18,9 @@ use crate::{
     layers::weights::Weights,
     layers::Activation,
     models::{
+        decoder::{CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
         llama::layer_windows,
         model::parse_args,
-        transformer::{CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
     },
 };
 

@@ -7,8 +7,8 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     layers::weights::Weights,
     models::{
+        decoder::{sanitize, Decoder, DecoderSpec, Llama, LlamaArgs},
         model::parse_args,
-        transformer::{sanitize, Decoder, DecoderSpec, Llama, LlamaArgs},
     },
 };
 

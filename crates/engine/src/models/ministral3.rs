@@ -13,9 +13,9 @@ use crate::{
     layers::weights::Weights,
     layers::QueryTemperature,
     models::{
+        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, Llama},
         llama::layer_windows,
         model::parse_args,
-        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, Llama},
     },
 };
 

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::{error::EngineError, layers::weights::Weights, models::transformer::Decoder};
+use crate::{error::EngineError, layers::weights::Weights, models::decoder::Decoder};
 
 pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
     super::llama::load(config, weights, "mistral")

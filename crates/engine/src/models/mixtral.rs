@@ -10,8 +10,8 @@ use crate::{
     layers::moe::{MoeSpec, Routing},
     layers::weights::Weights,
     models::{
+        decoder::{load_uniform, CommonArgs, Decoder, LayerSpec, MlpSpec},
         model::parse_args,
-        transformer::{load_uniform, CommonArgs, Decoder, LayerSpec, MlpSpec},
     },
 };
 

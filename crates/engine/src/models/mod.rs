@@ -1,9 +1,10 @@
 //! One file per architecture, all the same shape (mlx-lm's habit): `Args` read from
 //! config.json and a `load` that maps it onto the shared decoder (`transformer.rs`: Block,
-//! Decoder, sanitize), with the family's own computations (a `transformer::Family`, e.g.
+//! Decoder, sanitize), with the family's own computations (a `decoder::Family`, e.g.
 //! Gemma 3's) in its file. Shared layers (Attention, GatedMlp, RmsNorm, Rope) live in
 //! `crate::nn`.
 
+mod decoder;
 mod gemma3_text;
 mod gemma4;
 mod gemma4_text;
@@ -26,11 +27,10 @@ mod qwen3_moe;
 mod qwen3_next;
 mod qwen3_vl_text;
 mod smollm3;
-mod transformer;
 
 pub(crate) use mistral3::text_config as mistral3_text_config;
 pub(crate) use model::parse_args;
-pub use model::LanguageModel;
+pub use model::{Input, LanguageModel};
 
 use serde_json::Value;
 

@@ -9,8 +9,8 @@ use crate::{
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
+        decoder::{Decoder, LayerSpec, LlamaArgs, NormLayout},
         model::parse_args,
-        transformer::{Decoder, LayerSpec, LlamaArgs, NormLayout},
     },
 };
 

@@ -11,8 +11,8 @@ use crate::{
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
+        decoder::{Decoder, LayerSpec, LlamaArgs, MlpSpec},
         model::parse_args,
-        transformer::{Decoder, LayerSpec, LlamaArgs, MlpSpec},
     },
 };
 

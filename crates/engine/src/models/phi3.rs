@@ -11,8 +11,8 @@ use crate::{
     layers::weights::Weights,
     layers::Rope,
     models::{
+        decoder::{load_uniform, CommonArgs, Decoder, LayerSpec},
         model::parse_args,
-        transformer::{load_uniform, CommonArgs, Decoder, LayerSpec},
     },
 };
 

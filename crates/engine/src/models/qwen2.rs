@@ -12,8 +12,8 @@ use crate::{
     error::EngineError,
     layers::weights::Weights,
     models::{
+        decoder::{load_uniform, CommonArgs, Decoder},
         model::parse_args,
-        transformer::{load_uniform, CommonArgs, Decoder},
     },
 };
 

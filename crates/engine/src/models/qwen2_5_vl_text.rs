@@ -14,8 +14,8 @@ use crate::{
     layers::weights::Weights,
     layers::Rope,
     models::{
+        decoder::{load_uniform, CommonArgs, Decoder},
         model::parse_args,
-        transformer::{load_uniform, CommonArgs, Decoder},
     },
 };
 

@@ -9,8 +9,8 @@ use crate::{
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
+        decoder::{load_uniform, CommonArgs, Decoder, LayerSpec},
         model::parse_args,
-        transformer::{load_uniform, CommonArgs, Decoder, LayerSpec},
     },
 };
 

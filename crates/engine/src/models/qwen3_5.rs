@@ -17,9 +17,9 @@ use crate::{
     layers::moe::{split_fused_experts, MoeSpec},
     layers::weights::Weights,
     models::{
+        decoder::{sanitize, CommonArgs, Decoder},
         model::parse_args,
         qwen3_next::{drop_mtp, hybrid_layers, Qwen3Next},
-        transformer::{sanitize, CommonArgs, Decoder},
     },
 };
 

@@ -12,8 +12,8 @@ use crate::{
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
+        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama},
         model::parse_args,
-        transformer::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama},
     },
 };
 

@@ -17,10 +17,8 @@ use crate::{
     layers::weights::Weights,
     layers::{scalar_like, QkNormOver, Result, Rope},
     models::{
+        decoder::{sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec},
         model::parse_args,
-        transformer::{
-            sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec,
-        },
     },
 };
 

@@ -15,8 +15,8 @@ use crate::{
     layers::weights::Weights,
     layers::{QkNormOver, Rope},
     models::{
+        decoder::{load_uniform, CommonArgs, Decoder, LayerSpec},
         model::parse_args,
-        transformer::{load_uniform, CommonArgs, Decoder, LayerSpec},
     },
 };
 

@@ -9,9 +9,9 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     layers::weights::Weights,
     models::{
+        decoder::{sanitize, Decoder, Llama},
         llama,
         model::parse_args,
-        transformer::{sanitize, Decoder, Llama},
     },
 };
 

@@ -8,189 +8,20 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     layers::device,
     layers::distributed::Group,
-    layers::lora::AdapterSwitch,
     layers::parallel::Placement,
     models::{self, LanguageModel},
-    runtime::constrained::{self, Markup, ToolUse},
-    runtime::generate::{generate, GenerationContext, PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
+    runtime::generate::{PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
     runtime::load,
     runtime::memory,
     runtime::prompt,
     runtime::prompt_cache::{PromptCache, DEFAULT_PROMPT_CACHE_BYTES},
     runtime::request::*,
+    runtime::resident::Resident,
     runtime::scheduler::BatchAttention,
-    vision::{self, VisionModel},
+    runtime::scheduler::{self, Admission, More, Setting},
+    vision::{self},
     CancelToken,
 };
-
-/// A model made resident by `load`.
-pub(crate) struct Resident {
-    info: ModelInfo,
-    model: Box<dyn LanguageModel>,
-    /// The vision side of a vision-language model.
-    vision: Option<Box<dyn VisionModel>>,
-    tokenizer: Arc<ModelTokenizer>,
-    /// The load that made it (without the token): which options it runs with.
-    load: LoadRequest,
-    /// The switch of the attached adapter, if any.
-    adapter: Option<AdapterSwitch>,
-    /// The draft model for speculative decoding, if one was loaded with it.
-    draft: Option<Box<dyn LanguageModel>>,
-    /// Recent generations' KV caches, for the next prompts that start the same way.
-    prompt_cache: PromptCache,
-    /// The tokenizer as the grammar engine reads it, made by the first constrained request.
-    vocabulary: Option<constrain::Vocabulary>,
-}
-
-/// What generating with a resident reads, borrowed apart from what it changes (its prompt
-/// cache and grammar vocabulary): generations in flight read it while another is prepared.
-#[derive(Clone, Copy)]
-pub(crate) struct View<'r> {
-    pub model: &'r dyn LanguageModel,
-    pub draft: Option<&'r dyn LanguageModel>,
-    pub vision: Option<&'r dyn VisionModel>,
-    pub tokenizer: &'r ModelTokenizer,
-    pub info: &'r ModelInfo,
-    pub adapter: Option<&'r AdapterSwitch>,
-}
-
-impl Resident {
-    pub(crate) fn split(
-        &mut self,
-    ) -> (
-        View<'_>,
-        &mut PromptCache,
-        &mut Option<constrain::Vocabulary>,
-    ) {
-        let view = View {
-            model: self.model.as_ref(),
-            draft: self.draft.as_deref(),
-            vision: self.vision.as_deref(),
-            tokenizer: &self.tokenizer,
-            info: &self.info,
-            adapter: self.adapter.as_ref(),
-        };
-        (view, &mut self.prompt_cache, &mut self.vocabulary)
-    }
-}
-
-/// A request made ready to run on a resident: its prompt, its constraint compiled, its tools.
-pub(crate) struct Prepared {
-    /// The request, `max_new_tokens` cut to what the context leaves.
-    pub req: GenerateRequest,
-    pub prompt: prompt::PromptInputs,
-    pub tools: Option<ToolUse>,
-    pub guide: Option<(constrain::Guide, &'static str)>,
-    pub markup: Option<Markup>,
-    /// Whether the resident's adapter (if any) is on for it.
-    pub adapter_on: bool,
-}
-
-/// Checks `req` against the resident `view` shows and makes it ready: template, images, the
-/// constraint (or forced tool calls) compiled, the context limit.
-pub(crate) fn prepare(
-    view: View<'_>,
-    vocabulary: &mut Option<constrain::Vocabulary>,
-    req: &GenerateRequest,
-) -> Result<Prepared, EngineError> {
-    if let (Some(Speculative::DraftModel { .. }), None) = (req.speculative, view.draft) {
-        return Err(EngineError::InvalidParams {
-            field: "speculative.method".into(),
-            reason: "the model was loaded without a `draft_model`: load it with one, or use \
-                     \"prompt_lookup\""
-                .into(),
-        });
-    }
-    let tools = ToolUse::of(view.tokenizer, req)?;
-    let constraint = req
-        .constraint
-        .as_ref()
-        .or_else(|| tools.as_ref()?.forced.as_ref());
-    let prompt = prompt::prompt_inputs(view.tokenizer, view.vision, &req.prompt)?;
-    let markup = Markup::of(view.tokenizer, &prompt.ids);
-    let vocab_size = view.info.vocab_size.max(1);
-    // A raw prompt's ids come from the host; a template's from the tokenizer.
-    if let crate::runtime::request::Prompt::Tokens(ids) = &req.prompt {
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(EngineError::InvalidParams {
-                field: "prompt_ids".into(),
-                reason: format!("token id {id} is outside the vocabulary (0..{vocab_size})"),
-            });
-        }
-    }
-    let guide = constraint
-        .map(|c| constrained::compile(vocabulary, view.tokenizer, vocab_size, c, markup.as_ref()))
-        .transpose()?;
-    let (n, context) = (prompt.ids.len(), view.info.context_length);
-    if n > context {
-        return Err(EngineError::ContextOverflow {
-            prompt_tokens: n,
-            context_length: context,
-        });
-    }
-    let mut req = req.clone();
-    req.max_new_tokens = req.max_new_tokens.min(context - n);
-    let adapter_on = view.adapter_on(&req);
-    Ok(Prepared {
-        req,
-        prompt,
-        tools,
-        guide,
-        markup,
-        adapter_on,
-    })
-}
-
-impl<'r> View<'r> {
-    /// Whether `req` runs with the resident's adapter on.
-    pub fn adapter_on(&self, req: &GenerateRequest) -> bool {
-        self.adapter.is_some() && req.use_adapter != Some(false)
-    }
-
-    /// What generating `prep` needs; sets the adapter's switch for it.
-    pub fn context(
-        &self,
-        prep: &Prepared,
-        started: Instant,
-        prefill_chunk: usize,
-        group: Option<&'r Group>,
-    ) -> GenerationContext<'r> {
-        if let Some(switch) = self.adapter {
-            switch.set(prep.adapter_on);
-        }
-        GenerationContext {
-            model: self.model,
-            draft: self.draft,
-            vision: self.vision,
-            tokenizer: self.tokenizer,
-            eos: self.tokenizer.eos_token_ids(),
-            vocab_size: self.info.vocab_size.max(1),
-            kv_bits: self.info.kv_bits.map(i32::from),
-            adapter_on: prep.adapter_on,
-            prefill_chunk,
-            markup: prep.markup.clone(),
-            started,
-            group,
-        }
-    }
-}
-
-/// After a generation: its tool calls read; after an error, MLX left clean for the next.
-pub(crate) fn finish(
-    view: View<'_>,
-    tools: Option<&ToolUse>,
-    result: &mut Result<Completion, EngineError>,
-) {
-    if let (Ok(completion), Some(tools)) = (result.as_mut(), tools) {
-        tools.read_calls(completion, view.tokenizer);
-    }
-    if result.is_err() {
-        // An MLX error mid-graph can leave work, buffers and a stream error behind (steps
-        // queued ahead of the one that failed): start the next request clean.
-        let _ = device::synchronize();
-        let _ = mlx_rs::memory::clear_cache();
-    }
-}
 
 /// Resident models and MLX state. Lives on one thread; see the crate docs.
 pub struct Engine {
@@ -216,9 +47,9 @@ pub struct Loaded {
 
 /// What this rank holds of a model: its layers and the bytes of its weights.
 fn rank_share(model: &mut dyn LanguageModel) -> serde_json::Value {
-    let layers = match model.placement() {
-        Some((_, layers)) => layers,
-        None => 0..model.num_layers(),
+    let layers = match model.stage() {
+        Some(stage) => stage.layers,
+        None => 0..model.facts().layers,
     };
     let weight_bytes: usize = model
         .linears_mut()
@@ -474,30 +305,55 @@ impl Engine {
         Ok(resident)
     }
 
-    /// Generates a completion with a resident model.
+    /// Generates a completion with a resident model: an admission to the scheduler, as a batch
+    /// of one.
     pub fn generate(
         &mut self,
         req: &GenerateRequest,
         on_delta: &mut dyn FnMut(Delta),
         cancel: &CancelToken,
     ) -> Result<Completion, EngineError> {
+        let result = std::cell::RefCell::new(None);
+        let first = Admission {
+            req: req.clone(),
+            cancel: cancel.clone(),
+            on_delta: Box::new(|d| on_delta(d)),
+            on_done: Box::new(|r| *result.borrow_mut() = Some(r)),
+        };
+        self.generate_batch(first, 1, &mut |_| None);
+        (result.into_inner()).unwrap_or_else(|| {
+            Err(EngineError::Generation(
+                "the scheduler gave no answer".into(),
+            ))
+        })
+    }
+
+    /// Runs `first`, and with it, joining between its decode steps, each generation `more`
+    /// hands over, at most `max_batch` at a time (`scheduler.rs`). `more` is asked between
+    /// steps with a test of what can join (the same resident, the same adapter state, not
+    /// speculative, a model whose steps can be batched, no group of ranks); it gives the next
+    /// request only if that passes (else `None`, and is asked again next step). Returns when
+    /// nothing runs and nothing joined. Every admission's `on_done` is called once.
+    pub fn generate_batch<'f>(
+        &mut self,
+        first: Admission<'f>,
+        max_batch: usize,
+        more: &mut More<'f>,
+    ) {
         let started = Instant::now();
-        let i = self.using(req.model.as_deref())?;
-        let prefill_chunk = self.prefill_chunk();
+        let i = match self.using(first.req.model.as_deref()) {
+            Ok(i) => i,
+            Err(e) => return (first.on_done)(Err(e)),
+        };
+        let on = Setting {
+            prefill_chunk: self.prefill_chunk(),
+            attention: self.batch_attention(),
+            active: i + 1 == self.models.len(),
+            group: self.group.as_deref(),
+            max_batch,
+        };
         let (view, cache, vocabulary) = self.models[i].split();
-        let prep = prepare(view, vocabulary, req)?;
-        let ctx = view.context(&prep, started, prefill_chunk, self.group.as_deref());
-        let mut result = generate(
-            ctx,
-            &prep.req,
-            &prep.prompt,
-            cache,
-            prep.guide,
-            on_delta,
-            cancel,
-        );
-        finish(view, prep.tools.as_ref(), &mut result);
-        result
+        scheduler::run(on, view, cache, vocabulary, (first, started), more);
     }
 
     /// The index of the resident `model` names, now the only one with a prompt cache: memory

@@ -133,7 +133,7 @@ pub(crate) fn build(
     }
     weights.set_placement(placement);
     let model = models::build(&text_config, weights)?;
-    if split && model.placement().is_none() {
+    if split && model.stage().is_none() {
         return Err(refuse_parallel(format!(
             "`{}` models are not built on the shared decoder and cannot be split",
             text_config["model_type"].as_str().unwrap_or_default()
@@ -196,8 +196,9 @@ pub(crate) fn quantize(
         });
     }
     if let Some(bits) = req.kv_bits {
-        let refused = check_kv_bits(bits, &model.quantizable_kv_head_dims())?;
-        built.kv_bits_refused = refused.or_else(|| model.kv_bits_refusal());
+        let facts = model.facts();
+        let refused = check_kv_bits(bits, &facts.quantizable_kv_head_dims)?;
+        built.kv_bits_refused = refused.or(facts.kv_bits_refusal);
         if let Some(reason) = &built.kv_bits_refused {
             tracing::warn!(bits, %reason, "loading with a plain KV cache");
         }
@@ -205,7 +206,9 @@ pub(crate) fn quantize(
     let adapter = match &files.adapter {
         Some(dir) => {
             let mut adapter = Adapter::load(dir)?;
-            adapter.retain(|name| !model.held_elsewhere(name));
+            if let Some(stage) = model.stage() {
+                adapter.retain(|name| !stage.held_elsewhere(name));
+            }
             Some(adapter.attach(dir, model.linears_mut())?)
         }
         None => None,
@@ -319,7 +322,7 @@ pub(crate) fn describe(
     tokenizer: &ModelTokenizer,
     built: &Built,
 ) -> ModelInfo {
-    let own_context = built.model.max_position_embeddings().unwrap_or(4096);
+    let own_context = built.model.facts().max_position_embeddings.unwrap_or(4096);
     let model_type = config["model_type"].as_str().unwrap_or_default().to_owned();
     ModelInfo {
         model_id: req.model.clone(),

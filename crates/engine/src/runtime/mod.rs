@@ -11,9 +11,11 @@ pub mod load;
 pub mod memory;
 #[cfg(test)]
 mod moe_load_tests;
+pub mod prepare;
 pub mod prompt;
 pub mod prompt_cache;
 pub mod request;
+pub mod resident;
 pub mod sampler;
 pub mod scheduler;
 #[cfg(test)]

@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::adapter::Adapter,
+    layers::kv_cache::Caches,
     layers::weights::Weights,
-    models::{build, LanguageModel},
+    models::{build, Input, LanguageModel},
     runtime::load::{check_experts_run_on, quantize_in_4bit},
     runtime::request::Backend,
 };
@@ -133,8 +134,9 @@ fn linear_arrays(model: &mut dyn LanguageModel) -> Vec<Array> {
 fn logits(model: &dyn LanguageModel, n: i32) -> Array {
     let tokens: Vec<i32> = (0..n).map(|i| (i * 37) % 128).collect();
     let mut caches = model.make_caches();
+    let tokens = Array::from_slice(&tokens, &[1, n]);
     let out = model
-        .forward(&Array::from_slice(&tokens, &[1, n]), &mut caches)
+        .forward(Input::tokens(&tokens), Caches::One(&mut caches))
         .unwrap();
     eval([&out]).unwrap();
     out

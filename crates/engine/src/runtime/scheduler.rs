@@ -13,15 +13,16 @@ use crate::{
     layers::device::on_gpu,
     layers::kv_cache::PaddedCache,
     runtime::constrained::ToolUse,
-    runtime::engine::{finish, prepare, Prepared, View},
     runtime::generate::{advance, open, resume, together, Opened, Sequence, Started},
+    runtime::prepare::{finish, prepare, Prepared},
     runtime::prompt::PromptInputs,
     runtime::prompt_cache::PromptCache,
     runtime::request::{Completion, Delta, GenerateRequest},
-    CancelToken, Engine, EngineError, Group,
+    runtime::resident::View,
+    CancelToken, EngineError, Group,
 };
 
-/// A generation handed to [`Engine::generate_batch`]: the request, its cancel token, where
+/// A generation handed to `Engine::generate_batch`: the request, its cancel token, where
 /// its deltas go and where its answer goes.
 pub struct Admission<'f> {
     pub req: GenerateRequest,
@@ -48,7 +49,7 @@ pub enum BatchAttention {
     Padded,
 }
 
-/// What [`Engine::generate_batch`] asks between steps for the next generation to join: given a
+/// What `Engine::generate_batch` asks between steps for the next generation to join: given a
 /// test of what can, the next request if it passes.
 pub type More<'f> = dyn FnMut(&dyn Fn(&GenerateRequest) -> bool) -> Option<Admission<'f>> + 'f;
 
@@ -88,83 +89,87 @@ struct Batch<'a> {
     pending: Vec<Option<Pending<'a>>>,
 }
 
-impl Engine {
-    /// Runs `first`, and with it, joining between its decode steps, each generation `more`
-    /// hands over, at most `max_batch` at a time. `more` is asked between steps with a test
-    /// of what can join (the same resident, the same adapter state, not speculative, a model
-    /// whose steps can be batched, no group of ranks); it gives the next request only if that
-    /// passes (else `None`, and is asked again next step). Returns when nothing runs and
-    /// nothing joined. Every admission's `on_done` is called once.
-    pub fn generate_batch<'f>(
-        &mut self,
-        first: Admission<'f>,
-        max_batch: usize,
-        more: &mut More<'f>,
-    ) {
-        let started = Instant::now();
-        let i = match self.using(first.req.model.as_deref()) {
-            Ok(i) => i,
-            Err(e) => return (first.on_done)(Err(e)),
+/// Where a batch runs: what [`run`] needs of the engine.
+pub(crate) struct Setting<'a> {
+    pub prefill_chunk: usize,
+    pub attention: BatchAttention,
+    /// Whether the resident is the active model (requests naming no model run on it).
+    pub active: bool,
+    pub group: Option<&'a Group>,
+    pub max_batch: usize,
+}
+
+/// Runs `first` on the resident `view` shows, and with it, joining between its decode steps,
+/// each generation `more` hands over (see `Engine::generate_batch`). A lone generation is a
+/// batch of one: every generation runs here.
+pub(crate) fn run<'a, 'f: 'a>(
+    on: Setting<'a>,
+    view: View<'a>,
+    cache: &'a mut PromptCache,
+    vocabulary: &'a mut Option<constrain::Vocabulary>,
+    (first, started): (Admission<'f>, Instant),
+    more: &mut More<'f>,
+) {
+    let Setting {
+        prefill_chunk,
+        attention,
+        active,
+        group,
+        max_batch,
+    } = on;
+    let batching = view.model.facts().batching;
+    let batched = max_batch > 1 && group.is_none() && batching.rows;
+    let adapter_on = view.adapter_on(&first.req);
+    let id = view.info.model_id.clone();
+    let fits = |req: &GenerateRequest| {
+        batched
+            && req.speculative.is_none()
+            && view.adapter_on(req) == adapter_on
+            && req.model.as_deref().map_or(active, |m| m == id)
+    };
+    let open = fits(&first.req);
+    let padded = batched && attention == BatchAttention::Padded && batching.padded;
+    let mut batch = Batch {
+        view,
+        group,
+        prefill_chunk,
+        seqs: Vec::new(),
+        padded: padded.then(PaddedCache::default),
+        // A joint prefill's rows get other bits than lone prefills on the CPU (docs/traps.md,
+        // "A matmul row's bits depend on how many rows ride with it").
+        together: batched && attention == BatchAttention::Padded && on_gpu(),
+        interleave: open,
+        prefilling: VecDeque::new(),
+        pending: Vec::new(),
+    };
+    let mut arriving: Vec<(Admission<'a>, Instant)> = vec![(first, started)];
+    loop {
+        // Between two steps: with a joint prefill every waiting request that fits joins;
+        // else one, so that each one's first token comes after its own prefill and one
+        // step, not after every other joiner's prefill.
+        let taken = batch.seqs.len() + batch.prefilling.len();
+        let room = match batch.together {
+            true => max_batch,
+            false => max_batch.min(taken + 1),
         };
-        let prefill_chunk = self.prefill_chunk();
-        let attention = self.batch_attention();
-        let active = i + 1 == self.models.len();
-        let group = self.group.as_deref();
-        let (view, cache, vocabulary) = self.models[i].split();
-        let batched = max_batch > 1 && group.is_none() && view.model.rows_supported();
-        let adapter_on = view.adapter_on(&first.req);
-        let id = view.info.model_id.clone();
-        let fits = |req: &GenerateRequest| {
-            batched
-                && req.speculative.is_none()
-                && view.adapter_on(req) == adapter_on
-                && req.model.as_deref().map_or(active, |m| m == id)
-        };
-        let open = fits(&first.req);
-        let padded =
-            batched && attention == BatchAttention::Padded && view.model.padded_supported();
-        let mut batch = Batch {
-            view,
-            group,
-            prefill_chunk,
-            seqs: Vec::new(),
-            padded: padded.then(PaddedCache::default),
-            // A joint prefill's rows get other bits than lone prefills on the CPU (docs/traps.md,
-            // "A matmul row's bits depend on how many rows ride with it").
-            together: batched && attention == BatchAttention::Padded && on_gpu(),
-            interleave: open,
-            prefilling: VecDeque::new(),
-            pending: Vec::new(),
-        };
-        let mut arriving = vec![(first, started)];
-        loop {
-            // Between two steps: with a joint prefill every waiting request that fits joins;
-            // else one, so that each one's first token comes after its own prefill and one
-            // step, not after every other joiner's prefill.
-            let taken = batch.seqs.len() + batch.prefilling.len();
-            let room = match batch.together {
-                true => max_batch,
-                false => max_batch.min(taken + 1),
-            };
-            while open && taken + arriving.len() < room {
-                match more(&fits) {
-                    Some(admission) => arriving.push((admission, Instant::now())),
-                    None => break,
-                }
+        while open && taken + arriving.len() < room {
+            match more(&fits) {
+                Some(admission) => arriving.push((admission, Instant::now())),
+                None => break,
             }
-            if !arriving.is_empty() {
-                batch.admit(cache, vocabulary, std::mem::take(&mut arriving));
+        }
+        if !arriving.is_empty() {
+            batch.admit(cache, vocabulary, std::mem::take(&mut arriving));
+        }
+        batch.prefill_step(cache);
+        if batch.seqs.is_empty() {
+            match batch.prefilling.is_empty() {
+                true => return,
+                false => continue,
             }
-            batch.prefill_step(cache);
-            if batch.seqs.is_empty() {
-                match batch.prefilling.is_empty() {
-                    true => return,
-                    false => continue,
-                }
-            }
-            for (id, result) in advance(&mut batch.seqs, cache, batch.padded.as_mut()) {
-                batch.done(id, result);
-            }
+        }
+        for (id, result) in advance(&mut batch.seqs, cache, batch.padded.as_mut()) {
+            batch.done(id, result);
         }
     }
 }

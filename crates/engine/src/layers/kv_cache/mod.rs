@@ -11,14 +11,15 @@
 mod cache;
 mod mask;
 mod padded;
+mod pass;
 mod quantized;
 mod rotating;
 mod standard;
 mod state;
 
 pub use cache::{KvCache, KV_GROUP_SIZE};
-pub use mask::Mask;
-pub use padded::{PaddedCache, PaddedStep};
+pub use padded::PaddedCache;
+pub use pass::{Attend, Caches, LayerKv, PassMasks, Positions, SharedKv};
 pub use state::StateCache;
 
 #[cfg(test)]

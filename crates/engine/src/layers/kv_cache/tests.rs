@@ -5,7 +5,10 @@
 
 use mlx_rs::{ops::indexing::IndexOp, Array};
 
-use super::{mask::causal_mask, KvCache, Mask, PaddedCache};
+use super::{
+    mask::{causal_mask, Mask},
+    KvCache, PaddedCache,
+};
 use fixtures::mlx_test_lock;
 
 /// Keys/values `(1, 1, n, 1)` holding positions `start..start + n`.

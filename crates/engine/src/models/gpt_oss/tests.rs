@@ -6,7 +6,11 @@ use mlx_rs::Array;
 use serde_json::json;
 
 use super::sanitize;
-use crate::{error::LoadErrorKind, layers::weights::Weights, models::tests::refusal_with};
+use crate::{
+    error::LoadErrorKind,
+    layers::{kv_cache::Caches, weights::Weights},
+    models::{tests::refusal_with, Input},
+};
 use fixtures::mlx_test_lock;
 
 const P: &str = "model.layers.0.mlp.experts";
@@ -209,14 +213,20 @@ fn layers_alternate_sliding_and_full_and_the_sinks_decline_kv_bits() {
         caches[1],
         crate::layers::kv_cache::KvCache::Standard(_)
     ));
-    let reason = model.kv_bits_refusal().expect("sinks decline kv_bits");
+    let reason = model
+        .facts()
+        .kv_bits_refusal
+        .expect("sinks decline kv_bits");
     assert!(reason.contains("sinks"), "{reason}");
     // Past the window: the ring wraps and every position still gives logits.
     let ids = Array::from_slice(&[1i32, 2, 3, 4, 5, 6, 7], &[1, 7]);
-    let logits = model.forward(&ids, &mut caches).unwrap();
+    let logits = model
+        .forward(Input::tokens(&ids), Caches::One(&mut caches))
+        .unwrap();
     assert_eq!(logits.shape(), [1, 7, 128]);
+    let next = Array::from_slice(&[8i32], &[1, 1]);
     let next = model
-        .forward(&Array::from_slice(&[8i32], &[1, 1]), &mut caches)
+        .forward(Input::tokens(&next), Caches::One(&mut caches))
         .unwrap();
     assert_eq!(next.shape(), [1, 1, 128]);
     assert_eq!(caches[1].offset(), 8);

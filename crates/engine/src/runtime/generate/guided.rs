@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use constrain::{ConstraintError, Guide, TokenMask};
 use mlx_rs::{ops, Array, Dtype};
 
-use super::Result;
+use super::context::Result;
 use crate::EngineError;
 
 /// A generation's constraint, the buffer its masks are written to, and the device arrays that

@@ -8,15 +8,11 @@ use std::time::Instant;
 
 use mlx_rs::Array;
 
-use super::{Opened, Result};
+use super::{
+    context::Result,
+    sequence::{Ahead, Opened},
+};
 use crate::runtime::prompt::PromptInputs;
-
-/// What [`Opened::prefill_ahead`] prefilled: positions past the prompt cache's, and when it
-/// began.
-pub(crate) struct Ahead {
-    pub(super) began: Instant,
-    pub(super) done: usize,
-}
 
 impl Opened<'_> {
     /// Whether more than one chunk of `prompt` is still to prefill before its last token

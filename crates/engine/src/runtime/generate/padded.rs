@@ -1,13 +1,13 @@
 //! A batch's decode step over one padded cache ([`PaddedCache`]): which sequences' caches it
 //! holds, moving them in and out, and the step's logits. Between steps a sequence's caches
-//! are either its own (`Decoder::caches`) or a row of the padded cache (its own then empty),
+//! are either its own (`SequenceState::caches`) or a row of the padded cache (its own then empty),
 //! never both: rows go back to their sequences before anything else reads their caches (a
 //! step of one, a step where they do not run, their end).
 
 use mlx_rs::{ops, Array};
 
-use super::{Result, Sequence};
-use crate::{layers::kv_cache::PaddedCache, EngineError};
+use super::{context::Result, sequence::Sequence};
+use crate::{layers::kv_cache::Caches, layers::kv_cache::PaddedCache, models::Input, EngineError};
 
 /// Makes `cache` hold exactly the rows of `members` (indices into `seqs`) when they can step
 /// together over it (two or more, a model that runs padded, every cache a full-attention
@@ -19,7 +19,7 @@ pub(super) fn prepare(
 ) -> Result<bool> {
     let held = |s: &Sequence<'_>| cache.ids().contains(&s.id);
     let padded = members.len() > 1
-        && seqs[members[0]].dec.ctx.model.padded_supported()
+        && seqs[members[0]].dec.ctx.model.facts().batching.padded
         && (members.iter()).all(|&i| held(&seqs[i]) || PaddedCache::fits(&seqs[i].dec.caches));
     let wanted: Vec<usize> = match padded {
         true => members.iter().map(|&i| seqs[i].id).collect(),
@@ -56,7 +56,8 @@ pub(super) fn logits(
         .ok_or_else(|| EngineError::Generation("a padded batch row has no sequence".into()))?;
     let tokens: Vec<Array> = rows.iter().map(|&i| seqs[i].step.token.clone()).collect();
     let ids = ops::concatenate(&tokens, 0)?;
-    let logits = model.forward_padded(&ids.reshape(&[-1, 1])?, cache)?;
+    let ids = ids.reshape(&[-1, 1])?;
+    let logits = model.forward(Input::tokens(&ids), Caches::Padded(cache))?;
     let mut by_row = Vec::with_capacity(rows.len());
     for (b, (&i, token)) in rows.iter().zip(&tokens).enumerate() {
         by_row.push((i, seqs[i].dec.row_logits(&logits, b, token)?));
@@ -84,7 +85,12 @@ pub(super) fn release(s: &mut Sequence<'_>, cache: &mut PaddedCache) -> Result<(
 mod tests {
     use mlx_rs::{ops::indexing::IndexOp, Array};
 
-    use crate::{layers::device::on_gpu, layers::kv_cache::PaddedCache, Engine};
+    use crate::{
+        layers::device::on_gpu,
+        layers::kv_cache::{Caches, PaddedCache},
+        models::Input,
+        Engine,
+    };
 
     /// Decode steps over a padded cache give each row the logits row-by-row attention gives it
     /// in the same batch (whose rows are a lone run's wherever BLAS gives a row the same bits
@@ -97,7 +103,8 @@ mod tests {
         let _mlx = fixtures::mlx_test_lock();
         let (mut engine, dir) = Engine::with_tiny_llama("padded");
         let model = engine.models[0].split().0.model;
-        assert!(model.padded_supported() && model.rows_supported());
+        let batching = model.facts().batching;
+        assert!(batching.padded && batching.rows);
         let ids = |c: &[u32]| Array::from_slice(c, &[1, c.len() as i32]);
         let prompts: Vec<Vec<u32>> = [9, 1100, 300, 520]
             .iter()
@@ -106,7 +113,8 @@ mod tests {
         let (mut own, mut padded) = (Vec::new(), PaddedCache::default());
         for (id, p) in prompts.iter().enumerate() {
             let mut caches = model.make_caches();
-            model.forward(&ids(p), &mut caches).unwrap();
+            let tokens = ids(p);
+            (model.forward(Input::tokens(&tokens), Caches::One(&mut caches))).unwrap();
             padded.join(id, &caches).unwrap();
             own.push(caches);
         }
@@ -118,12 +126,14 @@ mod tests {
             let rows: Vec<usize> = padded.ids().to_vec();
             let tokens: Vec<u32> = rows.iter().map(|&r| 10 + step + r as u32).collect();
             let batch = Array::from_slice(&tokens, &[rows.len() as i32, 1]);
-            let logits = model.forward_padded(&batch, &mut padded).unwrap();
+            let input = Input::tokens(&batch);
+            let logits = model.forward(input, Caches::Padded(&mut padded)).unwrap();
             let mut caches: Vec<&mut [_]> = (own.iter_mut().enumerate())
                 .filter(|(r, _)| rows.contains(r))
                 .map(|(_, c)| c.as_mut_slice())
                 .collect();
-            let by_rows = model.forward_rows(&batch, &mut caches).unwrap();
+            let input = Input::tokens(&batch);
+            let by_rows = model.forward(input, Caches::Rows(&mut caches)).unwrap();
             let same = match on_gpu() {
                 false => by_rows.eq_values(&logits).unwrap(),
                 true => by_rows.all_close(&logits, 1e-3, 1e-3, None).unwrap(),

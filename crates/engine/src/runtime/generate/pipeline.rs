@@ -11,14 +11,14 @@
 
 use mlx_rs::{transforms, Array};
 
-use super::{Decoder, Result};
+use super::{context::Result, state::SequenceState};
 use crate::{layers::parallel::Placement, CancelToken, EngineError};
 
 /// Runs `chunks` (the prompt's token ids after the `done` already in the caches, but its last)
 /// through this rank's stage; whether the prefill was cancelled. One agreement of the group at
 /// the end: cancelled on any rank, or past its memory limit on any rank (an error).
 pub(super) fn prefill(
-    dec: &mut Decoder<'_>,
+    dec: &mut SequenceState<'_>,
     stage: &Placement,
     chunks: &[&[u32]],
     mut done: usize,

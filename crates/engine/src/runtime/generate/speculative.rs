@@ -12,9 +12,14 @@
 
 use mlx_rs::{ops, transforms, Array};
 
-use super::{Decoder, GenerationContext, Output, Result, Step, CLEAR_CACHE_EVERY};
+use super::{
+    context::GenerationContext, context::Result, context::CLEAR_CACHE_EVERY, output::Output,
+    state::SequenceState, state::Step,
+};
 use crate::{
+    layers::kv_cache::Caches,
     layers::kv_cache::KvCache,
+    models::Input,
     models::LanguageModel,
     runtime::request::{Delta, FinishReason, GenerateRequest, Speculative},
     CancelToken,
@@ -53,7 +58,7 @@ impl<'a> Drafter<'a> {
     /// The drafter `spec` asks for, its draft model (if any) prefilled with the prompt but its
     /// last token; `None` when this generation cannot speculate (then it runs one token per pass).
     pub fn new(
-        dec: &Decoder<'a>,
+        dec: &SequenceState<'a>,
         spec: Speculative,
         prompt: &[u32],
         cancel: &CancelToken,
@@ -151,7 +156,7 @@ impl DraftModel<'_> {
                 break;
             }
             let input = Array::from_slice(part, &[1, part.len() as i32]);
-            self.model.forward(&input, &mut self.caches)?;
+            (self.model).forward(Input::tokens(&input), Caches::One(&mut self.caches))?;
             transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
         }
         self.unfed = last.to_vec();
@@ -167,7 +172,8 @@ impl DraftModel<'_> {
         let mut input = Array::from_slice(&unfed, &[1, unfed.len() as i32]);
         let mut tokens = Vec::with_capacity(limit);
         for i in 0..limit {
-            let logits = self.model.forward(&input, &mut self.caches)?;
+            let logits =
+                (self.model).forward(Input::tokens(&input), Caches::One(&mut self.caches))?;
             let last = logits.take_axis(Array::from_int(logits.dim(1) - 1), 1)?;
             let token = ops::indexing::argmax_axis(&last, -1, None)?;
             if i + 1 < limit {
@@ -196,7 +202,7 @@ impl DraftModel<'_> {
     }
 }
 
-impl Decoder<'_> {
+impl SequenceState<'_> {
     /// Whether draft positions can be taken back: every cache a plain KV cache (not a
     /// sliding-window ring, a quantized cache or a recurrent state), no explicit rotary
     /// positions. A constraint can: its grammar follows a draft and rolls back.
@@ -243,7 +249,7 @@ impl Decoder<'_> {
 /// Decodes from `first` (the prompt's next token, evaluated) with drafts from `drafter`: the
 /// finish reason and how many tokens were taken before it.
 pub(super) fn decode(
-    dec: &mut Decoder<'_>,
+    dec: &mut SequenceState<'_>,
     req: &GenerateRequest,
     drafter: &mut Drafter<'_>,
     first: Step,

@@ -10,8 +10,11 @@ use std::time::Instant;
 
 use mlx_rs::{ops::indexing::IndexOp, transforms, Array};
 
-use super::{Opened, Prefilled, Result};
-use crate::{layers::kv_cache::KvCache, runtime::prompt::PromptInputs, CancelToken, EngineError};
+use super::{context::Result, sequence::Opened, sequence::Prefilled};
+use crate::{
+    layers::kv_cache::Caches, layers::kv_cache::KvCache, models::Input,
+    runtime::prompt::PromptInputs, CancelToken, EngineError,
+};
 
 /// Prefills the whole prompts (what the prompt cache did not hold) of those of `opened` that
 /// can (their own tokens, no images, not cancelled), as many as fit one chunk's budget of
@@ -24,7 +27,7 @@ pub(crate) fn prefill(opened: &mut [(&mut Opened<'_>, &PromptInputs, &CancelToke
         return;
     };
     let ctx = first.dec.ctx.clone();
-    if !ctx.model.rows_supported() || ctx.pipeline_stage().is_some() || ctx.kv_bits.is_some() {
+    if !ctx.model.facts().batching.rows || ctx.pipeline_stage().is_some() || ctx.kv_bits.is_some() {
         return;
     }
     let budget = ctx.prefill_chunk;
@@ -80,7 +83,8 @@ fn run(
             caches.push(o.dec.caches.as_mut_slice());
         }
     }
-    let logits = ctx.model.prefill_segments(&tokens, &lens, &mut caches)?;
+    let logits =
+        (ctx.model).forward(Input::tokens(&tokens), Caches::Segments(&mut caches, &lens))?;
     let arrays =
         (chosen.iter()).flat_map(|&(i, _)| opened[i].0.dec.caches.iter().flat_map(KvCache::arrays));
     transforms::eval(arrays)?;
@@ -92,7 +96,11 @@ fn run(
 mod tests {
     use mlx_rs::{ops::indexing::IndexOp, transforms, Array};
 
-    use crate::{layers::kv_cache::KvCache, Engine};
+    use crate::{
+        layers::kv_cache::{Caches, KvCache},
+        models::Input,
+        Engine,
+    };
 
     /// What `caches` hold, position by position (up to each cache's offset).
     fn held(caches: &[KvCache]) -> Vec<Array> {
@@ -126,14 +134,23 @@ mod tests {
             let ids = |c: &[u32]| Array::from_slice(c, &[1, c.len() as i32]);
             let last = |x: Array| x.index((.., -1, ..));
             let alone = [
-                last(model.forward(&ids(&a), &mut a1).unwrap()),
-                last(model.forward(&ids(&b), &mut b1).unwrap()),
+                last(
+                    model
+                        .forward(Input::tokens(&ids(&a)), Caches::One(&mut a1))
+                        .unwrap(),
+                ),
+                last(
+                    model
+                        .forward(Input::tokens(&ids(&b)), Caches::One(&mut b1))
+                        .unwrap(),
+                ),
             ];
             let both = [a.clone(), b.clone()].concat();
             let lens = [a.len() as i32, b.len() as i32];
             let mut caches = [a2.as_mut_slice(), b2.as_mut_slice()];
+            let both = ids(&both);
             let logits = model
-                .prefill_segments(&ids(&both), &lens, &mut caches)
+                .forward(Input::tokens(&both), Caches::Segments(&mut caches, &lens))
                 .unwrap();
             assert_eq!(logits.shape()[..2], [1, 2]);
             for (s, (one, caches)) in alone.iter().zip([(&a1, &a2), (&b1, &b2)]).enumerate() {

@@ -1,0 +1,199 @@
+//! One decoder layer: its mixer (softmax or linear attention), its MLP (dense, experts, or
+//! both), its norms in the family's layout, and the extras some families add.
+
+use mlx_rs::Array;
+
+use super::family::Family;
+use crate::{
+    layers::gated_delta::GatedDeltaNet,
+    layers::kv_cache::{KvCache, LayerKv, SharedKv},
+    layers::moe::SparseMoe,
+    layers::parallel::Reduce,
+    layers::{Attention, GatedMlp, Linear, Result, RmsNorm, RotaryAngles},
+};
+
+pub(super) enum Norms {
+    PreNorm {
+        input_layernorm: RmsNorm,
+        post_attention_layernorm: RmsNorm,
+    },
+    Sandwich {
+        input_layernorm: RmsNorm,
+        post_attention_layernorm: RmsNorm,
+        pre_feedforward_layernorm: RmsNorm,
+        post_feedforward_layernorm: RmsNorm,
+    },
+    PostNorm {
+        post_attention_layernorm: RmsNorm,
+        post_feedforward_layernorm: RmsNorm,
+    },
+}
+
+/// A block's MLP.
+pub(super) enum Mlp {
+    Dense(GatedMlp),
+    /// Under its checkpoint name (`mlp`, Mixtral's `block_sparse_moe`).
+    Moe(SparseMoe, &'static str),
+    DenseAndMoe(Box<DenseAndMoe>),
+}
+
+/// [`MlpSpec::DenseAndMoe`]'s layers.
+pub(super) struct DenseAndMoe {
+    pub(super) dense: GatedMlp,
+    pub(super) post_dense: RmsNorm,
+    pub(super) pre_experts: RmsNorm,
+    pub(super) post_experts: RmsNorm,
+    pub(super) moe: SparseMoe,
+}
+
+impl Mlp {
+    /// The MLP's output for `x` (the block's input after the norm before the MLP, if any);
+    /// `block_input` is that input un-normed.
+    pub(super) fn forward(&self, x: &Array, block_input: &Array) -> Result<Array> {
+        match self {
+            Mlp::Dense(mlp) => mlp.forward(x),
+            Mlp::Moe(moe, _) => moe.forward(x),
+            Mlp::DenseAndMoe(m) => {
+                let dense = m.post_dense.forward(&m.dense.forward(x)?)?;
+                let experts = m.pre_experts.forward(block_input)?;
+                let experts = m.moe.forward_routed(block_input, &experts)?;
+                dense.add(m.post_experts.forward(&experts)?)
+            }
+        }
+    }
+
+    /// The linear layers under their checkpoint names (relative to the block).
+    pub(super) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        fn dense(mlp: &mut GatedMlp) -> Vec<(String, &mut Linear)> {
+            let named = mlp.linears_mut().into_iter();
+            named.map(|(n, l)| (format!("mlp.{n}"), l)).collect()
+        }
+        match self {
+            Mlp::Dense(mlp) => dense(mlp),
+            Mlp::Moe(moe, name) => {
+                let named = moe.linears_mut().into_iter();
+                named.map(|(n, l)| (format!("{name}.{n}"), l)).collect()
+            }
+            Mlp::DenseAndMoe(m) => {
+                let mut out = dense(&mut m.dense);
+                out.extend(m.moe.linears_mut());
+                out
+            }
+        }
+    }
+}
+
+/// A block's attention: over a KV cache, or linear with a recurrent state.
+pub(super) enum Mixer {
+    SelfAttn(Attention),
+    LinearAttn(GatedDeltaNet),
+}
+
+pub(super) struct Block {
+    pub(super) mixer: Mixer,
+    pub(super) mlp: Mlp,
+    pub(super) norms: Norms,
+    /// Which of the forward pass's masks this layer takes (an index into
+    /// [`Decoder::mask_sources`]).
+    pub(super) mask_kind: usize,
+    /// The layer whose keys and values this one attends to, when not its own.
+    pub(super) kv_from: Option<usize>,
+    /// Later layers attend to this one's keys and values.
+    pub(super) shares_kv: bool,
+    /// Under tensor parallel: the sums of the attention's and the MLP's partial outputs.
+    pub(super) tensor: Option<TensorReduce>,
+}
+
+/// A tensor-parallel block's two sums over the group (`models/parallel.rs`).
+pub(super) struct TensorReduce {
+    pub(super) attention: Reduce,
+    pub(super) mlp: Reduce,
+}
+
+impl Block {
+    /// Its softmax attention (`None` for a linear-attention layer).
+    pub(super) fn attention(&self) -> Option<&Attention> {
+        match &self.mixer {
+            Mixer::SelfAttn(a) => Some(a),
+            Mixer::LinearAttn(_) => None,
+        }
+    }
+
+    /// The block's output, and its keys and values when later layers share them.
+    pub(super) fn forward(
+        &self,
+        family: &impl Family,
+        x: &Array,
+        kv: LayerKv,
+        angles: Option<&RotaryAngles>,
+    ) -> Result<(Array, Option<SharedKv>)> {
+        let mut kept = None;
+        let attn = |x: &Array| match &self.mixer {
+            Mixer::SelfAttn(a) => {
+                let shared = matches!(kv, LayerKv::Shared(..));
+                let (out, k) = a.forward(x, kv, angles, self.shares_kv)?;
+                kept = k;
+                match (&self.tensor, shared) {
+                    (Some(t), false) => t.attention.apply(out),
+                    _ => Ok(out),
+                }
+            }
+            Mixer::LinearAttn(l) => kv.each_sequence(x, |x, cache| match cache {
+                KvCache::State(state) => l.forward(x, state),
+                _ => Err(mlx_rs::error::Exception::custom(
+                    "a linear-attention layer needs a state cache",
+                )),
+            }),
+        };
+        Ok((self.sublayers(family, x, attn)?, kept))
+    }
+
+    /// The MLP's output (summed over the group under tensor parallel); `block_input`: `x`
+    /// before its norm ([`Mlp::forward`]).
+    pub(super) fn mlp_forward(&self, x: &Array, block_input: &Array) -> Result<Array> {
+        let out = self.mlp.forward(x, block_input)?;
+        match &self.tensor {
+            Some(t) => t.mlp.apply(out),
+            None => Ok(out),
+        }
+    }
+
+    /// Attention and MLP with their norms and residuals, as the norm layout places them.
+    pub(super) fn sublayers(
+        &self,
+        family: &impl Family,
+        x: &Array,
+        attn: impl FnOnce(&Array) -> Result<Array>,
+    ) -> Result<Array> {
+        match &self.norms {
+            Norms::PreNorm {
+                input_layernorm,
+                post_attention_layernorm,
+            } => {
+                let h = family.residual(x, &attn(&input_layernorm.forward(x)?)?)?;
+                let r = self.mlp_forward(&post_attention_layernorm.forward(&h)?, &h)?;
+                family.residual(&h, &r)
+            }
+            Norms::Sandwich {
+                input_layernorm,
+                post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
+            } => {
+                let r = attn(&input_layernorm.forward(x)?)?;
+                let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
+                let r = self.mlp_forward(&pre_feedforward_layernorm.forward(&h)?, &h)?;
+                family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
+            }
+            Norms::PostNorm {
+                post_attention_layernorm,
+                post_feedforward_layernorm,
+            } => {
+                let r = attn(x)?;
+                let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
+                let r = self.mlp_forward(&h, &h)?;
+                family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
+            }
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! A family's own computations around the shared layers ([`Family`] hooks), Llama's by default.
+
+use mlx_rs::Array;
+
+use crate::{
+    error::EngineError,
+    layers::{weights::Weights, Linear, Result},
+};
+
+type LoadResult<T> = std::result::Result<T, EngineError>;
+
+/// What a family computes its own way around the shared layers, where mlx-lm's model file for
+/// it differs from Llama's. Every hook defaults to what Llama does; a family overrides the ones
+/// it needs in its own file.
+pub trait Family {
+    /// The RMS-norm scale to apply, from the weight as stored (at load, once per norm).
+    fn norm_weight(&self, stored: Array) -> Result<Array> {
+        Ok(stored)
+    }
+
+    /// The token embeddings as the first block takes them.
+    fn scale_embeddings(&self, h: Array) -> Result<Array> {
+        Ok(h)
+    }
+
+    /// A residual connection: `x + y`.
+    fn residual(&self, x: &Array, y: &Array) -> Result<Array> {
+        x.add(y)
+    }
+
+    /// The logits as the head gives them.
+    fn logits(&self, logits: Array) -> Result<Array> {
+        Ok(logits)
+    }
+
+    /// Each layer's extra input `(B, L, layers, width)` for the blocks' per-layer input gates
+    /// (Gemma 4), from the token ids (`None`: given embeddings) and the scaled embeddings.
+    fn per_layer_inputs(&self, _tokens: Option<&Array>, _h: &Array) -> Result<Option<Array>> {
+        Ok(None)
+    }
+
+    /// The family's own linear layers under their checkpoint names.
+    /// Whether [`Family::per_layer_inputs`] gives inputs (layers then read more than the
+    /// hidden state: a model split over a group cannot have them).
+    fn has_per_layer_inputs(&self) -> bool {
+        false
+    }
+    /// Takes from the checkpoint what the family keeps per layer beside the shared block, for
+    /// layer `index` (tensors under `prefix`, `model.layers.N`), at load, for the layers this
+    /// rank runs.
+    fn load_layer(
+        &mut self,
+        _weights: &mut Weights,
+        _index: usize,
+        _prefix: &str,
+    ) -> LoadResult<()> {
+        Ok(())
+    }
+    /// Layer `index`'s output after its block, given its per-layer input
+    /// ([`Family::per_layer_inputs`], indexed).
+    fn finish_layer(
+        &self,
+        _index: usize,
+        out: Array,
+        _per_layer_input: Option<&Array>,
+    ) -> Result<Array> {
+        Ok(out)
+    }
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        Vec::new()
+    }
+}
+
+/// The Llama family's choices: every hook as it defaults.
+pub struct Llama;
+
+impl Family for Llama {}

@@ -1,0 +1,434 @@
+//! Building a decoder from a checkpoint: each layer's tensors by name, shape checks before
+//! any computation, KV sharing, and the checkpoint quirks every family shares.
+
+use super::{
+    block::{Block, DenseAndMoe, Mixer, Mlp, Norms},
+    family::{Family, Llama},
+    model::Decoder,
+    parallel::{shard_block, stage},
+    spec::{AttentionKind, CommonArgs, DecoderSpec, LayerSpec, LlamaArgs, MlpSpec, NormLayout},
+};
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    layers::gated_delta::GatedDeltaNet,
+    layers::moe::SparseMoe,
+    layers::mrope::MRope,
+    layers::parallel::Parallel,
+    layers::weights::Weights,
+    layers::{Attention, GateUp, GatedMlp, Linear, QkNorm, QkNormOver, Qkv, RmsNorm},
+};
+
+type LoadResult<T> = std::result::Result<T, EngineError>;
+
+/// Drops the checkpoint's unused tensors, then builds `common.num_hidden_layers` copies of
+/// `layer`: the whole load of a Llama-like family whose layers are all alike.
+pub fn load_uniform(
+    mut weights: Weights,
+    common: &CommonArgs,
+    layer: LayerSpec,
+    tie_word_embeddings: bool,
+    max_position_embeddings: Option<usize>,
+) -> LoadResult<Decoder> {
+    sanitize(&mut weights, tie_word_embeddings);
+    let spec = DecoderSpec::uniform(
+        layer,
+        common.num_hidden_layers,
+        tie_word_embeddings,
+        max_position_embeddings,
+    );
+    Decoder::load(weights, spec, Llama)
+}
+
+impl LlamaArgs {
+    /// [`load_uniform`] with every layer `layer`.
+    pub fn load_uniform(&self, weights: Weights, layer: LayerSpec) -> LoadResult<Decoder> {
+        let (tie, max_pos) = (self.tie_word_embeddings, self.max_position_embeddings);
+        load_uniform(weights, &self.common, layer, tie, max_pos)
+    }
+}
+
+impl<F: Family> Decoder<F> {
+    /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
+    pub fn load(mut weights: Weights, spec: DecoderSpec, mut family: F) -> LoadResult<Self> {
+        let placement = weights.take_placement();
+        let per_layer_inputs = family.has_per_layer_inputs();
+        let owned = stage(placement.as_ref(), &spec.layers, per_layer_inputs)?;
+        let total_layers = spec.layers.len();
+        // Linear-attention layers are a kind of their own (their cache gives no mask).
+        let kind = |l: &LayerSpec| match l.attention {
+            AttentionKind::Softmax { .. } => Some(l.shape.window),
+            AttentionKind::GatedDelta(_) => None,
+        };
+        let own_specs = spec.layers[owned.clone()].iter();
+        let (mask_sources, layer_kinds) = mask_kinds(own_specs.map(kind));
+        let embed_tokens = weights.embedding("model.embed_tokens")?;
+        let hidden = embed_tokens.table.dims().1;
+        let mut layers = Vec::with_capacity(owned.len());
+        let mut kinds = layer_kinds.into_iter();
+        for (i, layer) in spec.layers.into_iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            if !owned.contains(&i) {
+                weights.drop_prefixed(&format!("{p}."));
+                continue;
+            }
+            let kind = kinds.next().expect("one kind per owned layer");
+            family.load_layer(&mut weights, i, &p)?;
+            let mut block = load_block(&mut weights, &p, layer, &family, kind)?;
+            check_shapes(&block, &p, hidden)?;
+            if let Some(pl) = placement.as_ref().filter(|pl| pl.mode == Parallel::Tensor) {
+                shard_block(&mut block, &pl.group, &p, per_layer_inputs)?;
+            }
+            layers.push(block);
+        }
+        check_kv_sharing(&mut layers)?;
+        let mut model = Self {
+            embed_tokens,
+            layers,
+            mask_sources,
+            norm: norm(&mut weights, "model.norm", spec.rms_norm_eps, &family)?,
+            lm_head: match spec.tie_word_embeddings {
+                true => None,
+                false => Some(weights.linear("lm_head")?),
+            },
+            vocab_split: None,
+            max_position_embeddings: spec.max_position_embeddings,
+            family,
+            mrope: None,
+            placement,
+            first_layer: owned.start,
+            total_layers,
+        };
+        model.split_vocabulary()?;
+        Ok(model)
+    }
+
+    /// Every layer rotates by `mrope` at explicit positions
+    /// ([`LanguageModel::forward_embeddings_at`]; without them, at the cache offset on all
+    /// three rows) instead of by its own RoPE.
+    pub fn with_mrope(mut self, mrope: MRope) -> Self {
+        self.mrope = Some(mrope);
+        self
+    }
+}
+
+/// Checkpoint quirks every family shares: precomputed rotary tables (`inv_freq`) the model
+/// recomputes, and a stored head that config.json says is tied to the embedding.
+pub fn sanitize(weights: &mut Weights, tie_word_embeddings: bool) {
+    let unused: Vec<String> = weights
+        .names()
+        .filter(|n| n.contains("self_attn.rotary_emb.inv_freq"))
+        .cloned()
+        .collect();
+    for name in unused {
+        weights.remove(&name);
+    }
+    if tie_word_embeddings {
+        for suffix in ["weight", "scales", "biases"] {
+            weights.remove(&format!("lm_head.{suffix}"));
+        }
+    }
+}
+
+pub(super) fn norm(
+    weights: &mut Weights,
+    prefix: &str,
+    eps: f32,
+    family: &impl Family,
+) -> LoadResult<RmsNorm> {
+    let mut n = weights.rms_norm(prefix, eps)?;
+    n.weight = family.norm_weight(n.weight)?;
+    Ok(n)
+}
+
+/// Groups layers by attention window: for each kind, the first layer of that kind; for each
+/// layer, its kind.
+fn mask_kinds<K: PartialEq>(windows: impl IntoIterator<Item = K>) -> (Vec<usize>, Vec<usize>) {
+    let mut kinds: Vec<(K, usize)> = Vec::new();
+    let layer_kinds = windows
+        .into_iter()
+        .enumerate()
+        .map(
+            |(i, window)| match kinds.iter().position(|(w, _)| *w == window) {
+                Some(kind) => kind,
+                None => {
+                    kinds.push((window, i));
+                    kinds.len() - 1
+                }
+            },
+        )
+        .collect();
+    (kinds.into_iter().map(|(_, i)| i).collect(), layer_kinds)
+}
+
+fn load_block(
+    weights: &mut Weights,
+    p: &str,
+    spec: LayerSpec,
+    family: &impl Family,
+    mask_kind: usize,
+) -> LoadResult<Block> {
+    let eps = spec.rms_norm_eps;
+    let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, family);
+    let norms = match spec.norms {
+        NormLayout::PreNorm => Norms::PreNorm {
+            input_layernorm: load_norm("input_layernorm")?,
+            post_attention_layernorm: load_norm("post_attention_layernorm")?,
+        },
+        NormLayout::Sandwich => Norms::Sandwich {
+            input_layernorm: load_norm("input_layernorm")?,
+            post_attention_layernorm: load_norm("post_attention_layernorm")?,
+            pre_feedforward_layernorm: load_norm("pre_feedforward_layernorm")?,
+            post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
+        },
+        NormLayout::PostNorm => Norms::PostNorm {
+            post_attention_layernorm: load_norm("post_attention_layernorm")?,
+            post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
+        },
+    };
+    let mixer = match &spec.attention {
+        AttentionKind::GatedDelta(linear) => {
+            let prefix = format!("{p}.linear_attn");
+            Mixer::LinearAttn(GatedDeltaNet::load(weights, &prefix, linear.clone())?)
+        }
+        AttentionKind::Softmax { output_gate } => {
+            Mixer::SelfAttn(load_attention(weights, p, &spec, *output_gate, family)?)
+        }
+    };
+    let mut dense_mlp = || -> LoadResult<GatedMlp> {
+        let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
+        let gate_up = match spec.fused {
+            true => GateUp::Fused {
+                gate_up_proj: linear("mlp.gate_up_proj")?,
+            },
+            false => GateUp::Split {
+                gate_proj: linear("mlp.gate_proj")?,
+                up_proj: linear("mlp.up_proj")?,
+            },
+        };
+        Ok(GatedMlp {
+            gate_up,
+            down_proj: linear("mlp.down_proj")?,
+            activation: spec.activation,
+        })
+    };
+    let mlp = match &spec.mlp {
+        MlpSpec::Dense => Mlp::Dense(dense_mlp()?),
+        MlpSpec::Moe(moe) => {
+            let layer = SparseMoe::load(weights, &format!("{p}.{}", moe.name), moe)?;
+            Mlp::Moe(layer, moe.name)
+        }
+        MlpSpec::DenseAndMoe(moe) => {
+            let dense = dense_mlp()?;
+            let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, family);
+            Mlp::DenseAndMoe(Box::new(DenseAndMoe {
+                dense,
+                post_dense: load_norm("post_feedforward_layernorm_1")?,
+                pre_experts: load_norm("pre_feedforward_layernorm_2")?,
+                post_experts: load_norm("post_feedforward_layernorm_2")?,
+                moe: SparseMoe::load(weights, p, moe)?,
+            }))
+        }
+    };
+    Ok(Block {
+        mixer,
+        mlp,
+        norms,
+        mask_kind,
+        kv_from: spec.kv_from,
+        shares_kv: false,
+        tensor: None,
+    })
+}
+
+/// The block's `self_attn` at `p`.
+fn load_attention(
+    weights: &mut Weights,
+    p: &str,
+    spec: &LayerSpec,
+    output_gate: bool,
+    family: &impl Family,
+) -> LoadResult<Attention> {
+    let eps = spec.rms_norm_eps;
+    let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, family);
+    let shared = spec.kv_from.is_some();
+    let qk_norm = match spec.qk_norm {
+        Some(QkNormOver::Head) if shared => {
+            Some(QkNorm::PerHead(load_norm("self_attn.q_norm")?, None))
+        }
+        Some(over) => Some(QkNorm::new(
+            over,
+            load_norm("self_attn.q_norm")?,
+            load_norm("self_attn.k_norm")?,
+        )),
+        None => None,
+    };
+    let sinks = match spec.sinks {
+        true => Some(weights.take(&format!("{p}.self_attn.sinks"))?),
+        false => None,
+    };
+    let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
+    let qkv = match (spec.fused, spec.values_from_keys) {
+        _ if shared => Qkv::QueryOnly {
+            q_proj: linear("self_attn.q_proj")?,
+        },
+        (true, _) => Qkv::Fused {
+            qkv_proj: linear("self_attn.qkv_proj")?,
+        },
+        (false, true) => Qkv::KeyIsValue {
+            q_proj: linear("self_attn.q_proj")?,
+            k_proj: linear("self_attn.k_proj")?,
+        },
+        (false, false) => Qkv::Split {
+            q_proj: linear("self_attn.q_proj")?,
+            k_proj: linear("self_attn.k_proj")?,
+            v_proj: linear("self_attn.v_proj")?,
+        },
+    };
+    let o_proj = linear("self_attn.o_proj")?;
+    Ok(Attention {
+        qkv,
+        o_proj,
+        qk_norm,
+        shape: spec.shape.clone(),
+        rope: spec.rope.clone(),
+        sinks,
+        v_norm_eps: spec.v_norm.then_some(eps),
+        output_gate,
+    })
+}
+
+/// Refuses a block whose tensors do not have the shapes config.json implies (mlx-lm's strict
+/// `load_weights` does): such a checkpoint would otherwise load and compute garbage, or fail in
+/// the middle of a forward pass. `hidden` is the embedding table's width.
+fn check_shapes<'a>(block: &'a Block, p: &str, hidden: i32) -> LoadResult<()> {
+    // A linear-attention layer checks its convolution at load; its projections' sizes follow.
+    let Mixer::SelfAttn(a) = &block.mixer else {
+        return Ok(());
+    };
+    let (q, kv) = (
+        a.shape.n_heads * a.shape.head_dim,
+        a.shape.n_kv_heads * a.shape.head_dim,
+    );
+    // With an output gate, the query projection also gives the gate's features.
+    let q_rows = if a.output_gate { 2 * q } else { q };
+    let mut expected: Vec<(&str, &Linear, (i32, i32))> = match &a.qkv {
+        Qkv::Split {
+            q_proj,
+            k_proj,
+            v_proj,
+        } => vec![
+            ("self_attn.q_proj", q_proj, (q_rows, hidden)),
+            ("self_attn.k_proj", k_proj, (kv, hidden)),
+            ("self_attn.v_proj", v_proj, (kv, hidden)),
+        ],
+        Qkv::Fused { qkv_proj } => vec![("self_attn.qkv_proj", qkv_proj, (q + 2 * kv, hidden))],
+        Qkv::KeyIsValue { q_proj, k_proj } => vec![
+            ("self_attn.q_proj", q_proj, (q_rows, hidden)),
+            ("self_attn.k_proj", k_proj, (kv, hidden)),
+        ],
+        Qkv::QueryOnly { q_proj } => vec![("self_attn.q_proj", q_proj, (q_rows, hidden))],
+    };
+    expected.push(("self_attn.o_proj", &a.o_proj, (hidden, q)));
+    if let Some(sinks) = a.sinks.as_ref().filter(|s| s.shape() != [a.shape.n_heads]) {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!(
+                "`{p}.self_attn.sinks` has shape {:?} but config.json names {} attention heads",
+                sinks.shape(),
+                a.shape.n_heads
+            ),
+        ));
+    }
+    let dense = |mlp: &'a GatedMlp, expected: &mut Vec<_>| {
+        let intermediate = mlp.down_proj.dims().1;
+        match &mlp.gate_up {
+            GateUp::Split { gate_proj, up_proj } => {
+                expected.push(("mlp.gate_proj", gate_proj, (intermediate, hidden)));
+                expected.push(("mlp.up_proj", up_proj, (intermediate, hidden)));
+            }
+            GateUp::Fused { gate_up_proj } => {
+                expected.push(("mlp.gate_up_proj", gate_up_proj, (2 * intermediate, hidden)))
+            }
+        }
+        expected.push(("mlp.down_proj", &mlp.down_proj, (hidden, intermediate)));
+    };
+    // The router gives one logit per expert; the experts' gate and up projections read the
+    // hidden state (`dims` of a stacked projection: experts x inputs).
+    let moe = |moe: &'a SparseMoe, name: &'a str, expected: &mut Vec<_>| {
+        let switch = &moe.switch_mlp;
+        let experts = switch.gate_proj.0.weight.dim(0);
+        expected.push((name, &moe.gate, (experts, hidden)));
+        expected.push((name, &switch.gate_proj.0, (experts, hidden)));
+        expected.push((name, &switch.up_proj.0, (experts, hidden)));
+    };
+    match &block.mlp {
+        Mlp::Dense(mlp) => dense(mlp, &mut expected),
+        Mlp::Moe(m, name) => moe(m, name, &mut expected),
+        Mlp::DenseAndMoe(m) => {
+            dense(&m.dense, &mut expected);
+            moe(&m.moe, "experts", &mut expected);
+        }
+    }
+    for (name, linear, (out, inputs)) in expected {
+        let (o, i) = linear.dims();
+        if (o, i) != (out, inputs) {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!(
+                    "`{p}.{name}` is {o}x{i} but config.json implies {out}x{inputs} (hidden \
+                     {hidden}, {} heads and {} KV heads of {}): config.json does not describe \
+                     these weights",
+                    a.shape.n_heads, a.shape.n_kv_heads, a.shape.head_dim
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every KV-shared layer comes after all layers with a cache and attends to an
+/// earlier one of its own window kind (which also gives its mask), and marks those layers to
+/// keep their keys and values.
+fn check_kv_sharing(layers: &mut [Block]) -> LoadResult<()> {
+    let window = |l: &Block| l.attention().map(|a| a.shape.window);
+    let owners = layers.iter().filter(|l| l.kv_from.is_none()).count();
+    for j in 0..layers.len() {
+        let Some(src) = layers[j].kv_from else {
+            continue;
+        };
+        let ok = j >= owners && src < owners && window(&layers[src]) == window(&layers[j]);
+        if !ok {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!(
+                    "layer {j} would share the keys and values of layer {src}: shared layers must \
+                     follow every layer with its own and share one of their window kind"
+                ),
+            ));
+        }
+        layers[src].shares_kv = true;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_kinds;
+
+    #[test]
+    fn one_mask_per_kind_of_layer_from_its_first_layer() {
+        // Gemma 3's pattern: five sliding layers, then a global one.
+        let (w, g) = (Some(512), None);
+        let (sources, kinds) = mask_kinds([w, w, w, w, w, g, w, w]);
+        assert_eq!(sources, [0, 5]);
+        assert_eq!(kinds, [0, 0, 0, 0, 0, 1, 0, 0]);
+        // Llama with `layer_types`: full first.
+        let (sources, kinds) = mask_kinds([g, Some(16), g, Some(16)]);
+        assert_eq!(sources, [0, 1]);
+        assert_eq!(kinds, [0, 1, 0, 1]);
+        // All alike: one mask.
+        let (sources, kinds) = mask_kinds([g, g, g]);
+        assert_eq!(sources, [0]);
+        assert_eq!(kinds, [0, 0, 0]);
+    }
+}

@@ -1,0 +1,218 @@
+//! One sequence's model-side state: its caches, sampler, penalty history, constraint and
+//! position; a forward pass, sampling, reading a token.
+
+use std::rc::Rc;
+
+use mlx_rs::{ops, transforms, Array};
+
+use super::{
+    context::{GenerationContext, Result},
+    guided::Guided,
+    output::Output,
+};
+use crate::{
+    layers::kv_cache::Caches,
+    layers::kv_cache::KvCache,
+    layers::mrope::MropePositions,
+    layers::row,
+    models::Input,
+    runtime::prompt::PromptEmbeds,
+    runtime::request::{Delta, FinishReason},
+    runtime::sampler::{log_softmax, Sampler},
+};
+
+/// One step's outputs, still lazy: the sampled token `(1,)` and the log-probabilities `(1, V)`.
+pub(super) struct Step {
+    pub(super) token: Array,
+    pub(super) logprobs: Array,
+}
+
+/// One sequence's model-side state (mlx-lm's `generate_step` locals).
+pub(super) struct SequenceState<'a> {
+    pub(super) ctx: Rc<GenerationContext<'a>>,
+    pub(super) caches: Vec<KvCache>,
+    pub(super) sampler: Sampler,
+    /// The last tokens (prompt included), for the penalties; `None` when none are active.
+    pub(super) recent: Option<Array>,
+    /// Every token sampled so far, in order (each is fed back as the next step's input).
+    pub(super) sampled: Vec<u32>,
+    /// The prompt's rotary positions, when the model takes them explicitly (M-RoPE).
+    pub(super) positions: Option<MropePositions>,
+    /// The index in the sequence of the next token run through the model.
+    pub(super) next: usize,
+    /// The request's constraint, if any.
+    pub(super) guide: Option<Guided>,
+}
+
+impl SequenceState<'_> {
+    /// With `kv_bits`, after every forward pass (mlx-lm's `maybe_quantize_kv_cache`).
+    pub(super) fn quantize_caches(&mut self) -> Result<()> {
+        if let Some(bits) = self.ctx.kv_bits {
+            for cache in &mut self.caches {
+                cache.quantize(bits)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Logits for `tokens` `(L,)`, or their input embeddings `(1, L, D)` when images are
+    /// merged into them, at the next positions of the sequence.
+    pub(super) fn forward(
+        &mut self,
+        tokens: &Array,
+        embeds: Option<PromptEmbeds>,
+    ) -> Result<Array> {
+        let model = self.ctx.model;
+        let n = tokens.dim(0) as usize;
+        let logits = match (&self.positions, embeds) {
+            (Some(p), embeds) => {
+                let (h, deepstack) = match embeds {
+                    Some(e) => (e.h, e.deepstack),
+                    None => (model.embed(&tokens.reshape(&[1, -1])?)?, Vec::new()),
+                };
+                let positions = p.slice(self.next, n)?;
+                let input = Input {
+                    positions: Some(&positions),
+                    deepstack: &deepstack,
+                    ..Input::embeddings(h)
+                };
+                model.forward(input, Caches::One(&mut self.caches))?
+            }
+            (None, Some(e)) => {
+                model.forward(Input::embeddings(e.h), Caches::One(&mut self.caches))?
+            }
+            (None, None) => {
+                let tokens = tokens.reshape(&[1, -1])?;
+                model.forward(Input::tokens(&tokens), Caches::One(&mut self.caches))?
+            }
+        };
+        self.next += n;
+        Ok(logits)
+    }
+
+    /// Runs `tokens` `(L,)` (or their input embeddings) through the model: the last position's
+    /// logits `(1, V)`, still lazy.
+    pub(super) fn logits(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Array> {
+        let logits = self.forward(tokens, embeds)?;
+        self.quantize_caches()?;
+        let last = logits.dim(1) - 1;
+        let logits = logits.take_axis(Array::from_int(last), 1)?;
+        self.remember(tokens)?;
+        Ok(logits)
+    }
+
+    /// What [`Self::logits`] does after the forward pass, for row `b` of a batch's logits
+    /// `(B, 1, V)` that the model computed for this sequence's `token` `(1,)`.
+    pub(super) fn row_logits(&mut self, logits: &Array, b: usize, token: &Array) -> Result<Array> {
+        self.next += 1;
+        self.quantize_caches()?;
+        let logits = row(logits, b).take_axis(Array::from_int(0), 1)?;
+        self.remember(token)?;
+        Ok(logits)
+    }
+
+    /// Runs a prefill chunk `tokens` `(L,)` (or its input embeddings) into the caches, evaluated,
+    /// and frees MLX's buffer cache after it.
+    pub(super) fn prefill_chunk(
+        &mut self,
+        tokens: &Array,
+        embeds: Option<PromptEmbeds>,
+    ) -> Result<()> {
+        self.forward(tokens, embeds)?;
+        self.quantize_caches()?;
+        transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
+        mlx_rs::memory::clear_cache()?;
+        Ok(())
+    }
+
+    /// Appends `tokens` `(L,)` to the penalties' history, when they keep one.
+    pub(super) fn remember(&mut self, tokens: &Array) -> Result<()> {
+        if let Some(recent) = &self.recent {
+            let window = self.sampler.history_window() as i32;
+            let joined = ops::concatenate(&[recent, tokens], 0)?;
+            let n = joined.dim(0);
+            self.recent = Some(if n > window {
+                joined.take_axis(ops::arange::<_, i32>(n - window, n, 1)?, 0)?
+            } else {
+                joined
+            });
+        }
+        Ok(())
+    }
+
+    /// Samples from `logits`; with a constraint's `mask` (`(1, V)` booleans) only allowed
+    /// tokens can come, before any other processor sees the logits.
+    pub(super) fn sample(&mut self, logits: Array, mask: Option<Array>) -> Result<Step> {
+        let logits = match mask {
+            Some(mask) => {
+                let never = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
+                ops::select(&mask, &logits, never)?
+            }
+            None => logits,
+        };
+        let logits = self.sampler.process(logits, self.recent.as_ref())?;
+        let logprobs = log_softmax(&logits)?;
+        let token = self.sampler.sample(&logprobs)?;
+        Ok(Step { token, logprobs })
+    }
+
+    /// Runs `tokens` through the model and samples from the last position; with a guide, its
+    /// mask (computed on the host while the forward pass runs) restricts the choice.
+    pub(super) fn step(&mut self, tokens: &Array, embeds: Option<PromptEmbeds>) -> Result<Step> {
+        let logits = self.logits(tokens, embeds)?;
+        self.choose(logits)
+    }
+
+    /// Samples from `logits` `(1, V)`, the last position's, through the guide's mask if any.
+    pub(super) fn choose(&mut self, logits: Array) -> Result<Step> {
+        let mask = match &mut self.guide {
+            Some(guide) => {
+                transforms::async_eval([&logits])?;
+                Some(guide.mask()?)
+            }
+            None => None,
+        };
+        self.sample(logits, mask)
+    }
+
+    /// Reads `step`'s token and streams it; the finish reason when it ends the generation.
+    pub(super) fn take(
+        &mut self,
+        step: &Step,
+        out: &mut Output<'_>,
+        on_delta: &mut dyn FnMut(Delta),
+    ) -> Result<Option<FinishReason>> {
+        let id = step.token.try_item_exact::<u32>()?;
+        self.sampled.push(id);
+        if self.ctx.eos.contains(&id) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        let complete = match self.guide.as_mut() {
+            Some(guide) => guide.advance(id)?,
+            None => false,
+        };
+        if out.push(id, &step.logprobs, on_delta)? {
+            return Ok(Some(FinishReason::StopSequence));
+        }
+        Ok(complete.then_some(FinishReason::Stop))
+    }
+}
+
+impl SequenceState<'_> {
+    /// Queues what follows `logits` (see [`queue_next`]).
+    pub(super) fn queue(&mut self, logits: Array) -> Result<Next> {
+        if self.guide.is_some() {
+            transforms::async_eval([&logits])?;
+            return Ok(Next::Logits(logits));
+        }
+        let next = self.sample(logits, None)?;
+        transforms::async_eval([&next.token, &next.logprobs])?;
+        Ok(Next::Step(next))
+    }
+}
+
+/// What is queued ahead of the token being read: a whole step, or (constrained) its logits.
+pub(super) enum Next {
+    Step(Step),
+    Logits(Array),
+}

@@ -1,0 +1,64 @@
+//! A model made resident by `load`, and the view of it generations read.
+
+use std::sync::Arc;
+
+use text::ModelTokenizer;
+
+use crate::{
+    layers::lora::AdapterSwitch,
+    models::LanguageModel,
+    runtime::prompt_cache::PromptCache,
+    runtime::request::{LoadRequest, ModelInfo},
+    vision::VisionModel,
+};
+
+/// A model made resident by `load`.
+pub(crate) struct Resident {
+    pub(crate) info: ModelInfo,
+    pub(crate) model: Box<dyn LanguageModel>,
+    /// The vision side of a vision-language model.
+    pub(crate) vision: Option<Box<dyn VisionModel>>,
+    pub(crate) tokenizer: Arc<ModelTokenizer>,
+    /// The load that made it (without the token): which options it runs with.
+    pub(crate) load: LoadRequest,
+    /// The switch of the attached adapter, if any.
+    pub(crate) adapter: Option<AdapterSwitch>,
+    /// The draft model for speculative decoding, if one was loaded with it.
+    pub(crate) draft: Option<Box<dyn LanguageModel>>,
+    /// Recent generations' KV caches, for the next prompts that start the same way.
+    pub(crate) prompt_cache: PromptCache,
+    /// The tokenizer as the grammar engine reads it, made by the first constrained request.
+    pub(crate) vocabulary: Option<constrain::Vocabulary>,
+}
+
+/// What generating with a resident reads, borrowed apart from what it changes (its prompt
+/// cache and grammar vocabulary): generations in flight read it while another is prepared.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'r> {
+    pub model: &'r dyn LanguageModel,
+    pub draft: Option<&'r dyn LanguageModel>,
+    pub vision: Option<&'r dyn VisionModel>,
+    pub tokenizer: &'r ModelTokenizer,
+    pub info: &'r ModelInfo,
+    pub adapter: Option<&'r AdapterSwitch>,
+}
+
+impl Resident {
+    pub(crate) fn split(
+        &mut self,
+    ) -> (
+        View<'_>,
+        &mut PromptCache,
+        &mut Option<constrain::Vocabulary>,
+    ) {
+        let view = View {
+            model: self.model.as_ref(),
+            draft: self.draft.as_deref(),
+            vision: self.vision.as_deref(),
+            tokenizer: &self.tokenizer,
+            info: &self.info,
+            adapter: self.adapter.as_ref(),
+        };
+        (view, &mut self.prompt_cache, &mut self.vocabulary)
+    }
+}
