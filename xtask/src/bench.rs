@@ -92,6 +92,20 @@ pub struct Options {
     /// several, comma-separated, run one worker each, side by side in the same rounds.
     #[arg(long, value_delimiter = ',')]
     pub(crate) batch_attention: Vec<String>,
+    /// This mlx-worker binary instead of building the release one (an earlier build, to set its
+    /// ratios beside this tree's on the same machine).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) worker: Option<PathBuf>,
+}
+
+impl Options {
+    /// `--worker`, or the release worker built from this tree.
+    pub(crate) fn worker_bin(&self) -> anyhow::Result<PathBuf> {
+        match &self.worker {
+            Some(bin) => Ok(bin.clone()),
+            None => worker_bin::build_release(),
+        }
+    }
 }
 
 /// One measured generation, from either side.
@@ -115,7 +129,7 @@ enum Side {
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     if opts.vision {
-        return crate::bench_vision::run(opts.runs, opts.max_new_tokens);
+        return crate::bench_vision::run(opts.runs, opts.max_new_tokens, &opts.worker_bin()?);
     }
     if opts.batch {
         return crate::bench_batch::run(opts);
@@ -128,7 +142,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let model = setup::default_model_dir()
         .context("the benchmark model is missing: run `cargo xtask setup`")?;
     if opts.constrained {
-        return crate::bench_constrained::run(&model, &file.prompts[0], opts.runs, max_new_tokens);
+        let bin = opts.worker_bin()?;
+        let prompt = &file.prompts[0];
+        return crate::bench_constrained::run(&bin, &model, prompt, opts.runs, max_new_tokens);
     }
     if opts.speculative {
         return crate::bench_speculative::run(&crate::bench_speculative::Options {
@@ -137,6 +153,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             runs: opts.runs,
             drafts: opts.num_draft_tokens,
             draft_model: opts.draft_model.clone(),
+            bin: opts.worker_bin()?,
         });
     }
     compare(
@@ -163,7 +180,7 @@ pub(crate) fn compare(
     let worker = if opts.skip_worker {
         None
     } else {
-        let bin = worker_bin::build_release()?;
+        let bin = opts.worker_bin()?;
         Some(runtime.block_on(Worker::start(&bin, model))?)
     };
     let mut stock = MlxLm::start(&python, model, None, None)?;

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::bench::{median, MlxLm, Options, Worker};
-use crate::{setup, venv, worker_bin, workspace_root};
+use crate::{setup, venv, workspace_root};
 
 /// The mlx-lm side, in `xtask/bench/`.
 const SCRIPT: &str = "mlx_lm_batch.py";
@@ -92,7 +92,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let mut workers = Vec::new();
     if !opts.skip_worker {
-        let bin = worker_bin::build_release()?;
+        let bin = opts.worker_bin()?;
         let load = LoadParams::new(model.display().to_string());
         let modes: Vec<Option<&str>> = match opts.batch_attention.is_empty() {
             true => vec![None],

@@ -8,9 +8,14 @@ use protocol::methods::{JsonSchemaFormat, ResponseFormat};
 use serde_json::json;
 
 use crate::bench::{median, BenchPrompt, Sample, Worker};
-use crate::worker_bin;
 
-pub fn run(model: &Path, prompt: &BenchPrompt, runs: u32, max: u32) -> anyhow::Result<()> {
+pub fn run(
+    bin: &Path,
+    model: &Path,
+    prompt: &BenchPrompt,
+    runs: u32,
+    max: u32,
+) -> anyhow::Result<()> {
     // A schema whose long string keeps the model writing for the whole budget (both sides
     // decode the same number of tokens).
     let schema = json!({
@@ -32,7 +37,6 @@ pub fn run(model: &Path, prompt: &BenchPrompt, runs: u32, max: u32) -> anyhow::R
             },
         });
     };
-    let bin = worker_bin::build_release()?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let worker = Worker::start(&bin, model).await?;

@@ -16,7 +16,7 @@ use protocol::methods::{
 use serde_json::{json, Value};
 
 use crate::bench::{median, BenchPrompt, MlxLm, Worker};
-use crate::{venv, worker_bin};
+use crate::venv;
 
 /// Tokens per run: enough to copy the first paragraphs of the story.
 const MAX_NEW_TOKENS: u32 = 256;
@@ -28,6 +28,8 @@ pub struct Options<'a> {
     pub drafts: u32,
     /// Also compare draft-model decoding with mlx-lm's, this model drafting.
     pub draft_model: Option<PathBuf>,
+    /// The worker binary.
+    pub bin: PathBuf,
 }
 
 pub fn run(o: &Options) -> anyhow::Result<()> {
@@ -54,7 +56,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     };
     let lookup = with(SpeculativeMethod::PromptLookup);
     let drafted = with(SpeculativeMethod::DraftModel);
-    let bin = worker_bin::build_release()?;
+    let bin = o.bin.clone();
     let mut reference = match &o.draft_model {
         Some(draft) => Some(MlxLm::start(
             &venv::reference_python()?,

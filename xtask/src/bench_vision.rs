@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::bench::{median, BenchPrompt, MlxLm, Sample, Worker};
-use crate::{parity, venv, worker_bin, workspace_root};
+use crate::{parity, venv, workspace_root};
 
 #[derive(Debug, Deserialize)]
 struct BenchFile {
@@ -40,7 +40,7 @@ struct PySample {
     decode_tps: f64,
 }
 
-pub fn run(runs: u32, max_new_tokens: Option<u32>) -> anyhow::Result<()> {
+pub fn run(runs: u32, max_new_tokens: Option<u32>, bin: &Path) -> anyhow::Result<()> {
     let path = workspace_root().join("xtask/bench/vision.json");
     let file: BenchFile = serde_json::from_str(
         &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
@@ -50,7 +50,7 @@ pub fn run(runs: u32, max_new_tokens: Option<u32>) -> anyhow::Result<()> {
     let fixtures = parity::make_vision_fixtures(&path)?;
     let image = fixtures.join("images").join(&file.image);
     let python = venv::reference_python()?;
-    let bin = worker_bin::build_release()?;
+    let bin = bin.to_path_buf();
     let runtime = tokio::runtime::Runtime::new()?;
     for model in &file.models {
         let dir = fixtures.join(&model.name);

@@ -29,6 +29,7 @@ pub use error::{EngineError, LoadErrorKind};
 pub use layers::distributed::{Backend as DistributedBackend, Group};
 pub use runtime::cancel::CancelToken;
 pub use runtime::engine::{Engine, Loaded};
+pub use runtime::memory::stats as memory_stats;
 pub use runtime::prompt_cache::DEFAULT_PROMPT_CACHE_BYTES;
 pub use runtime::request::*;
 pub use runtime::scheduler::{Admission, BatchAttention, More};

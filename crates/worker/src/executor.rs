@@ -2,8 +2,10 @@
 //! notifications and its response straight to stdout's outbox (so deltas always precede their
 //! response), then tells the dispatcher it is free.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Duration;
 
@@ -15,9 +17,9 @@ use protocol::methods::{
 use protocol::{Notification, RequestId, Response, ResponseError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::batch;
 use crate::convert;
 use crate::engine_adapter::{EngineAdapter, EngineInfo};
+use crate::generations;
 use crate::group::{self, Shared};
 use crate::residents::{Residents, SharedResidents};
 use crate::transport::Outbox;
@@ -146,6 +148,18 @@ impl Answers {
         self.outbox.send(response);
         let _ = self.events.send(ExecutorEvent::Done(id));
     }
+
+    /// Publishes the engine's residents as they are now.
+    pub(crate) fn refresh(&self, fresh: Residents) {
+        let mut residents = self.residents.lock().expect("residents lock");
+        let finished = std::mem::take(&mut residents.finished);
+        *residents = Residents { finished, ..fresh };
+    }
+
+    /// Publishes MLX's memory now (what a generation changes of the residents).
+    pub(crate) fn refresh_memory(&self, memory: protocol::methods::MemoryInfo) {
+        self.residents.lock().expect("residents lock").memory = memory;
+    }
 }
 
 /// The dispatcher's handle on the MLX thread.
@@ -267,52 +281,63 @@ fn run(
 
     while let Some(job) = inbox.next() {
         let id = job.id.clone();
-        // Several generations at once: not in a group, whose ranks run one request in step.
-        if max_batch > 1 && engine.group().is_none() && matches!(job.work, Work::Generate(_)) {
-            let batch =
-                AssertUnwindSafe(|| batch::run(&mut engine, job, &mut inbox, max_batch, &answers));
-            if let Err(panic) = catch_unwind(batch) {
-                let what = panic_message(&*panic);
-                tracing::error!("the engine panicked in a batch: {what}");
-            }
-            let mut snapshot = answers.residents.lock().expect("residents lock");
-            let finished = std::mem::take(&mut snapshot.finished);
-            *snapshot = Residents {
-                finished,
-                ..engine.residents()
-            };
-            continue;
-        }
-        stall.start(id.clone(), !matches!(job.work, Work::Load(_)));
-        let shared = match engine.group() {
+        // In a group the ranks run one request in step, watched (`watchdog.rs`).
+        let watched = match engine.group() {
             Some(g) => {
+                stall.start(id.clone(), !matches!(job.work, Work::Load(_)));
                 g.touch();
-                group::share(g, &Shared::of(&job.work))
+                if let Err(broken) = group::share(g, &Shared::of(&job.work)) {
+                    if stall.finish() {
+                        let error = ResponseError::internal(broken);
+                        answers.answer(id.clone(), Response::err(Some(id), error), None);
+                    }
+                    continue;
+                }
+                Some(stall.clone())
             }
-            None => Ok(()),
+            None => None,
         };
-        let response = match shared {
-            Ok(()) => catch_unwind(AssertUnwindSafe(|| {
-                execute(&mut engine, job, &outbox, &stall)
-            })),
-            Err(broken) => Ok(Response::err(
-                Some(id.clone()),
-                ResponseError::internal(broken),
-            )),
-        };
-        let response = response.unwrap_or_else(|panic| {
-            let what = panic_message(&*panic);
-            tracing::error!("the engine panicked: {what}");
-            Response::err(
-                Some(id.clone()),
-                ResponseError::internal(format!("the engine panicked: {what}")),
-            )
+        // Generations admitted and not yet answered: answered here should the engine panic.
+        let open = Rc::new(RefCell::new(Vec::new()));
+        let generation = matches!(job.work, Work::Generate(_));
+        let run = AssertUnwindSafe(|| match job.work {
+            // Every generation is an admission to the engine's scheduler, joined by those that
+            // can share its decode steps (at most `--max-batch`; one at a time in a group).
+            Work::Generate(_) => {
+                let limit = if watched.is_some() { 1 } else { max_batch };
+                let on = generations::On {
+                    answers: &answers,
+                    open: &open,
+                    watched: watched.clone(),
+                };
+                generations::run(&mut engine, job, &mut inbox, limit, on);
+                None
+            }
+            _ => Some(execute(&mut engine, job, &outbox, &stall)),
         });
-        if !stall.finish() {
-            // The watchdog answered it: the group is broken.
-            continue;
+        let response = match catch_unwind(run) {
+            Ok(response) => response,
+            Err(panic) => {
+                let what = panic_message(&*panic);
+                tracing::error!("the engine panicked: {what}");
+                let error = ResponseError::internal(format!("the engine panicked: {what}"));
+                let open = open.take();
+                if !open.is_empty() && (watched.is_none() || stall.finish()) {
+                    for o in open {
+                        answers.answer(o.clone(), Response::err(Some(o), error.clone()), None);
+                    }
+                }
+                (!generation).then(|| Response::err(Some(id.clone()), error))
+            }
+        };
+        match response {
+            // The watchdog answered it when the group broke.
+            Some(response) if watched.is_none() || stall.finish() => {
+                answers.answer(id, response, Some(engine.residents()))
+            }
+            Some(_) => {}
+            None => answers.refresh(engine.residents()),
         }
-        answers.answer(id, response, Some(engine.residents()));
     }
     tracing::debug!("freeing the engine");
     if let Some(g) = engine.group() {
@@ -377,17 +402,7 @@ fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox, stall: &Stall)
                 .load(&params, &job.cancel, &mut progress)
                 .map(to_value)
         }
-        Work::Generate(params) => {
-            let mut send = delta_sender(id.clone(), job.cancel.clone(), outbox.clone());
-            let mut on_delta = |d| {
-                if !quiet() {
-                    send(d)
-                }
-            };
-            engine
-                .generate(&params, &job.cancel, &mut on_delta)
-                .map(to_value)
-        }
+        Work::Generate(_) => unreachable!("generations run through `generations::run`"),
         Work::Unload(params) => engine.unload(&params).map(to_value),
         Work::Reset { prompt_cache } => Ok(to_value(engine.reset(prompt_cache))),
     };

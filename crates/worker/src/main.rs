@@ -6,13 +6,13 @@
 //! params into engine calls, with `convert` and `errors`) -> `transport` (stdout, one line per
 //! message). `residents` is what the dispatcher knows of the engine's models between jobs.
 
-mod batch;
 mod cli;
 mod convert;
 mod dispatcher;
 mod engine_adapter;
 mod errors;
 mod executor;
+mod generations;
 mod group;
 mod queue;
 mod residents;

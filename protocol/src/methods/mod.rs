@@ -2,7 +2,7 @@
 //!
 //! A method is a zero-sized type implementing [`Method`] (e.g. [`Generate`]); a notification one
 //! implementing [`NotificationMethod`] (e.g. [`GenerateDeltaNotification`]). Defaults of the
-//! contract are applied by serde when a field is absent; unknown fields are ignored; a field of
+//! contract are applied by serde when a field is absent; an unknown field or a field of
 //! the wrong type is an error ([`InvalidParams`](crate::ErrorCode::InvalidParams)).
 
 mod cancel;

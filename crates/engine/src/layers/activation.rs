@@ -36,8 +36,8 @@ pub enum Activation {
 }
 
 impl Activation {
-    /// `act(gate) * up`: one fused kernel on a GPU, as mlx-lm's compiled activations
-    /// (`crate::fused`), the ops below on the CPU.
+    /// `act(gate) * up`: one fused kernel on a GPU, as mlx-lm's compiled activations, the
+    /// unfused ops ([`Self::gated_ops`]) on the CPU.
     pub fn gated(self, gate: &Array, up: &Array) -> Result<Array> {
         gated(self, gate, up)
     }

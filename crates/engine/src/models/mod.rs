@@ -1,8 +1,8 @@
 //! One file per architecture, all the same shape (mlx-lm's habit): `Args` read from
-//! config.json and a `load` that maps it onto the shared decoder (`transformer.rs`: Block,
+//! config.json and a `load` that maps it onto the shared decoder (`decoder/`: Block,
 //! Decoder, sanitize), with the family's own computations (a `decoder::Family`, e.g.
 //! Gemma 3's) in its file. Shared layers (Attention, GatedMlp, RmsNorm, Rope) live in
-//! `crate::nn`.
+//! `crate::layers`; what the runtime sees of a model, in `model.rs`.
 
 mod decoder;
 mod gemma3_text;

@@ -1,6 +1,6 @@
 //! The top floor: what runs a request. Resident models and their load (`engine.rs`,
 //! `load.rs`), the scheduler that steps generations together (`scheduler.rs`), a generation's
-//! loop (`generate.rs`, `generate/`), sampling, prompts and the prompt cache, constraints,
+//! loop (`generate/`), sampling, prompts and the prompt cache, constraints,
 //! memory, cancellation, and the engine's plain request and answer types (`request.rs`).
 
 pub mod cancel;

@@ -2,7 +2,7 @@
 //! pass (one pass over the weights serves them all), joining between steps and leaving when
 //! they end, each with its own sampler, constraint, stop strings, caches and stream. A
 //! sequence's tokens are those it gets alone: the batch runs the weights over its rows
-//! together and attention row by row (`LanguageModel::forward_rows`). A long prompt prefills
+//! together and attention row by row (`Caches::Rows`, or one padded cache: `Caches::Padded`). A long prompt prefills
 //! a chunk per step while the others decode (`generate/interleave.rs`).
 
 use std::collections::VecDeque;

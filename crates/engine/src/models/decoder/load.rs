@@ -103,7 +103,7 @@ impl<F: Family> Decoder<F> {
     }
 
     /// Every layer rotates by `mrope` at explicit positions
-    /// ([`LanguageModel::forward_embeddings_at`]; without them, at the cache offset on all
+    /// ([`Input::positions`](crate::models::Input); without them, at the cache offset on all
     /// three rows) instead of by its own RoPE.
     pub fn with_mrope(mut self, mrope: MRope) -> Self {
         self.mrope = Some(mrope);

@@ -2,7 +2,7 @@
 //! generations already running keep streaming while it prefills (alone, [`super::begin`] runs
 //! all of a prompt's chunks at once). The chunks are the ones the prompt gets alone (the same
 //! boundaries, from what the prompt cache held on), so its tokens are too; the batch runs one
-//! per step ([`crate::batch`]), the last chunk and the first token through [`super::resume`].
+//! per step (`runtime/scheduler.rs`), the last chunk and the first token through [`super::resume`].
 
 use std::time::Instant;
 

@@ -14,7 +14,7 @@ use crate::{
 };
 
 /// One decode step of every sequence in `seqs`: one forward pass over all of them (row by row
-/// where they differ: `LanguageModel::forward_rows`), then each reads its token and streams
+/// where they differ: `Caches::Rows`), then each reads its token and streams
 /// it. Those that end leave `seqs` and come back with their completion (or error); their
 /// caches go back to `cache`. Each sequence's tokens are those it would get alone: its own
 /// sampler, constraint, stop strings and cache, and the same pipelining (its step n+1 is

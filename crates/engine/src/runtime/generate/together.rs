@@ -1,6 +1,6 @@
 //! Prefill of generations that arrive together, for a batch whose rows attend padded
 //! ([`crate::BatchAttention::Padded`]): their prompts in one forward pass
-//! (`LanguageModel::prefill_segments`: row-wise work over all positions, attention per
+//! (`Caches::Segments`: row-wise work over all positions, attention per
 //! sequence over its own cache), where alone each prompt is a pass over the weights of its own
 //! and the last token another. Like padded attention it changes the sums (a matmul over more
 //! rows may add in another order: OpenBLAS does for prefill-sized row counts), so a batch
