@@ -31,6 +31,10 @@ struct Sources {
     files: BTreeMap<String, String>,
     /// Module path -> file.
     modules: BTreeMap<Vec<String>, String>,
+    /// What `lib.rs` re-exports at the crate root: name -> the file it comes from.
+    reexports: BTreeMap<String, String>,
+    /// Files `lib.rs` re-exports everything of (`pub use a::*`).
+    globs: Vec<String>,
 }
 
 fn read(dir: &Path, root: &Path, out: &mut BTreeMap<String, String>) {
@@ -72,14 +76,59 @@ impl Sources {
         let mut files = BTreeMap::new();
         read(&root, &root, &mut files);
         let modules = files.keys().map(|f| (module_path(f), f.clone())).collect();
-        Self { files, modules }
+        let mut sources = Self {
+            files,
+            modules,
+            reexports: BTreeMap::new(),
+            globs: Vec::new(),
+        };
+        sources.read_reexports();
+        sources
     }
 
-    /// The deepest module file `path` reaches.
+    /// `lib.rs`'s `pub use` lines: `crate::Engine` in a file names `runtime/engine.rs`.
+    fn read_reexports(&mut self) {
+        let lib = self.files["lib.rs"].clone();
+        for (at, _) in lib.match_indices("pub use ") {
+            let rest = &lib[at + "pub use ".len()..];
+            let rest = &rest[..rest.find(';').unwrap_or(rest.len())];
+            if let Some(module) = rest.trim_end().strip_suffix("::*") {
+                let glob = expand(module).pop().and_then(|p| self.resolve(&p).cloned());
+                self.globs.extend(glob);
+                continue;
+            }
+            for path in expand(rest) {
+                let Some(file) = self.resolve(&path).cloned() else {
+                    continue; // another crate's (`pub use text;`)
+                };
+                match path.last().map(String::as_str) {
+                    None => {}
+                    Some(name) => {
+                        // `X as Y`: the name is the alias.
+                        let name = rest
+                            .split(&format!("{name} as "))
+                            .nth(1)
+                            .map(|a| a.split(|c: char| !c.is_alphanumeric() && c != '_'))
+                            .and_then(|mut a| a.next())
+                            .unwrap_or(name);
+                        self.reexports.insert(name.to_string(), file);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The deepest module file `path` (from the crate root) reaches; a root item through
+    /// `lib.rs`'s re-exports.
     fn resolve(&self, path: &[String]) -> Option<&String> {
-        (1..=path.len())
+        let module = (1..=path.len())
             .rev()
-            .find_map(|n| self.modules.get(&path[..n]))
+            .find_map(|n| self.modules.get(&path[..n]));
+        if module.is_some() || path.len() > 1 {
+            return module;
+        }
+        let name = path.first()?;
+        (self.reexports.get(name)).or_else(|| self.globs.first().filter(|_| is_type(name)))
     }
 
     /// Files `file` imports.
@@ -108,7 +157,17 @@ impl Sources {
         let tests_at = text.find("mod tests {").unwrap_or(text.len());
         for (at, _) in text.match_indices("super::") {
             if !preceded_by_path(text, at) && at < tests_at {
-                add(&parent, &text[at + "super::".len()..]);
+                let (mut base, mut rest) = (parent.clone(), &text[at + "super::".len()..]);
+                while let Some(more) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = more;
+                }
+                add(&base, rest);
+            }
+        }
+        for (at, _) in text.match_indices("self::") {
+            if !preceded_by_path(text, at) && !preceded_by_ident(text, at) {
+                add(&me, &text[at + "self::".len()..]);
             }
         }
         // A directory module naming its children by bare paths.
@@ -125,6 +184,11 @@ impl Sources {
         }
         out
     }
+}
+
+/// A type's name (`Engine`), not a function's or a module's.
+fn is_type(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_uppercase())
 }
 
 fn preceded_by_path(text: &str, at: usize) -> bool {

@@ -336,7 +336,15 @@ fn run(
                 answers.answer(id, response, Some(engine.residents()))
             }
             Some(_) => {}
-            None => answers.refresh(engine.residents()),
+            None => {
+                // A watched generation nobody answered (its end never came): answered here, so
+                // the watchdog does not find it running once the thread is idle.
+                if watched.is_some() && stall.finish() {
+                    let error = ResponseError::internal("the generation ended without an answer");
+                    answers.answer(id.clone(), Response::err(Some(id), error), None);
+                }
+                answers.refresh(engine.residents())
+            }
         }
     }
     tracing::debug!("freeing the engine");
@@ -347,7 +355,7 @@ fn run(
 }
 
 /// The text a panic was raised with, when it has one.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

@@ -90,16 +90,16 @@ fn admit(job: Job, req: GenerateRequest, on: &On) -> Admission<'static> {
         }
     };
     let on_done = move |result: Result<Completion, EngineError>| {
-        open.borrow_mut().retain(|o| o != &id);
-        if !watched.as_deref().is_none_or(Stall::finish) {
-            return;
+        if watched.as_deref().is_none_or(Stall::finish) {
+            let response = match result {
+                Ok(c) => Response::ok(id.clone(), to_value(convert::generate_result(c))),
+                Err(e) => Response::err(Some(id.clone()), engine_error(e)),
+            };
+            answers.refresh_memory(convert::memory(mlx_engine::memory_stats()));
+            answers.answer(id.clone(), response, None);
         }
-        let response = match result {
-            Ok(c) => Response::ok(id.clone(), to_value(convert::generate_result(c))),
-            Err(e) => Response::err(Some(id.clone()), engine_error(e)),
-        };
-        answers.refresh_memory(convert::memory(mlx_engine::memory_stats()));
-        answers.answer(id, response, None);
+        // Only once answered: a panic before this leaves it to the executor to answer.
+        open.borrow_mut().retain(|o| o != &id);
     };
     Admission {
         req,

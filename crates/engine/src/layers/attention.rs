@@ -244,7 +244,8 @@ pub struct AttentionShape {
     pub head_dim: i32,
     pub scale: f32,
     /// Sliding-window layers attend to the last `window` positions only: their cache is a
-    /// [`KvCache::for_window`] ring, which also gives their masks.
+    /// [`KvCache::for_window`](crate::layers::kv_cache::KvCache::for_window) ring, which also gives
+    /// their masks.
     pub window: Option<i32>,
     /// Queries scaled by their position after RoPE (Ministral 3).
     pub temperature: Option<QueryTemperature>,

@@ -155,7 +155,8 @@ pub fn synchronize() -> Result<(), mlx_rs::error::Exception> {
 }
 
 thread_local! {
-    /// Extra CPU streams for the attention's head groups (`sdpa.rs`) (each its own MLX thread), made on first use by the thread running MLX.
+    /// Extra CPU streams for the attention's head groups (`sdpa.rs`) (each its own MLX thread),
+    /// made on first use by the thread running MLX.
     static STREAMS: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
 }
 

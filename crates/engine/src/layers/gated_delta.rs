@@ -1,12 +1,12 @@
-//! The gated delta-net, the linear-attention layer of hybrid models (Qwen3-Next, Qwen3.5): projections
-//! to queries, keys, values, an output gate `z` and the per-head decay and write strengths
-//! (`a`, `b`); a causal depthwise convolution over q/k/v whose last inputs are cached; q/k
-//! L2-normalised; then the gated delta rule, a recurrence over a `(Dv, Dk)` state per value
+//! The gated delta-net, the linear-attention layer of hybrid models (Qwen3-Next, Qwen3.5):
+//! projections to queries, keys, values, an output gate `z` and the per-head decay and write
+//! strengths (`a`, `b`); a causal depthwise convolution over q/k/v whose last inputs are cached;
+//! q/k L2-normalised; then the gated delta rule, a recurrence over a `(Dv, Dk)` state per value
 //! head; a gated RMS norm; the output projection.
 //!
-//! The recurrence is written with MLX ops, one step per token, as mlx-lm's `gated_delta_ops`
-//! (the path it takes off the GPU, so on this MLX build the reference): same ops, same order,
-//! same dtypes (state in f32), so the sums round alike.
+//! The recurrence is written with MLX ops, one step per token, as mlx-lm's `gated_delta_ops` (the
+//! path it takes off the GPU, so on this MLX build the reference): same ops, same order, same
+//! dtypes (state in f32), so the sums round alike.
 
 use mlx_rs::{
     fast,

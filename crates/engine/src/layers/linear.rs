@@ -152,9 +152,6 @@ impl Linear {
             rank: group.rank(),
             size: group.size(),
         });
-        Ok(Reduce {
-            group: group.clone(),
-            bias: self.bias.take(),
-        })
+        Ok(Reduce::new(group.clone(), self.bias.take()))
     }
 }

@@ -76,11 +76,16 @@ impl Split {
 /// (taken out of the layer when it was sharded: added once, after the sum).
 #[derive(Debug)]
 pub struct Reduce {
-    pub(crate) group: Rc<Group>,
-    pub(crate) bias: Option<Array>,
+    group: Rc<Group>,
+    bias: Option<Array>,
 }
 
 impl Reduce {
+    /// The sum over `group` of a sharded layer's partial outputs, then `bias`.
+    pub fn new(group: Rc<Group>, bias: Option<Array>) -> Self {
+        Self { group, bias }
+    }
+
     pub fn apply(&self, partial: Array) -> Result<Array> {
         let sum = self.group.all_sum(&partial)?;
         match &self.bias {

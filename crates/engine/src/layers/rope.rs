@@ -68,7 +68,7 @@ impl Rope {
     }
 }
 
-/// Rotary angles given per position rather than by a cache offset (M-RoPE, `rope.rs`):
+/// Rotary angles given per position rather than by a cache offset (M-RoPE, `mrope.rs`):
 /// `cos` and `sin` `(B, 1, L, head_dim)` in the activations' dtype, applied over whole heads as
 /// mlx-vlm's `apply_multimodal_rotary_pos_emb` does: `x * cos + rotate_half(x) * sin`, in
 /// `x`'s dtype.
@@ -93,7 +93,8 @@ pub fn rotate_half(x: &Array) -> MlxResult<Array> {
     ops::concatenate(&[parts[1].negative()?, parts[0].clone()], -1)
 }
 
-/// `x[..., :dims] * s`, the rest of the last axis unchanged (mlx-lm: `x.at[..., :dims].multiply(s)`).
+/// `x[..., :dims] * s`, the rest of the last axis unchanged (mlx-lm: `x.at[...,
+/// :dims].multiply(s)`).
 fn scale_leading(x: &Array, dims: i32, s: f32) -> MlxResult<Array> {
     let s = scalar_like(s, x)?;
     if dims == x.dim(-1) {

@@ -155,8 +155,12 @@ impl Family for Gemma4 {
             Some(_) => Some(PerLayerGate {
                 per_layer_input_gate: weights.linear(&format!("{p}.per_layer_input_gate"))?,
                 per_layer_projection: weights.linear(&format!("{p}.per_layer_projection"))?,
-                post_per_layer_input_norm: (weights)
-                    .rms_norm(&format!("{p}.post_per_layer_input_norm"), self.rms_norm_eps)?,
+                post_per_layer_input_norm: {
+                    let prefix = format!("{p}.post_per_layer_input_norm");
+                    let mut norm = weights.rms_norm(&prefix, self.rms_norm_eps)?;
+                    norm.weight = self.norm_weight(norm.weight)?;
+                    norm
+                },
             }),
             None => None,
         };
@@ -173,7 +177,9 @@ impl Family for Gemma4 {
         input: Option<&Array>,
     ) -> layers::Result<Array> {
         let Some(finish) = self.finish.get(&index) else {
-            return Ok(out);
+            return Err(mlx_rs::error::Exception::custom(format!(
+                "Gemma 4 layer {index} was not loaded on this rank"
+            )));
         };
         let out = match (&finish.gate, input) {
             (Some(gate), Some(input)) => gate.forward(&out, input)?,

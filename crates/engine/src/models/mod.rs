@@ -30,7 +30,7 @@ mod smollm3;
 
 pub(crate) use mistral3::text_config as mistral3_text_config;
 pub(crate) use model::parse_args;
-pub use model::{Input, LanguageModel};
+pub use model::{Batching, Input, LanguageModel};
 
 use serde_json::Value;
 

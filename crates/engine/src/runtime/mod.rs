@@ -3,6 +3,8 @@
 //! loop (`generate/`), sampling, prompts and the prompt cache, constraints,
 //! memory, cancellation, and the engine's plain request and answer types (`request.rs`).
 
+#[cfg(test)]
+mod batching_tests;
 pub mod cancel;
 pub mod constrained;
 pub mod engine;

@@ -112,6 +112,7 @@ impl<'r> View<'r> {
             markup: prep.markup.clone(),
             started,
             group,
+            batching: self.model.facts().batching,
         }
     }
 }

@@ -1,9 +1,9 @@
-//! Continuous batching: generations on one resident model share each decode step's forward
-//! pass (one pass over the weights serves them all), joining between steps and leaving when
-//! they end, each with its own sampler, constraint, stop strings, caches and stream. A
-//! sequence's tokens are those it gets alone: the batch runs the weights over its rows
-//! together and attention row by row (`Caches::Rows`, or one padded cache: `Caches::Padded`). A long prompt prefills
-//! a chunk per step while the others decode (`generate/interleave.rs`).
+//! Continuous batching: generations on one resident model share each decode step's forward pass
+//! (one pass over the weights serves them all), joining between steps and leaving when they end,
+//! each with its own sampler, constraint, stop strings, caches and stream. A sequence's tokens are
+//! those it gets alone: the batch runs the weights over its rows together and attention row by row
+//! (`Caches::Rows`, or one padded cache: `Caches::Padded`). A long prompt prefills a chunk per step
+//! while the others decode (`generate/interleave.rs`).
 
 use std::collections::VecDeque;
 use std::rc::Rc;

@@ -1,12 +1,13 @@
 //! KV caches, one per attention layer, and the attention mask each implies.
 //!
-//! Full-attention layers keep every position ([`StandardCache`], mlx-lm's `KVCache`), or, with
-//! `kv_bits`, keep them quantized ([`QuantizedCache`], `QuantizedKVCache`); sliding-window
-//! layers keep the last `window` positions in a ring ([`RotatingCache`], `RotatingKVCache`,
-//! never quantized: mlx-lm cannot quantize it either); linear-attention layers keep a
-//! convolution window and a recurrent state instead ([`StateCache`], `ArraysCache`). All mirror mlx-lm's update rules exactly, because the order of
-//! keys in the cache and the mask shapes decide the floating-point sums, and parity is token
-//! for token.
+//! Full-attention layers keep every position ([`StandardCache`](standard::StandardCache), mlx-lm's
+//! `KVCache`), or, with `kv_bits`, keep them quantized
+//! ([`QuantizedCache`](quantized::QuantizedCache), `QuantizedKVCache`); sliding-window layers keep
+//! the last `window` positions in a ring ([`RotatingCache`](rotating::RotatingCache),
+//! `RotatingKVCache`, never quantized: mlx-lm cannot quantize it either); linear-attention layers
+//! keep a convolution window and a recurrent state instead ([`StateCache`], `ArraysCache`). All
+//! mirror mlx-lm's update rules exactly, because the order of keys in the cache and the mask shapes
+//! decide the floating-point sums, and parity is token for token.
 
 mod cache;
 mod mask;

@@ -156,7 +156,7 @@ impl PaddedCache {
     }
 
     /// Starts a decode step of one new position per row: room for it, and what the layers
-    /// share. The offsets advance here; every layer must then [`Self::attend`] once.
+    /// share. The offsets advance here; every layer must then [`Self::update`] once.
     pub fn step(&mut self) -> Result<PaddedStep> {
         let len = self.offsets.iter().max().map_or(0, |&o| o + 1);
         self.grow(round_up(len))?;

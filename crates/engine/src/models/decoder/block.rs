@@ -37,7 +37,7 @@ pub(super) enum Mlp {
     DenseAndMoe(Box<DenseAndMoe>),
 }
 
-/// [`MlpSpec::DenseAndMoe`]'s layers.
+/// [`MlpSpec::DenseAndMoe`](super::spec::MlpSpec::DenseAndMoe)'s layers.
 pub(super) struct DenseAndMoe {
     pub(super) dense: GatedMlp,
     pub(super) post_dense: RmsNorm,
@@ -94,7 +94,7 @@ pub(super) struct Block {
     pub(super) mlp: Mlp,
     pub(super) norms: Norms,
     /// Which of the forward pass's masks this layer takes (an index into
-    /// [`Decoder::mask_sources`]).
+    /// [`Decoder::mask_sources`](super::model::Decoder::mask_sources)).
     pub(super) mask_kind: usize,
     /// The layer whose keys and values this one attends to, when not its own.
     pub(super) kv_from: Option<usize>,
@@ -104,7 +104,7 @@ pub(super) struct Block {
     pub(super) tensor: Option<TensorReduce>,
 }
 
-/// A tensor-parallel block's two sums over the group (`models/parallel.rs`).
+/// A tensor-parallel block's two sums over the group (`layers/parallel.rs`).
 pub(super) struct TensorReduce {
     pub(super) attention: Reduce,
     pub(super) mlp: Reduce,

@@ -39,12 +39,12 @@ pub trait Family {
         Ok(None)
     }
 
-    /// The family's own linear layers under their checkpoint names.
     /// Whether [`Family::per_layer_inputs`] gives inputs (layers then read more than the
     /// hidden state: a model split over a group cannot have them).
     fn has_per_layer_inputs(&self) -> bool {
         false
     }
+
     /// Takes from the checkpoint what the family keeps per layer beside the shared block, for
     /// layer `index` (tensors under `prefix`, `model.layers.N`), at load, for the layers this
     /// rank runs.
@@ -56,6 +56,7 @@ pub trait Family {
     ) -> LoadResult<()> {
         Ok(())
     }
+
     /// Layer `index`'s output after its block, given its per-layer input
     /// ([`Family::per_layer_inputs`], indexed).
     fn finish_layer(
@@ -66,6 +67,8 @@ pub trait Family {
     ) -> Result<Array> {
         Ok(out)
     }
+
+    /// The family's own linear layers under their checkpoint names.
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         Vec::new()
     }

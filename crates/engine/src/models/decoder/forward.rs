@@ -57,10 +57,16 @@ impl<F: Family> Decoder<F> {
     /// attended is `caches`'s kind's (`layers/kv_cache/pass.rs`).
     pub(super) fn forward_pass(&self, input: Input, mut caches: Caches) -> Result<Array> {
         caches.check(self.cache_count())?;
-        let batch = caches.is_batch();
-        if batch && !self.batching().rows {
+        // Refused before any cache is touched (a padded step moves every row's offset).
+        let batching = self.batching();
+        if caches.is_batch() && !batching.rows {
             return Err(mlx_rs::error::Exception::custom(
                 "this model runs one sequence at a time",
+            ));
+        }
+        if matches!(caches, Caches::Padded(_)) && !batching.padded {
+            return Err(mlx_rs::error::Exception::custom(
+                "this model's batches attend row by row",
             ));
         }
         let h = match (input.embeddings, input.tokens) {
@@ -117,7 +123,10 @@ impl<F: Family> Decoder<F> {
                 Some(p) => Some(p.take_axis(Array::from_int(i as i32), 2)?),
                 None => None,
             };
-            let (out, shared) = layer.forward(&self.family, &h, kv, angles.as_ref())?;
+            // A KV-shared layer rotates its queries by its own RoPE (at the sharing layer's
+            // offset), never by a pass's M-RoPE angles.
+            let angles = angles.as_ref().filter(|_| layer.kv_from.is_none());
+            let (out, shared) = layer.forward(&self.family, &h, kv, angles)?;
             h = (self.family).finish_layer(self.first_layer + i, out, layer_input.as_ref())?;
             if shared.is_some() {
                 kept[i] = shared;

@@ -4,8 +4,9 @@
 use std::time::Instant;
 
 use crate::{
-    layers::distributed::Group, layers::parallel::Placement, models::LanguageModel,
-    runtime::constrained::Markup, vision::VisionModel, CancelToken, EngineError,
+    layers::distributed::Group, layers::parallel::Placement, models::Batching,
+    models::LanguageModel, runtime::constrained::Markup, vision::VisionModel, CancelToken,
+    EngineError,
 };
 
 pub(super) type Result<T> = std::result::Result<T, EngineError>;
@@ -44,6 +45,8 @@ pub(crate) struct GenerationContext<'a> {
     pub started: Instant,
     /// The worker's group of ranks, which all run this generation in step.
     pub group: Option<&'a Group>,
+    /// How the model's batches can run (read once per generation).
+    pub batching: Batching,
 }
 
 impl<'a> GenerationContext<'a> {
@@ -62,8 +65,8 @@ impl<'a> GenerationContext<'a> {
         (placement.mode == crate::runtime::request::Parallel::Pipeline).then_some(placement)
     }
 
-    /// [`memory::check_headroom`](crate::runtime::memory::check_headroom), agreed by every rank of a
-    /// group: one rank past its limit stops them all at the same step.
+    /// [`memory::check_headroom`](crate::runtime::memory::check_headroom), agreed by every rank of
+    /// a group: one rank past its limit stops them all at the same step.
     pub(super) fn check_headroom(&self, tokens: usize) -> Result<()> {
         let mine = crate::runtime::memory::check_headroom(tokens);
         let Some(group) = self.group else {

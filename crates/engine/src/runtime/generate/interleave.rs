@@ -1,8 +1,8 @@
 //! Prefill of a long prompt a chunk at a time between a batch's decode steps, so that the
-//! generations already running keep streaming while it prefills (alone, [`super::begin`] runs
-//! all of a prompt's chunks at once). The chunks are the ones the prompt gets alone (the same
-//! boundaries, from what the prompt cache held on), so its tokens are too; the batch runs one
-//! per step (`runtime/scheduler.rs`), the last chunk and the first token through [`super::resume`].
+//! generations already running keep streaming while it prefills (alone, `sequence.rs`'s `begin`
+//! runs all of a prompt's chunks at once). The chunks are the ones the prompt gets alone (the same
+//! boundaries, from what the prompt cache held on), so its tokens are too; the batch runs one per
+//! step (`runtime/scheduler.rs`), the last chunk and the first token through [`super::resume`].
 
 use std::time::Instant;
 

@@ -5,7 +5,7 @@
 
 mod context;
 mod guided;
-pub(crate) mod interleave;
+mod interleave;
 mod output;
 mod padded;
 mod pipeline;

@@ -44,29 +44,29 @@ pub(crate) struct Sequence<'a> {
 }
 
 /// What [`resume`] leaves: a finished generation (cancelled during prefill, or decoded
-/// speculatively to its end) or one to [`advance`].
+/// speculatively to its end) or one to [`advance`](super::steps::advance).
 #[allow(clippy::large_enum_variant)] // made once per request, moved straight into place
 pub(crate) enum Started<'a> {
     Done(Completion),
     Decoding(Sequence<'a>),
 }
 
-/// A generation set up and not yet prefilled: [`open`] makes it, [`resume`] runs it on
-/// (after [`together::prefill`] may have prefilled its prompt with others').
+/// A generation set up and not yet prefilled: [`open`] makes it, [`resume`] runs it on (after
+/// [`together::prefill`](super::together::prefill) may have prefilled its prompt with others').
 pub(crate) struct Opened<'a> {
     pub(super) dec: SequenceState<'a>,
     /// Prompt tokens the prompt cache held.
     pub(super) reused: usize,
     /// What a joint pass prefilled since, or why that pass failed.
     pub(super) prefilled: Option<std::result::Result<Prefilled, String>>,
-    /// What was prefilled a chunk at a time between a batch's steps ([`interleave`]).
+    /// What was prefilled a chunk at a time between a batch's steps (`interleave.rs`).
     pub(super) ahead: Option<Ahead>,
     /// Its prompt's cache keys, when its caches go back to the prompt cache at the end.
     pub(super) keep: Option<Vec<u32>>,
 }
 
-/// A joint pass ([`together::prefill`]) ran the rest of a prompt (after the prompt cache's
-/// part): when it began and the last position's logits `(1, V)`.
+/// A joint pass ([`together::prefill`](super::together::prefill)) ran the rest of a prompt (after
+/// the prompt cache's part): when it began and the last position's logits `(1, V)`.
 pub(crate) struct Prefilled {
     pub(super) began: Instant,
     pub(super) logits: Array,

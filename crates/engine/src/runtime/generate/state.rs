@@ -199,7 +199,7 @@ impl SequenceState<'_> {
 }
 
 impl SequenceState<'_> {
-    /// Queues what follows `logits` (see [`queue_next`]).
+    /// Queues what follows `logits` (see `steps.rs`'s `queue_next`).
     pub(super) fn queue(&mut self, logits: Array) -> Result<Next> {
         if self.guide.is_some() {
             transforms::async_eval([&logits])?;

@@ -27,7 +27,7 @@ pub(crate) fn prefill(opened: &mut [(&mut Opened<'_>, &PromptInputs, &CancelToke
         return;
     };
     let ctx = first.dec.ctx.clone();
-    if !ctx.model.facts().batching.rows || ctx.pipeline_stage().is_some() || ctx.kv_bits.is_some() {
+    if !ctx.batching.rows || ctx.pipeline_stage().is_some() || ctx.kv_bits.is_some() {
         return;
     }
     let budget = ctx.prefill_chunk;
@@ -90,83 +90,4 @@ fn run(
     transforms::eval(arrays)?;
     mlx_rs::memory::clear_cache()?;
     Ok(logits)
-}
-
-#[cfg(test)]
-mod tests {
-    use mlx_rs::{ops::indexing::IndexOp, transforms, Array};
-
-    use crate::{
-        layers::kv_cache::{Caches, KvCache},
-        models::Input,
-        Engine,
-    };
-
-    /// What `caches` hold, position by position (up to each cache's offset).
-    fn held(caches: &[KvCache]) -> Vec<Array> {
-        (caches.iter())
-            .flat_map(|c| {
-                let k = c.arrays().next().unwrap();
-                let none = k.index((.., .., ..0, ..));
-                let (k, v) = c.clone().update_and_fetch(none.clone(), none).unwrap();
-                [k, v]
-            })
-            .collect()
-    }
-
-    fn close(x: &Array, y: &Array) -> bool {
-        assert_eq!(x.shape(), y.shape());
-        x.all_close(y, 1e-4, 1e-5, None).unwrap()
-    }
-
-    /// Two prompts in one pass leave each sequence's caches as its own passes do (to rounding),
-    /// from empty caches and from cached prefixes of different lengths, and give each its last
-    /// position's logits.
-    #[test]
-    fn prompts_prefilled_together_match_each_alone() {
-        let _mlx = fixtures::mlx_test_lock();
-        let (mut engine, dir) = Engine::with_tiny_llama("together");
-        let model = engine.models[0].split().0.model;
-        let chunk = |from: u32, n: u32| (from..from + n).collect::<Vec<u32>>();
-        let [mut a1, mut b1, mut a2, mut b2] = [(); 4].map(|()| model.make_caches());
-        // Rounds: (a's tokens, b's tokens), the second on top of the first.
-        for (a, b) in [(chunk(3, 9), chunk(40, 5)), (chunk(20, 4), chunk(7, 11))] {
-            let ids = |c: &[u32]| Array::from_slice(c, &[1, c.len() as i32]);
-            let last = |x: Array| x.index((.., -1, ..));
-            let alone = [
-                last(
-                    model
-                        .forward(Input::tokens(&ids(&a)), Caches::One(&mut a1))
-                        .unwrap(),
-                ),
-                last(
-                    model
-                        .forward(Input::tokens(&ids(&b)), Caches::One(&mut b1))
-                        .unwrap(),
-                ),
-            ];
-            let both = [a.clone(), b.clone()].concat();
-            let lens = [a.len() as i32, b.len() as i32];
-            let mut caches = [a2.as_mut_slice(), b2.as_mut_slice()];
-            let both = ids(&both);
-            let logits = model
-                .forward(Input::tokens(&both), Caches::Segments(&mut caches, &lens))
-                .unwrap();
-            assert_eq!(logits.shape()[..2], [1, 2]);
-            for (s, (one, caches)) in alone.iter().zip([(&a1, &a2), (&b1, &b2)]).enumerate() {
-                let (x, y) = (held(caches.0), held(caches.1));
-                transforms::eval(x.iter().chain(&y)).unwrap();
-                assert!(
-                    x.iter().zip(&y).all(|(x, y)| close(x, y)),
-                    "sequence {s}'s caches"
-                );
-                assert!(
-                    close(one, &logits.index((.., s as i32, ..))),
-                    "sequence {s}'s logits"
-                );
-            }
-        }
-        drop(engine);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }
