@@ -39,7 +39,7 @@ pub fn run(
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let worker = Worker::start(&bin, model).await?;
+        let worker = Worker::start(bin, model).await?;
         eprintln!("bench: warm-up");
         worker.generate(prompt, 8).await?;
         worker.generate_with(prompt, 8, constrain).await?;

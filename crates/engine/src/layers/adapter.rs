@@ -1,21 +1,23 @@
-//! LoRA and DoRA adapters (`lora.rs`): reading one from disk and adding its updates to a model's
-//! linear layers, with a switch that turns them all off for one generation (`use_adapter: false`).
+//! LoRA and DoRA adapters (`lora.rs`): reading one from disk and adding its updates to a
+//! model's linear layers, with a switch that turns them all off for one generation
+//! (`use_adapter: false`).
 //!
 //! Two layouts are read:
-//! - - mlx-lm's (`mlx_lm.lora` writes it): `adapter_config.json` with `fine_tune_type` (`lora` or
-//!   `dora`) and `lora_parameters.scale`, and `adapters.safetensors` holding `<layer>.lora_a` `(in,
-//!   r)`, `<layer>.lora_b` `(r, out)` and, for DoRA, the magnitude `<layer>.m` `(out,)`.
-//! - - PEFT's (Unsloth and transformers write it): `adapter_config.json` with `peft_type: LORA`,
+//! - mlx-lm's (`mlx_lm.lora` writes it): `adapter_config.json` with `fine_tune_type` (`lora` or
+//!   `dora`) and `lora_parameters.scale`, and `adapters.safetensors` holding `<layer>.lora_a`
+//!   `(in, r)`, `<layer>.lora_b` `(r, out)` and, for DoRA, the magnitude `<layer>.m` `(out,)`.
+//! - PEFT's (Unsloth and transformers write it): `adapter_config.json` with `peft_type: LORA`,
 //!   `r`, `lora_alpha`, `use_rslora`, `use_dora`, and `adapter_model.safetensors` holding
-//!   `base_model.model.<layer>.lora_A.weight` `(r, in)`, `.lora_B.weight` `(out, r)` and, for DoRA,
-//!   `.lora_magnitude_vector` `(out,)`.
+//!   `base_model.model.<layer>.lora_A.weight` `(r, in)`, `.lora_B.weight` `(out, r)` and, for
+//!   DoRA, `.lora_magnitude_vector` `(out,)`.
 //!
-//! The LoRA update is mlx-lm's `LoRALinear`: `y + (scale * ((x @ a) @ b)).astype(x.dtype)`. DoRA is
-//! mlx-lm's unfused `DoRALinear`: that sum, over the dequantized weight, times `m / ||W + scale (a
-//! b)^T||` per output row, then the bias. On a mixture of experts' stacked experts (mlx-lm's
-//! `LoRASwitchLinear`), `lora_a` `(experts, r, in)` and `lora_b` `(experts, out, r)` run through
-//! the experts' gathered matmuls. Full fine-tunes, adapters on the embedding, DoRA on experts
-//! (mlx-lm has none) and PEFT extras (`modules_to_save`, per-module ranks) are refused by name.
+//! The LoRA update is mlx-lm's `LoRALinear`: `y + (scale * ((x @ a) @ b)).astype(x.dtype)`.
+//! DoRA is mlx-lm's unfused `DoRALinear`: that sum, over the dequantized weight, times
+//! `m / ||W + scale (a b)^T||` per output row, then the bias.
+//! On a mixture of experts' stacked experts (mlx-lm's `LoRASwitchLinear`), `lora_a`
+//! `(experts, r, in)` and `lora_b` `(experts, out, r)` run through the experts' gathered matmuls.
+//! Full fine-tunes, adapters on the embedding, DoRA on experts (mlx-lm has none) and PEFT
+//! extras (`modules_to_save`, per-module ranks) are refused by name.
 
 use std::{
     collections::{BTreeMap, HashMap},

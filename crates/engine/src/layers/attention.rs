@@ -123,7 +123,7 @@ impl Attention {
 
     /// Queries, keys and values `(B, H, L, D)`, each normalised as the layer asks (no keys and
     /// values in a KV-shared layer), and the output gate `(B, L, H*D)` of a gated layer.
-    fn project(&self, x: &Array) -> Result<(Array, Option<(Array, Array)>, Option<Array>)> {
+    fn project(&self, x: &Array) -> Result<Projected> {
         let s = &self.shape;
         if let Qkv::QueryOnly { q_proj } = &self.qkv {
             let Some(QkNorm::PerHead(q_norm, None)) = &self.qk_norm else {
@@ -201,6 +201,9 @@ impl Attention {
         out
     }
 }
+
+/// A layer's projected queries, its keys and values (none when KV-shared), its output gate.
+type Projected = (Array, Option<(Array, Array)>, Option<Array>);
 
 /// Where one layer's queries and keys go in a pass: its RoPE at each sequence's offset, or the
 /// pass's explicit angles; its query temperature.

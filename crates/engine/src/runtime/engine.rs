@@ -317,7 +317,7 @@ impl Engine {
         let first = Admission {
             req: req.clone(),
             cancel: cancel.clone(),
-            on_delta: Box::new(|d| on_delta(d)),
+            on_delta: Box::new(on_delta),
             on_done: Box::new(|r| *result.borrow_mut() = Some(r)),
         };
         self.generate_batch(first, 1, &mut |_| None);
