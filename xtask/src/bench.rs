@@ -93,17 +93,26 @@ pub struct Options {
     #[arg(long, value_delimiter = ',')]
     pub(crate) batch_attention: Vec<String>,
     /// This mlx-worker binary instead of building the release one (an earlier build, to set its
-    /// ratios beside this tree's on the same machine).
+    /// ratios beside this tree's on the same machine). With --batch it may be given more than
+    /// once: each binary is a side of its own in the same rounds, named by its directory.
     #[arg(long, value_name = "PATH")]
-    pub(crate) worker: Option<PathBuf>,
+    pub(crate) worker: Vec<PathBuf>,
 }
 
 impl Options {
-    /// `--worker`, or the release worker built from this tree.
+    /// The first `--worker`, or the release worker built from this tree.
     pub(crate) fn worker_bin(&self) -> anyhow::Result<PathBuf> {
-        match &self.worker {
+        match self.worker.first() {
             Some(bin) => Ok(bin.clone()),
             None => worker_bin::build_release(),
+        }
+    }
+
+    /// Every `--worker`, or the release worker built from this tree.
+    pub(crate) fn worker_bins(&self) -> anyhow::Result<Vec<PathBuf>> {
+        match self.worker.is_empty() {
+            true => Ok(vec![worker_bin::build_release()?]),
+            false => Ok(self.worker.clone()),
         }
     }
 }

@@ -61,10 +61,19 @@ enum Side {
 impl Side {
     fn name(self, opts: &Options) -> String {
         match self {
-            Side::Worker(n) => match opts.batch_attention.get(n) {
-                Some(mode) if opts.batch_attention.len() > 1 => format!("worker {mode}"),
-                _ => "worker".into(),
-            },
+            Side::Worker(n) => {
+                let modes = opts.batch_attention.len().max(1);
+                let mut name = "worker".to_owned();
+                if opts.worker.len() > 1 {
+                    let bin = &opts.worker[n / modes];
+                    let dir = bin.parent().and_then(|d| d.file_name());
+                    name += &format!(" {}", dir.map_or("?".into(), |d| d.to_string_lossy()));
+                }
+                if modes > 1 {
+                    name += &format!(" {}", opts.batch_attention[n % modes]);
+                }
+                name
+            }
             Side::MlxLm => "mlx-lm".into(),
             Side::MlxLmOpenBlas => "mlx-lm+OpenBLAS".into(),
         }
@@ -92,7 +101,6 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let mut workers = Vec::new();
     if !opts.skip_worker {
-        let bin = opts.worker_bin()?;
         let load = LoadParams::new(model.display().to_string());
         let modes: Vec<Option<&str>> = match opts.batch_attention.is_empty() {
             true => vec![None],
@@ -102,8 +110,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 .map(|m| Some(m.as_str()))
                 .collect(),
         };
-        for mode in modes {
-            workers.push(runtime.block_on(start_worker(&bin, &load, widest, mode))?);
+        for bin in opts.worker_bins()? {
+            for &mode in &modes {
+                workers.push(runtime.block_on(start_worker(&bin, &load, widest, mode))?);
+            }
         }
     }
     let mut stock = MlxLm::start_script(&python, SCRIPT, &[&model], None)?;
