@@ -32,8 +32,8 @@ fn mix() -> Vec<GenerateParams> {
         greedy("List three colours.", 24),
     ];
     qs[3].stop = vec!["ten".into(), "10".into()];
-    qs[4].temperature = 0.8;
-    qs[4].seed = Some(7);
+    qs[4].sampling.temperature = 0.8;
+    qs[4].sampling.seed = Some(7);
     qs[5].logprobs = 3;
     qs
 }
@@ -110,7 +110,7 @@ fn vision_mix(images: &std::path::Path) -> Vec<GenerateParams> {
         };
         let mut p = GenerateParams::new(vec![message]);
         p.max_new_tokens = max;
-        p.temperature = 0.0;
+        p.sampling.temperature = 0.0;
         p
     };
     vec![
@@ -227,7 +227,7 @@ async fn padded_attention_answers_as_rows_and_alone() {
     }
     let qs: Vec<GenerateParams> = (mix().into_iter())
         .map(|mut q| {
-            q.temperature = 0.0;
+            q.sampling.temperature = 0.0;
             q.logprobs = 2;
             q
         })

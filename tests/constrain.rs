@@ -141,8 +141,8 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
     load(&w, &dir).await;
     let sampled = |prompt: &str| {
         let mut p = greedy(prompt, 60);
-        p.temperature = 0.9;
-        p.seed = Some(11);
+        p.sampling.temperature = 0.9;
+        p.sampling.seed = Some(11);
         p.logprobs = 2;
         p
     };
@@ -203,7 +203,7 @@ async fn smollm2_regex_grammar_and_json_object_with_sampling() {
 
     let mut object = sampled("Describe a cat as JSON.");
     object.max_new_tokens = 120;
-    object.temperature = 0.0;
+    object.sampling.temperature = 0.0;
     object.response_format = Some(ResponseFormat::JsonObject {});
     let r = generate(&w, &object).await;
     if r.finish_reason == FinishReason::Stop {
@@ -574,7 +574,7 @@ async fn reasoning_is_its_own_channel_and_a_schema_constrains_the_answer() {
         "Which city is the capital of France? Answer as JSON.",
         &schema,
     );
-    p.logit_bias = [("12".to_string(), 100.0)].into();
+    p.sampling.logit_bias = [("12".to_string(), 100.0)].into();
     let (deltas, r) = within_for(LIMIT, w.generate(&p).unwrap().collect())
         .await
         .unwrap();
@@ -605,7 +605,7 @@ async fn reasoning_is_its_own_channel_and_a_schema_constrains_the_answer() {
 
     // Unconstrained, the same: the channel follows the markup token by token.
     let mut free = greedy("Hello", 3);
-    free.logit_bias = [("12".to_string(), 100.0)].into();
+    free.sampling.logit_bias = [("12".to_string(), 100.0)].into();
     let (deltas, _) = within_for(LIMIT, w.generate(&free).unwrap().collect())
         .await
         .unwrap();
@@ -707,7 +707,7 @@ async fn gpt_oss_harmony_tool_calls_channels_and_final_only_schema() {
     let schema = json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
         "required": ["city", "days"], "additionalProperties": false});
     let mut p = with_schema("Which city, for how many days? Answer as JSON.", &schema);
-    p.logit_bias = [
+    p.sampling.logit_bias = [
         (HARMONY_END.to_string(), BIAS),
         (ANALYSIS.to_string(), BIAS),
     ]
@@ -732,7 +732,7 @@ async fn gpt_oss_harmony_tool_calls_channels_and_final_only_schema() {
     params.chat_template_override = Some(format!("{HARMONY}<|channel|>analysis<|message|>"));
     params.force = true;
     load_with(&w, params).await;
-    p.logit_bias = [(HARMONY_END.to_string(), BIAS), (FINAL.to_string(), BIAS)].into();
+    p.sampling.logit_bias = [(HARMONY_END.to_string(), BIAS), (FINAL.to_string(), BIAS)].into();
     let (deltas, r) = within_for(LIMIT, w.generate(&p).unwrap().collect())
         .await
         .unwrap();

@@ -112,7 +112,7 @@ async fn load_generate_and_tokenize_a_tiny_model() {
     assert_eq!(again.text, result.text);
     let sampled = |seed| {
         let mut p = greedy("hi", 24);
-        (p.temperature, p.seed) = (1.0, Some(seed));
+        (p.sampling.temperature, p.sampling.seed) = (1.0, Some(seed));
         p
     };
     let a = within(w.generate(&sampled(42)).unwrap().finish())
@@ -166,7 +166,8 @@ async fn load_generate_and_tokenize_a_tiny_model() {
 
     // A raw completion: `prompt_ids` is the prompt as it is, no template.
     let mut raw = GenerateParams::new(vec![]);
-    (raw.prompt_ids, raw.max_new_tokens, raw.temperature) = (Some(r.tokens.clone()), 24, 0.0);
+    (raw.prompt_ids, raw.max_new_tokens, raw.sampling.temperature) =
+        (Some(r.tokens.clone()), 24, 0.0);
     let completed = within(w.generate(&raw).unwrap().finish()).await.unwrap();
     assert_eq!(completed.usage.prompt_tokens, PROMPT_TOKENS);
     assert_eq!(completed.text, result.text);
@@ -227,7 +228,7 @@ async fn bad_requests_fail_with_their_codes_and_the_resident_model_stays_usable(
 
     // Sampling params out of range: refused before they reach the queue, or by the engine.
     let mut p = greedy("hi", 4);
-    p.top_p = 2.0;
+    p.sampling.top_p = 2.0;
     let e = rpc_error(
         w.generate(&p).unwrap().finish().await,
         ErrorCode::InvalidParams,
@@ -425,11 +426,12 @@ async fn logit_bias_steers_greedy_decoding() {
     let (w, _dir) = worker_with_tiny_model(&[]).await;
     let mut params = greedy("hi", 6);
     params
+        .sampling
         .logit_bias
         .insert((FIRST_BYTE_ID + u32::from(b'Z')).to_string(), 100.0);
     let result = within(w.generate(&params).unwrap().finish()).await.unwrap();
     assert_eq!(result.text, "ZZZZZZ");
-    params.logit_bias = [("not-an-id".to_owned(), 1.0)].into();
+    params.sampling.logit_bias = [("not-an-id".to_owned(), 1.0)].into();
     let e = rpc_error(
         within(w.generate(&params).unwrap().finish()).await,
         ErrorCode::InvalidParams,

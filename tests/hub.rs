@@ -745,7 +745,7 @@ async fn a_vision_repo_brings_its_image_processor_and_answers_like_its_directory
         extra: Default::default(),
     }]);
     question.max_new_tokens = 8;
-    question.temperature = 0.0;
+    question.sampling.temperature = 0.0;
     let mut answers = Vec::new();
     for model in ["org/tiny-vl".to_string(), crate::support::model_id(&dir)] {
         let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(&model)))

@@ -15,7 +15,7 @@ fn chat(turns: &[(&str, &str)]) -> GenerateParams {
         .collect();
     let mut p = GenerateParams::new(messages);
     p.max_new_tokens = 16;
-    p.temperature = 0.0;
+    p.sampling.temperature = 0.0;
     p
 }
 

@@ -85,16 +85,16 @@ async fn one_generation(w: &Client, rng: &mut Rng, model: &str) {
     let mut p = greedy(prompts[rng.below(4) as usize], 1 + rng.below(32) as u32);
     p.model = Some(model.to_owned());
     if rng.chance(0.5) {
-        p.temperature = 0.7;
-        p.top_p = 0.9;
-        p.top_k = 1 + rng.below(50) as i32;
-        p.min_p = 0.05;
-        p.seed = Some(rng.next());
+        p.sampling.temperature = 0.7;
+        p.sampling.top_p = 0.9;
+        p.sampling.top_k = 1 + rng.below(50) as i32;
+        p.sampling.min_p = 0.05;
+        p.sampling.seed = Some(rng.next());
     }
     if rng.chance(0.3) {
-        p.repetition_penalty = 1.1;
-        p.presence_penalty = 0.2;
-        p.frequency_penalty = 0.2;
+        p.sampling.repetition_penalty = 1.1;
+        p.sampling.presence_penalty = 0.2;
+        p.sampling.frequency_penalty = 0.2;
     }
     if rng.chance(0.3) {
         p.stop = vec!["e".into(), "\n\n".into()];

@@ -53,7 +53,7 @@ fn text(t: &str) -> ContentPart {
 fn greedy(messages: Vec<ChatMessage>) -> GenerateParams {
     let mut p = GenerateParams::new(messages);
     p.max_new_tokens = 8;
-    p.temperature = 0.0;
+    p.sampling.temperature = 0.0;
     p
 }
 

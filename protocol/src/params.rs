@@ -35,23 +35,58 @@ pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ResponseEr
         }
     };
     serde_path_to_error::deserialize(params).map_err(|e| {
-        let path = e.path().to_string();
-        let reason = e.inner().to_string();
-        ResponseError::invalid_params(field_of(&path, &reason), reason)
+        let (field, reason) = field_of(&e.path().to_string(), &e.inner().to_string());
+        ResponseError::invalid_params(field, reason)
     })
 }
 
 /// The path of the bad field. serde reports a missing field at its parent's path, with the
-/// field's name only in the message, so the name is appended here.
-fn field_of(path: &str, reason: &str) -> String {
-    let missing = reason
-        .strip_prefix("missing field `")
-        .and_then(|rest| rest.split('`').next());
-    match (missing, path) {
-        (Some(name), ".") => name.to_owned(),
-        (Some(name), parent) => format!("{parent}.{name}"),
-        (None, path) => path.to_owned(),
+/// field's name only in the message, so the name is appended here. At the top level, a field
+/// unknown to a struct with a flattened member is reported the same way, and a flattened
+/// member's own errors carry their field as [`flattened`] writes it.
+fn field_of(path: &str, reason: &str) -> (String, String) {
+    let named = |prefix: &str| {
+        reason
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_owned)
+    };
+    if let Some(name) = named("missing field `") {
+        let field = match path {
+            "." => name,
+            parent => format!("{parent}.{name}"),
+        };
+        return (field, reason.to_owned());
     }
+    if path == "." {
+        if let Some(name) = named("unknown field `") {
+            return (name, reason.to_owned());
+        }
+        if let Some((field, inner)) = reason
+            .strip_prefix(FLATTENED)
+            .and_then(|rest| rest.split_once(FLATTENED))
+        {
+            return (field.to_owned(), inner.to_owned());
+        }
+    }
+    (path.to_owned(), reason.to_owned())
+}
+
+/// Marks the field path [`flattened`] puts in front of its reason.
+const FLATTENED: &str = "\u{1f}";
+
+/// `deserialize_with` for a `#[serde(flatten)]` member (with `Sampling`, `generate`'s sampler
+/// settings): serde hands a flattened member its fields without their paths, so an error there
+/// would name no field. This one keeps the path and writes it into the message, from which
+/// [`parse_params`] takes it back.
+pub(crate) fn flattened<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        serde::de::Error::custom(format!("{FLATTENED}{}{FLATTENED}{}", e.path(), e.inner()))
+    })
 }
 
 /// Params with the `required` fields given and every other field at the contract's default: the

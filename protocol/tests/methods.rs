@@ -19,15 +19,15 @@ fn generate_defaults_are_the_contracts() {
     assert_eq!(p.system_prompt, "");
     assert_eq!(p.image, None);
     assert_eq!(p.max_new_tokens, 256);
-    assert_eq!(p.temperature, 0.7);
-    assert_eq!(p.top_p, 0.9);
-    assert_eq!(p.top_k, 40);
-    assert_eq!(p.min_p, 0.0);
-    assert_eq!(p.repetition_penalty, 1.0);
-    assert_eq!(p.repetition_context_size, 20);
-    assert_eq!(p.presence_penalty, 0.0);
-    assert_eq!(p.frequency_penalty, 0.0);
-    assert_eq!(p.seed, None);
+    assert_eq!(p.sampling.temperature, 0.7);
+    assert_eq!(p.sampling.top_p, 0.9);
+    assert_eq!(p.sampling.top_k, 40);
+    assert_eq!(p.sampling.min_p, 0.0);
+    assert_eq!(p.sampling.repetition_penalty, 1.0);
+    assert_eq!(p.sampling.repetition_context_size, 20);
+    assert_eq!(p.sampling.presence_penalty, 0.0);
+    assert_eq!(p.sampling.frequency_penalty, 0.0);
+    assert_eq!(p.sampling.seed, None);
     assert!(p.stop.is_empty());
     assert_eq!(p.use_adapter, None);
     assert_eq!(p.logprobs, 0);
@@ -65,9 +65,9 @@ fn generate_reads_every_field_by_its_contract_name() {
         })
     );
     assert_eq!(p.max_new_tokens, 5);
-    assert_eq!(p.temperature, 0.0);
-    assert_eq!(p.top_k, -1);
-    assert_eq!(p.seed, Some(42));
+    assert_eq!(p.sampling.temperature, 0.0);
+    assert_eq!(p.sampling.top_k, -1);
+    assert_eq!(p.sampling.seed, Some(42));
     assert_eq!(p.use_adapter, Some(false));
     assert_eq!(p.logprobs, 20);
     assert_eq!(
@@ -109,12 +109,20 @@ fn wrong_types_and_ranges_name_the_field() {
         (json!({"messages": msgs, "logprobs": 21}), "logprobs"),
         (json!({"messages": msgs, "temperature": -1}), "temperature"),
         (json!({"messages": msgs, "top_p": 0}), "top_p"),
+        // Sampler settings are a flattened member (`Sampling`): their errors name them too.
+        (json!({"messages": msgs, "top_k": 1.5}), "top_k"),
+        (json!({"messages": msgs, "seed": -1}), "seed"),
+        (
+            json!({"messages": msgs, "logit_bias": {"5": "up"}}),
+            "logit_bias.5",
+        ),
         (json!({"messages": []}), "messages"),
     ];
     for (params, field) in cases {
         let data = bad_field::<Generate>(params.clone());
         assert_eq!(data.field, field, "{params} -> {data:?}");
         assert!(!data.reason.is_empty());
+        assert!(!data.reason.contains('\u{1f}'), "{data:?}");
     }
     assert_eq!(bad_field::<Generate>(json!([1, 2])).field, ".");
     assert_eq!(
@@ -167,7 +175,7 @@ fn sampler_settings_must_survive_narrowing_to_f32() {
     }
     // A tiny temperature rounds to 0, which is in range (greedy).
     let p = Generate::parse_params(&json!({"messages": msgs, "temperature": 1e-50})).unwrap();
-    assert_eq!(p.temperature as f32, 0.0);
+    assert_eq!(p.sampling.temperature as f32, 0.0);
 }
 
 #[test]

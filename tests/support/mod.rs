@@ -100,7 +100,7 @@ pub fn blas_rows_exact() -> bool {
 pub fn greedy(content: &str, max_new_tokens: u32) -> GenerateParams {
     let mut p = GenerateParams::new(vec![ChatMessage::new("user", content)]);
     p.max_new_tokens = max_new_tokens;
-    p.temperature = 0.0;
+    p.sampling.temperature = 0.0;
     p
 }
 

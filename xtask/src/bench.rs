@@ -471,7 +471,7 @@ impl Worker {
             let earlier = &prompt.messages[..prompt.messages.len().saturating_sub(2)];
             let mut params = GenerateParams::new(earlier.to_vec());
             params.max_new_tokens = max;
-            params.temperature = 0.0;
+            params.sampling.temperature = 0.0;
             self.client
                 .generate(&params)?
                 .finish()
@@ -481,13 +481,13 @@ impl Worker {
         if prompt.after_another_chat {
             let mut params = GenerateParams::new(vec![ChatMessage::new("user", ANOTHER_CHAT)]);
             params.max_new_tokens = max;
-            params.temperature = 0.0;
+            params.sampling.temperature = 0.0;
             let other = self.client.generate(&params)?.finish().await;
             other.context("worker: another chat's turn")?;
         }
         let mut params = GenerateParams::new(prompt.messages.clone());
         params.max_new_tokens = max;
-        params.temperature = 0.0;
+        params.sampling.temperature = 0.0;
         edit(&mut params);
         let result = self
             .client

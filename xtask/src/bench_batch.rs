@@ -215,7 +215,7 @@ async fn worker_batch(
         .map(|messages| {
             let mut params = GenerateParams::new(messages.clone());
             params.max_new_tokens = max;
-            params.temperature = 0.0;
+            params.sampling.temperature = 0.0;
             client.generate(&params)
         })
         .collect::<Result<Vec<_>, _>>()

@@ -46,7 +46,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     let messages = vec![ChatMessage::new("user", ask)];
     let mut params = GenerateParams::new(messages.clone());
     params.max_new_tokens = MAX_NEW_TOKENS;
-    params.temperature = 0.0;
+    params.sampling.temperature = 0.0;
     let with = |method| GenerateParams {
         speculative: Some(SpeculativeParams {
             method,

@@ -2,8 +2,7 @@
 //! mapping; engine errors are mapped in `errors.rs`.
 
 use mlx_engine::{
-    text, Constraint, GenerateRequest, HfToken, LoadRequest, Parallel, Prompt, SamplerParams,
-    WeightDtype,
+    text, Constraint, GenerateRequest, HfToken, LoadRequest, Parallel, Prompt, WeightDtype,
 };
 use protocol::methods::{
     Backend, Channel, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo,
@@ -65,26 +64,8 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
         model: p.model.clone(),
         prompt,
         max_new_tokens: p.max_new_tokens as usize,
-        // Every field from the request, whose defaults are the protocol's (their one home), and
-        // never `..Default::default()`: the engine's defaults are mlx-lm's, for its own tests.
-        // The ranges were checked by `Generate::validate`, f32 narrowing included.
-        sampler: SamplerParams {
-            temperature: p.temperature as f32,
-            top_p: p.top_p as f32,
-            top_k: p.top_k,
-            min_p: p.min_p as f32,
-            repetition_penalty: p.repetition_penalty as f32,
-            repetition_context_size: p.repetition_context_size as usize,
-            presence_penalty: p.presence_penalty as f32,
-            frequency_penalty: p.frequency_penalty as f32,
-            // Keys were checked to be token ids when the request arrived.
-            logit_bias: p
-                .logit_bias
-                .iter()
-                .filter_map(|(id, bias)| Some((id.parse().ok()?, *bias as f32)))
-                .collect(),
-            seed: p.seed,
-        },
+        // Ranges checked by `Generate::validate`, f32 narrowing included.
+        sampler: p.sampling.clone(),
         stop: p.stop.clone(),
         logprobs: usize::from(p.logprobs),
         use_adapter: p.use_adapter,
@@ -474,8 +455,8 @@ mod tests {
         p.enable_thinking = Some(false);
         p.reasoning_effort = Some("high".into());
         p.preserve_thinking = Some(true);
-        p.top_k = -1;
-        p.seed = Some(7);
+        p.sampling.top_k = -1;
+        p.sampling.seed = Some(7);
         p.logprobs = 3;
         let r = generate_request(&p).unwrap();
         let Prompt::Chat { messages, options } = r.prompt else {

@@ -22,11 +22,11 @@ use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::engine_adapter::EngineInfo;
 use crate::executor::{Executor, ExecutorEvent, Job, Work};
 use crate::queue::JobQueue;
 use crate::residents::{self, SharedResidents};
 use crate::transport::{Inbound, Outbox};
+use crate::worker_engine::EngineInfo;
 
 /// How long a cancelling stop waits for the running job to notice its cancellation. With the
 /// parent poll, the MLX thread's release and the last flush, the exit stays within a second.

@@ -18,12 +18,12 @@ use protocol::{Notification, RequestId, Response, ResponseError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::convert;
-use crate::engine_adapter::{EngineAdapter, EngineInfo};
 use crate::generations;
 use crate::group::{self, Shared};
 use crate::residents::{Residents, SharedResidents};
 use crate::transport::Outbox;
 use crate::watchdog::{self, Stall};
+use crate::worker_engine::{EngineInfo, WorkerEngine};
 
 /// Work that must run on the MLX thread, in arrival order.
 #[derive(Debug)]
@@ -259,7 +259,7 @@ fn run(
         Ok(group) => group,
         Err(reason) => return fail_all(reason, inbox.commands, outbox, events),
     };
-    let start = AssertUnwindSafe(|| EngineAdapter::new(prompt_cache_bytes, group, batch_attention));
+    let start = AssertUnwindSafe(|| WorkerEngine::new(prompt_cache_bytes, group, batch_attention));
     let mut engine = match catch_unwind(start) {
         Ok(engine) => engine,
         Err(panic) => {
@@ -382,7 +382,7 @@ fn fail_all(
 }
 
 /// Runs `job`; its notifications stop once the watchdog has answered it (`stall`).
-fn execute(engine: &mut EngineAdapter, job: Job, outbox: &Outbox, stall: &Stall) -> Response {
+fn execute(engine: &mut WorkerEngine, job: Job, outbox: &Outbox, stall: &Stall) -> Response {
     let id = job.id;
     let quiet = || stall.broken().is_some();
     let result = match job.work {

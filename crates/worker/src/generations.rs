@@ -11,10 +11,10 @@ use mlx_engine::{Admission, Completion, EngineError, GenerateRequest};
 use protocol::{RequestId, Response};
 
 use crate::convert;
-use crate::engine_adapter::EngineAdapter;
 use crate::errors::engine_error;
 use crate::executor::{delta_sender, to_value, Answers, Inbox, Job, Work};
 use crate::watchdog::Stall;
+use crate::worker_engine::WorkerEngine;
 
 /// Where a batch's answers go.
 pub(crate) struct On<'a> {
@@ -29,7 +29,7 @@ pub(crate) struct On<'a> {
 /// Runs the generate job `first` and those that join it (at most `max_batch` at a time),
 /// answering each.
 pub(crate) fn run(
-    engine: &mut EngineAdapter,
+    engine: &mut WorkerEngine,
     first: Job,
     inbox: &mut Inbox,
     max_batch: usize,
@@ -56,7 +56,9 @@ pub(crate) fn run(
             }
         }
     };
-    engine.generate_batch(first, max_batch, &mut more);
+    engine
+        .engine_mut()
+        .generate_batch(first, max_batch, &mut more);
 }
 
 /// `job` as an admission; `None` when its params were refused (and answered).

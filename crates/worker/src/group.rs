@@ -16,8 +16,10 @@ use mlx_engine::{CancelToken, DistributedBackend, Group};
 use protocol::methods::{GenerateParams, LoadParams, UnloadParams};
 use serde::{Deserialize, Serialize};
 
-use crate::engine_adapter::EngineAdapter;
+use crate::convert;
+use crate::errors::engine_error;
 use crate::executor::Work;
+use crate::worker_engine::WorkerEngine;
 
 /// What rank 0 shares with the followers.
 #[derive(Debug, Serialize, Deserialize)]
@@ -99,7 +101,7 @@ pub fn follow(prompt_cache_bytes: u64) -> i32 {
         backend = group.backend().name(),
         "following rank 0"
     );
-    let mut engine = EngineAdapter::new(prompt_cache_bytes, Some(group), None);
+    let mut engine = WorkerEngine::new(prompt_cache_bytes, Some(group), None);
     let never = CancelToken::new();
     loop {
         let shared = match receive(engine.group().expect("joined above")) {
@@ -111,7 +113,13 @@ pub fn follow(prompt_cache_bytes: u64) -> i32 {
         };
         let outcome = match shared {
             Shared::Load(p) => engine.load(&p, &never, &mut |_, _, _, _| {}).map(drop),
-            Shared::Generate(p) => engine.generate(&p, &never, &mut |_| {}).map(drop),
+            // What rank 0's `generations.rs` runs in a group: an admission of its own.
+            Shared::Generate(p) => convert::generate_request(&p).and_then(|request| {
+                (engine.engine_mut())
+                    .generate(&request, &mut |_| {}, &never)
+                    .map(drop)
+                    .map_err(engine_error)
+            }),
             Shared::Unload(p) => engine.unload(&p).map(drop),
             Shared::Reset(prompt_cache) => {
                 engine.reset(prompt_cache);

@@ -2,14 +2,13 @@
 //! (see protocol.md); logs on stderr.
 //!
 //! The path of a request: `transport` (stdin lines -> messages) -> `dispatcher` (answered at
-//! once, or queued) -> `executor` (the one MLX thread, where `engine_adapter` turns protocol
-//! params into engine calls, with `convert` and `errors`) -> `transport` (stdout, one line per
-//! message). `residents` is what the dispatcher knows of the engine's models between jobs.
+//! once, or queued) -> `executor` (the one MLX thread: `generations` admits generate jobs to
+//! the engine's scheduler, `worker_engine` runs load, unload and reset; both with `convert` and
+//! `errors`) -> `transport` (stdout, one line per message). `residents` is what the dispatcher knows of the engine's models between jobs.
 
 mod cli;
 mod convert;
 mod dispatcher;
-mod engine_adapter;
 mod errors;
 mod executor;
 mod generations;
@@ -18,6 +17,7 @@ mod queue;
 mod residents;
 mod transport;
 mod watchdog;
+mod worker_engine;
 
 use std::time::Duration;
 

@@ -1,12 +1,10 @@
 //! `generate`: one chat completion, streamed as `generate/delta` notifications.
 
-use std::collections::BTreeMap;
-
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{default_true, notification, ChatMessage, Method};
+use super::{default_true, notification, ChatMessage, Method, Sampling};
 use crate::envelope::RequestId;
 use crate::error::ResponseError;
 use crate::params::with_defaults;
@@ -59,50 +57,7 @@ impl Method for Generate {
             }
             None => {}
         }
-        if !(p.temperature.is_finite() && p.temperature >= 0.0) {
-            return bad(
-                "temperature",
-                format!("must be >= 0, not {}", p.temperature),
-            );
-        }
-        fits_f32("temperature", p.temperature, false)?;
-        if !(p.top_p > 0.0 && p.top_p <= 1.0) {
-            return bad("top_p", format!("must be in (0, 1], not {}", p.top_p));
-        }
-        fits_f32("top_p", p.top_p, true)?;
-        if p.top_k < -1 {
-            return bad("top_k", format!("must be >= -1, not {}", p.top_k));
-        }
-        if !(0.0..=1.0).contains(&p.min_p) {
-            return bad("min_p", format!("must be in [0, 1], not {}", p.min_p));
-        }
-        if !(0.01..=100.0).contains(&p.repetition_penalty) {
-            return bad(
-                "repetition_penalty",
-                format!("must be in 0.01..=100, not {}", p.repetition_penalty),
-            );
-        }
-        // Past these, penalties push logits out of float range (their log-probabilities become
-        // NaN): the fuzzer found such a generation.
-        for (field, value) in [
-            ("presence_penalty", p.presence_penalty),
-            ("frequency_penalty", p.frequency_penalty),
-        ] {
-            if !(-100.0..=100.0).contains(&value) {
-                return bad(field, format!("must be in -100..=100, not {value}"));
-            }
-        }
-        for (id, bias) in &p.logit_bias {
-            if id.parse::<u32>().is_err() {
-                return bad("logit_bias", format!("keys are token ids, not {id:?}"));
-            }
-            if !(-100.0..=100.0).contains(bias) {
-                return bad(
-                    "logit_bias",
-                    format!("biases are in -100..=100, not {bias}"),
-                );
-            }
-        }
+        p.sampling.check()?;
         if let Some(s) = p
             .speculative
             .as_ref()
@@ -169,42 +124,13 @@ impl Method for Generate {
     }
 }
 
-/// The engine's sampler computes in `f32`, as mlx-lm does: a setting that is in range as an
-/// `f64` must stay so once narrowed (finite, and above 0 where `positive`).
-fn fits_f32(field: &str, value: f64, positive: bool) -> Result<(), ResponseError> {
-    let narrowed = value as f32;
-    if narrowed.is_infinite() || (positive && narrowed <= 0.0) {
-        return Err(ResponseError::invalid_params(
-            field,
-            format!("{value:e} is out of the range of f32, in which the sampler computes"),
-        ));
-    }
-    Ok(())
-}
-
 /// The largest `logprobs` a request may ask for.
 pub const MAX_LOGPROBS: u8 = 20;
 
-// The contract's defaults of `generate`, sampler settings included: their one home. The worker
-// passes every field to the engine (`crates/worker/src/convert.rs`), so the engine's own
-// `SamplerParams::default` (mlx-lm's, for its tests) never decides a wire request.
+// The contract's defaults of `generate` are its fields' serde defaults (the sampler settings'
+// in `sampling.rs`): their one home.
 fn default_max_new_tokens() -> u32 {
     256
-}
-fn default_temperature() -> f64 {
-    0.7
-}
-fn default_top_p() -> f64 {
-    0.9
-}
-fn default_top_k() -> i32 {
-    40
-}
-fn default_repetition_penalty() -> f64 {
-    1.0
-}
-fn default_repetition_context_size() -> u32 {
-    20
 }
 
 /// Params of `generate`. Absent fields take the contract's defaults.
@@ -229,36 +155,9 @@ pub struct GenerateParams {
     /// Most tokens to generate; default 256.
     #[serde(default = "default_max_new_tokens")]
     pub max_new_tokens: u32,
-    /// Sampling temperature; 0 means greedy; default 0.7.
-    #[serde(default = "default_temperature")]
-    pub temperature: f64,
-    /// Nucleus sampling mass; 1.0 disables; default 0.9.
-    #[serde(default = "default_top_p")]
-    pub top_p: f64,
-    /// Keep the k most likely tokens; 0 or -1 disables; default 40.
-    #[serde(default = "default_top_k")]
-    pub top_k: i32,
-    /// Drop tokens below `min_p` times the top token's probability; default 0.
-    #[serde(default)]
-    pub min_p: f64,
-    /// Penalty over the last `repetition_context_size` tokens; 1.0 (default) disables.
-    #[serde(default = "default_repetition_penalty")]
-    pub repetition_penalty: f64,
-    /// Window of the repetition penalty (tokens); default 20.
-    #[serde(default = "default_repetition_context_size")]
-    pub repetition_context_size: u32,
-    /// OpenAI presence penalty; default 0.
-    #[serde(default)]
-    pub presence_penalty: f64,
-    /// OpenAI frequency penalty; default 0.
-    #[serde(default)]
-    pub frequency_penalty: f64,
-    /// Same seed, params and model: same tokens.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-    /// OpenAI's `logit_bias`: token id (as a string) -> bias added to its logit (-100..=100).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub logit_bias: BTreeMap<String, f64>,
+    /// The sampler settings (`temperature`, `top_p`, ..), at the top level of the params.
+    #[serde(flatten, deserialize_with = "crate::params::flattened")]
+    pub sampling: Sampling,
     /// Stop sequences; never emitted, even in part.
     #[serde(default)]
     pub stop: Vec<String>,

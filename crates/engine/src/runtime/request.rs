@@ -1,6 +1,9 @@
-//! What the engine takes and gives back. Plain data, independent of the wire format.
+//! What the engine takes and gives back. Plain data, independent of the wire format but for
+//! the sampler settings, which are the contract's own `Sampling` (each setting's name, default
+//! and range have one home, `protocol/src/methods/sampling.rs`).
 
 pub use model_store::{HfToken, LoadProgress, LoadStage};
+pub use protocol::methods::Sampling;
 use std::path::PathBuf;
 
 pub use constrain::Constraint;
@@ -142,50 +145,6 @@ pub struct MemoryStats {
     pub cache_bytes: u64,
 }
 
-/// Sampling settings. The caller checks the ranges noted below (the sampler only asserts them):
-/// the worker does so in the protocol layer, where a bad value becomes a JSON-RPC error naming
-/// its field.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplerParams {
-    /// 0 means greedy (argmax); finite, >= 0.
-    pub temperature: f32,
-    /// In (0, 1]; 1.0 disables.
-    pub top_p: f32,
-    /// 0 or negative disables.
-    pub top_k: i32,
-    /// In [0, 1]; 0 disables.
-    pub min_p: f32,
-    /// Finite, > 0; 1.0 disables.
-    pub repetition_penalty: f32,
-    pub repetition_context_size: usize,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    /// Token id -> additive bias on its logit.
-    pub logit_bias: Vec<(u32, f32)>,
-    pub seed: Option<u64>,
-}
-
-/// mlx-lm's defaults (`make_sampler`, `make_logits_processors`): greedy, no filter, no penalty
-/// (`top_p` 1.0 is this struct's spelling of mlx-lm's "off"). For the engine's tests and
-/// examples only: the worker sets every field from the request, whose defaults are the
-/// protocol's (`GenerateParams` in `protocol/src/methods/generate.rs`, their one home).
-impl Default for SamplerParams {
-    fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            repetition_context_size: 20,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            logit_bias: Vec::new(),
-            seed: None,
-        }
-    }
-}
-
 /// The prompt: chat messages rendered through the template, plain text, or token ids.
 #[derive(Debug, Clone)]
 pub enum Prompt {
@@ -207,7 +166,8 @@ pub struct GenerateRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
     pub max_new_tokens: usize,
-    pub sampler: SamplerParams,
+    /// The contract's sampler settings, ranges checked by the caller (`Sampling::check`).
+    pub sampler: Sampling,
     pub stop: Vec<String>,
     /// When > 0, each delta carries the chosen token's logprob and this many alternatives.
     pub logprobs: usize,
@@ -235,17 +195,14 @@ pub enum Speculative {
 
 impl GenerateRequest {
     /// Greedy decoding of `prompt` with the active model and nothing else asked (no stop
-    /// strings, logprobs, adapter switch or constraint; mlx-lm's sampler defaults otherwise):
+    /// strings, logprobs, adapter switch or constraint; greedy sampling takes no filter):
     /// what the parity harness and the engine's tests run.
     pub fn greedy(prompt: Prompt, max_new_tokens: usize) -> Self {
         Self {
             model: None,
             prompt,
             max_new_tokens,
-            sampler: SamplerParams {
-                temperature: 0.0,
-                ..Default::default()
-            },
+            sampler: Sampling::greedy(),
             stop: Vec::new(),
             logprobs: 0,
             use_adapter: None,

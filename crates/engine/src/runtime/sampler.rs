@@ -6,11 +6,14 @@
 
 use mlx_rs::{ops, random, Array, Dtype};
 
-use crate::{layers::Result, runtime::request::SamplerParams, EngineError};
+use protocol::methods::Sampling;
 
-/// The sampler of one generation: its settings and its random key.
+use crate::{layers::Result, EngineError};
+
+/// The sampler of one generation: its settings (the contract's, as the request gave them; they
+/// are narrowed to `f32` where used, as mlx-lm computes) and its random key.
 pub struct Sampler {
-    params: SamplerParams,
+    params: Sampling,
     key: Array,
     /// `logit_bias` as a dense `(1, vocab)` row, built once.
     bias: Option<Array>,
@@ -31,11 +34,11 @@ impl Sampler {
     /// Checks the settings against the vocabulary and seeds the random key.
     ///
     /// # Panics
-    /// If a setting is outside the range [`SamplerParams`] documents. Ranges are the caller's
+    /// If a setting is outside the range [`Sampling::check`] allows. Ranges are the caller's
     /// to check: the worker checks them in the protocol layer (`Generate::validate`), the one
     /// place that answers a bad one with `-32602` and its field, so these asserts cannot be
     /// reached from the wire. Only the vocabulary, which only the engine knows, is checked here.
-    pub fn new(params: SamplerParams, vocab: usize) -> std::result::Result<Self, EngineError> {
+    pub fn new(params: Sampling, vocab: usize) -> std::result::Result<Self, EngineError> {
         let p = &params;
         assert!(
             p.temperature >= 0.0 && p.temperature.is_finite(),
@@ -57,7 +60,7 @@ impl Sampler {
             "repetition_penalty {} is not a finite number > 0",
             p.repetition_penalty
         );
-        if let Some(&(id, _)) = p.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+        if let Some((id, _)) = p.logit_biases().find(|(id, _)| *id as usize >= vocab) {
             return Err(EngineError::InvalidParams {
                 field: "logit_bias".into(),
                 reason: format!("token id {id} is outside the vocabulary ({vocab})"),
@@ -71,8 +74,8 @@ impl Sampler {
         let key = random::key(seed).map_err(EngineError::from)?;
         let bias = (!params.logit_bias.is_empty()).then(|| {
             let mut dense = vec![0f32; vocab];
-            for &(id, b) in &params.logit_bias {
-                dense[id as usize] += b;
+            for (id, b) in params.logit_biases() {
+                dense[id as usize] += b as f32;
             }
             Array::from_slice(&dense, &[1, vocab as i32])
         });
@@ -98,7 +101,7 @@ impl Sampler {
 
     /// How many recent tokens the penalties look at.
     pub fn history_window(&self) -> usize {
-        self.params.repetition_context_size.max(1)
+        (self.params.repetition_context_size as usize).max(1)
     }
 
     /// Applies logit bias and penalties to `(1, vocab)` logits; `recent` holds the last tokens
@@ -115,14 +118,14 @@ impl Sampler {
         let idx = recent.reshape(&[1, -1])?;
         if p.repetition_penalty != 1.0 {
             let sel = logits.take_along_axis(&idx, -1)?;
-            let penalty = scalar_like(p.repetition_penalty, &sel)?;
+            let penalty = scalar_like(p.repetition_penalty as f32, &sel)?;
             let neg = sel.lt(scalar_like(0.0, &sel)?)?;
             let new = ops::select(&neg, sel.multiply(&penalty)?, sel.divide(&penalty)?)?;
             logits = logits.put_along_axis(&idx, &new, -1)?;
         }
         if p.presence_penalty != 0.0 {
             let sel = logits.take_along_axis(&idx, -1)?;
-            let new = sel.subtract(scalar_like(p.presence_penalty, &sel)?)?;
+            let new = sel.subtract(scalar_like(p.presence_penalty as f32, &sel)?)?;
             logits = logits.put_along_axis(&idx, &new, -1)?;
         }
         if let Some(vocab_ids) = &self.vocab_ids {
@@ -132,8 +135,8 @@ impl Sampler {
                 .reshape(&[-1, 1])?
                 .eq(vocab_ids)?;
             let counts = hits.as_dtype(logits.dtype())?.sum_axis(0, true)?;
-            logits =
-                logits.subtract(counts.multiply(scalar_like(p.frequency_penalty, &logits)?)?)?;
+            let penalty = scalar_like(p.frequency_penalty as f32, &logits)?;
+            logits = logits.subtract(counts.multiply(penalty)?)?;
         }
         Ok(logits)
     }
@@ -141,15 +144,18 @@ impl Sampler {
     /// Picks the next token from `(1, vocab)` log-probabilities; returns `(1,)` uint32.
     pub fn sample(&mut self, logprobs: &Array) -> Result<Array> {
         let p = &self.params;
-        if p.temperature == 0.0 {
+        let temperature = p.temperature as f32;
+        if temperature == 0.0 {
             return ops::indexing::argmax_axis(logprobs, -1, None);
         }
         let mut lp = logprobs.clone();
-        if p.top_p > 0.0 && p.top_p < 1.0 {
-            lp = top_p(&lp, p.top_p)?;
+        let top_p_mass = p.top_p as f32;
+        if top_p_mass > 0.0 && top_p_mass < 1.0 {
+            lp = top_p(&lp, top_p_mass)?;
         }
-        if p.min_p != 0.0 {
-            lp = min_p(&lp, p.min_p)?;
+        let min_p_ratio = p.min_p as f32;
+        if min_p_ratio != 0.0 {
+            lp = min_p(&lp, min_p_ratio)?;
         }
         // A top_k at or above the vocabulary keeps every token (mlx-lm would raise instead).
         if p.top_k > 0 && p.top_k < lp.dim(-1) {
@@ -157,7 +163,7 @@ impl Sampler {
         }
         let (key, next) = random::split(&self.key, 2)?;
         self.key = next;
-        let scaled = lp.multiply(scalar_like((1.0 / p.temperature as f64) as f32, &lp)?)?;
+        let scaled = lp.multiply(scalar_like((1.0 / temperature as f64) as f32, &lp)?)?;
         random::categorical(&scaled, -1, None, &key)
     }
 }
@@ -210,24 +216,21 @@ mod tests {
         log_softmax(&logits(&ln)).unwrap()
     }
 
-    fn sampler(params: SamplerParams, vocab: usize) -> Sampler {
+    fn sampler(params: Sampling, vocab: usize) -> Sampler {
         Sampler::new(params, vocab).unwrap()
     }
 
-    fn greedy() -> SamplerParams {
-        SamplerParams {
-            temperature: 0.0,
-            ..Default::default()
-        }
+    fn greedy() -> Sampling {
+        Sampling::greedy()
     }
 
-    fn only_temp(seed: u64) -> SamplerParams {
-        SamplerParams {
+    fn only_temp(seed: u64) -> Sampling {
+        Sampling {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
             seed: Some(seed),
-            ..Default::default()
+            ..Sampling::default()
         }
     }
 
@@ -277,7 +280,7 @@ mod tests {
     #[test]
     fn top_k_at_or_above_the_vocabulary_keeps_everything() {
         let _mlx = fixtures::mlx_test_lock();
-        let params = SamplerParams {
+        let params = Sampling {
             top_k: 40,
             ..only_temp(9)
         };
@@ -288,7 +291,7 @@ mod tests {
     #[test]
     fn top_k_keeps_the_k_most_likely() {
         let _mlx = fixtures::mlx_test_lock();
-        let params = SamplerParams {
+        let params = Sampling {
             top_k: 2,
             ..only_temp(1)
         };
@@ -307,7 +310,7 @@ mod tests {
         let lp = logprobs_of(&[0.6, 0.3, 0.1]);
         let counts = histogram(
             &mut sampler(
-                SamplerParams {
+                Sampling {
                     top_p: 0.5,
                     ..only_temp(2)
                 },
@@ -319,7 +322,7 @@ mod tests {
         assert_eq!(counts, vec![200, 0, 0]);
         let counts = histogram(
             &mut sampler(
-                SamplerParams {
+                Sampling {
                     top_p: 0.8,
                     ..only_temp(3)
                 },
@@ -340,7 +343,7 @@ mod tests {
         let lp = logprobs_of(&[0.5, 0.3, 0.2]);
         let counts = histogram(
             &mut sampler(
-                SamplerParams {
+                Sampling {
                     min_p: 0.5,
                     ..only_temp(4)
                 },
@@ -356,7 +359,7 @@ mod tests {
         // min_p = 1 keeps only the top token (at least one token always survives).
         let counts = histogram(
             &mut sampler(
-                SamplerParams {
+                Sampling {
                     min_p: 1.0,
                     ..only_temp(4)
                 },
@@ -373,9 +376,9 @@ mod tests {
         let _mlx = fixtures::mlx_test_lock();
         let history = Array::from_slice(&[1u32, 2, 2], &[3]);
         let base = logits(&[1.0, 2.0, -2.0, 4.0]);
-        let run = |p: SamplerParams| -> Vec<f32> {
+        let run = |p: Sampling| -> Vec<f32> {
             let s = sampler(
-                SamplerParams {
+                Sampling {
                     temperature: 0.0,
                     ..p
                 },
@@ -388,7 +391,7 @@ mod tests {
         };
         // Repetition: positive logits divided, negative multiplied, each seen token once.
         assert_eq!(
-            run(SamplerParams {
+            run(Sampling {
                 repetition_penalty: 2.0,
                 ..greedy()
             }),
@@ -396,22 +399,22 @@ mod tests {
         );
         // Presence: subtract once per seen token; frequency: once per occurrence.
         assert_eq!(
-            run(SamplerParams {
+            run(Sampling {
                 presence_penalty: 0.5,
                 ..greedy()
             }),
             vec![1.0, 1.5, -2.5, 4.0]
         );
         assert_eq!(
-            run(SamplerParams {
+            run(Sampling {
                 frequency_penalty: 0.5,
                 ..greedy()
             }),
             vec![1.0, 1.5, -3.0, 4.0]
         );
         assert_eq!(
-            run(SamplerParams {
-                logit_bias: vec![(0, 10.0)],
+            run(Sampling {
+                logit_bias: [("0".to_owned(), 10.0)].into(),
                 ..greedy()
             }),
             vec![11.0, 2.0, -2.0, 4.0]
@@ -421,8 +424,8 @@ mod tests {
     #[test]
     fn a_token_id_outside_the_vocabulary_is_refused_with_the_field() {
         let _mlx = fixtures::mlx_test_lock();
-        let params = SamplerParams {
-            logit_bias: vec![(99, 1.0)],
+        let params = Sampling {
+            logit_bias: [("99".to_owned(), 1.0)].into(),
             ..greedy()
         };
         match Sampler::new(params, 10) {
@@ -432,7 +435,7 @@ mod tests {
     }
 
     /// What `Sampler::new` panics with for greedy settings changed by `change`.
-    fn panic_message(change: impl FnOnce(&mut SamplerParams)) -> String {
+    fn panic_message(change: impl FnOnce(&mut Sampling)) -> String {
         let mut params = greedy();
         change(&mut params);
         // The asserts come before any MLX call.
@@ -446,7 +449,7 @@ mod tests {
         assert!(panic_message(|p| p.top_p = 1.5).starts_with("top_p"));
         assert!(panic_message(|p| p.top_p = 0.0).starts_with("top_p"));
         assert!(panic_message(|p| p.temperature = -1.0).starts_with("temperature"));
-        assert!(panic_message(|p| p.temperature = f32::INFINITY).starts_with("temperature"));
+        assert!(panic_message(|p| p.temperature = f64::INFINITY).starts_with("temperature"));
         assert!(panic_message(|p| p.min_p = 2.0).starts_with("min_p"));
         assert!(panic_message(|p| p.repetition_penalty = 0.0).starts_with("repetition_penalty"));
     }

@@ -1,4 +1,6 @@
-//! The engine in protocol terms: protocol params in, protocol results and errors out. Lives on
+//! The engine as the worker holds it, with its resident models' tokenizers: `initialize`'s
+//! facts, `load`, `unload` and `reset` from protocol params to protocol results and errors.
+//! Generations reach the engine's scheduler directly ([`WorkerEngine::engine_mut`]). Lives on
 //! the MLX thread (see `executor.rs`), like the [`Engine`] it owns.
 
 use std::collections::HashMap;
@@ -6,10 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_engine::text::ModelTokenizer;
-use mlx_engine::{Admission, BatchAttention, CancelToken, Engine, Group, More};
+use mlx_engine::{BatchAttention, CancelToken, Engine, Group};
 use protocol::methods::{
-    GenerateParams, GenerateResult, GroupInfo, LoadParams, LoadResult, LoadStage, MlxInfo,
-    ResetResult, UnloadParams, UnloadResult,
+    GroupInfo, LoadParams, LoadResult, LoadStage, MlxInfo, ResetResult, UnloadParams, UnloadResult,
 };
 use protocol::ResponseError;
 
@@ -37,15 +38,15 @@ pub struct EngineInfo {
 }
 
 /// The engine and the tokenizers of its resident models.
-pub struct EngineAdapter {
+pub struct WorkerEngine {
     engine: Engine,
     tokenizers: HashMap<String, Arc<ModelTokenizer>>,
 }
 
-impl EngineAdapter {
+impl WorkerEngine {
     /// Starts MLX; each model keeps up to `prompt_cache_bytes` of KV caches for later prompts,
     /// batched rows attend as `batch_attention` says (`None`: the default). In a
-    /// `group`, every rank's adapter gets the same calls (`group.rs`).
+    /// `group`, every rank's engine gets the same calls (`group.rs`).
     pub fn new(
         prompt_cache_bytes: u64,
         group: Option<Group>,
@@ -119,29 +120,10 @@ impl EngineAdapter {
         })
     }
 
-    /// `generate`; `on_delta` gets each piece of new text. A cancelled generation answers with
-    /// `finish_reason: cancelled` and the text so far.
-    pub fn generate(
-        &mut self,
-        params: &GenerateParams,
-        cancel: &CancelToken,
-        on_delta: &mut dyn FnMut(mlx_engine::Delta),
-    ) -> Result<GenerateResult, ResponseError> {
-        let request = convert::generate_request(params)?;
-        self.engine
-            .generate(&request, on_delta, cancel)
-            .map(convert::generate_result)
-            .map_err(engine_error)
-    }
-
-    /// [`Engine::generate_batch`]: `first` and the generations `more` lets join.
-    pub fn generate_batch<'f>(
-        &mut self,
-        first: Admission<'f>,
-        max_batch: usize,
-        more: &mut More<'f>,
-    ) {
-        self.engine.generate_batch(first, max_batch, more)
+    /// The engine, for generations: they run as admissions to its scheduler
+    /// (`generations.rs` on rank 0, [`Engine::generate`] on followers), not through here.
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
     }
 
     /// `unload`: one model, or all.
