@@ -122,9 +122,9 @@ fn vision_mix(images: &std::path::Path) -> Vec<GenerateParams> {
 }
 
 /// The real SmolLM2, tiny fixtures of every kind of layer a batch runs row by row (sliding
-/// windows, quantized weights, experts, attention sinks, linear attention, per-layer inputs), a
-/// quantized KV cache and a vision model: requests sent together answer exactly as each does
-/// alone.
+/// windows, quantized weights, experts, attention sinks, linear attention, per-layer inputs,
+/// latent attention), a quantized KV cache and a vision model: requests sent together answer
+/// exactly as each does alone.
 #[tokio::test]
 async fn generations_run_together_answer_as_each_does_alone() {
     let Some(smollm2) = smollm2_dir() else { return };
@@ -142,6 +142,7 @@ async fn generations_run_together_answer_as_each_does_alone() {
         "tiny-gpt-oss",
         "tiny-qwen3-next",
         "tiny-gemma4",
+        "tiny-deepseek-v3-q4",
     ] {
         cases.push((LoadParams::new(fixture(name)), mix()));
     }

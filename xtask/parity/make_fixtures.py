@@ -162,6 +162,60 @@ FAMILY_BASE = {
         "linear_conv_kernel_dim": 4,
         "tie_word_embeddings": False,
     },
+    # Multi-head latent attention over 4 heads (latent rank 64, rotary part 16) and, after one
+    # dense layer, 8 experts in 2 groups (top 2 within the best group) plus a shared expert.
+    # Ranks and head parts of 64 so that every matrix quantizes in groups of 64.
+    "deepseek_v3": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 64,
+        "qk_rope_head_dim": 16,
+        "qk_nope_head_dim": 64,
+        "v_head_dim": 32,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "first_k_dense_replace": 1,
+        "n_group": 2,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.5,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+    },
+    # Four layers, as mlx-lm's default `layer_types` makes them: three sliding (a window of 16,
+    # shorter than every case's prompt) with plain RoPE, the fourth full (with the spec's
+    # `rope_scaling`, if any).
+    "olmo3": {
+        "architectures": ["Olmo3ForCausalLM"],
+        "num_hidden_layers": 4,
+        "sliding_window": 16,
+        "tie_word_embeddings": False,
+    },
+    # Four layers of "LLLG": three local (window 16, RoPE), one global without RoPE. mlx-lm
+    # requires `rope_scaling` and the window fields to be present.
+    "exaone4": {
+        "architectures": ["Exaone4ForCausalLM"],
+        "num_hidden_layers": 4,
+        "head_dim": 32,
+        "rope_scaling": None,
+        "sliding_window": 16,
+        "sliding_window_pattern": "LLLG",
+        # As the released config.json has it (transformers' config cannot derive it from a
+        # string pattern; mlx-lm reads the pattern).
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "tie_word_embeddings": False,
+    },
+    # Biases on q/k/v and the MLP (the released 36B's choice), none on o.
+    "seed_oss": {
+        "architectures": ["SeedOssForCausalLM"],
+        "head_dim": 32,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": False,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {
@@ -196,6 +250,8 @@ FAMILY_BASE = {
         },
     },
 }
+# mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`).
+FAMILY_BASE["kimi_k2"] = FAMILY_BASE["deepseek_v3"]
 
 
 # Pre-tokenization a family's real tokenizer.json carries, for fixtures whose spec asks for it
@@ -402,6 +458,20 @@ def interleave(a, b, axis):
     return pairs.reshape(shape)
 
 
+def hf_mla(weights):
+    """Multi-head latent attention as Hugging Face stores it: one `kv_b_proj`
+    `(heads * (nope + v), rank)`, which mlx-lm's sanitize splits into `embed_q` and `unembed_out`."""
+    out = {}
+    for name, w in weights.items():
+        if name.endswith("self_attn.embed_q.weight"):
+            prefix = name[: -len("embed_q.weight")]
+            kv_b = mx.concatenate([w.swapaxes(-1, -2), weights[prefix + "unembed_out.weight"]], axis=1)
+            out[prefix + "kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+        elif not name.endswith("self_attn.unembed_out.weight"):
+            out[name] = w
+    return out
+
+
 def openai_experts(model, config):
     """GPT-OSS as OpenAI released it: the experts MXFP4 (everything else as it is), stored as
     `gate_up_proj` with gate and up rows alternating, packed as `_blocks` bytes (16 per group of
@@ -507,6 +577,8 @@ def build(spec, out):
         weights = openai_experts(model, config)
     if spec.get("wrap") and not spec.get("quantize"):
         weights = hf_multimodal(weights, spec["wrap"])
+    if spec.get("hf_mla"):
+        weights = hf_mla(weights)
     if (names := spec.get("hf_experts")) is not None:
         weights = unstack_experts(weights, names)
     # Convolutions as Hugging Face stores them, `(channels, 1, kernel)` (Qwen3.5: mlx-lm then

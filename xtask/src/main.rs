@@ -13,6 +13,7 @@ mod check_import;
 mod check_macos;
 mod demo;
 mod deny;
+mod families;
 mod launch;
 mod long_runs;
 mod parity;
@@ -67,6 +68,9 @@ enum Cmd {
     /// Greedy tokens and prompt ids against mlx-lm 0.32.2 on the same MLX build
     /// (xtask/parity/cases.json); exits non-zero on any mismatch.
     Parity(parity::Options),
+    /// Every model_type mlx-lm loads (its model directory): whether the worker runs it, its
+    /// parity fixtures and GGUF round trips; then the worker's model types mlx-lm does not load.
+    Families,
     /// The release mlx-worker beside mlx-lm (stock and with OpenBLAS) on SmolLM2 (`--moe`: wide
     /// MoE and hybrid models; `--vision`, `--constrained`; `--batch`: several chats at once):
     /// prefill and decode tok/s, ttft, peak memory; medians and ratios.
@@ -108,6 +112,7 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::CheckMacos) => check_macos::run(),
         Some(Cmd::Deny) => deny::run(),
         Some(Cmd::Parity(opts)) => parity::run(&opts),
+        Some(Cmd::Families) => families::run(),
         Some(Cmd::Bench(opts)) => bench::run(&opts),
         Some(Cmd::Fuzz(opts)) => long_runs::fuzz(&opts),
         Some(Cmd::Soak(opts)) => long_runs::soak(&opts),

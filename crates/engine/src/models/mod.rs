@@ -5,6 +5,8 @@
 //! `crate::layers`; what the runtime sees of a model, in `model.rs`.
 
 mod decoder;
+mod deepseek_v3;
+mod exaone4;
 mod gemma3_text;
 mod gemma4;
 mod gemma4_text;
@@ -17,6 +19,7 @@ mod mistral3;
 mod mixtral;
 mod model;
 mod olmo2;
+mod olmo3;
 mod olmoe;
 mod phi3;
 mod qwen2;
@@ -26,6 +29,7 @@ mod qwen3_5;
 mod qwen3_moe;
 mod qwen3_next;
 mod qwen3_vl_text;
+mod seed_oss;
 mod smollm3;
 
 pub(crate) use mistral3::text_config as mistral3_text_config;
@@ -41,16 +45,20 @@ use crate::{
 
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
 pub const ARCHITECTURES: &[&str] = &[
+    "deepseek_v3",
+    "exaone4",
     "gemma3_text",
     "gemma4",
     "gemma4_text",
     "glm4_moe",
     "gpt_oss",
+    "kimi_k2",
     "llama",
     "ministral3",
     "mistral",
     "mixtral",
     "olmo2",
+    "olmo3",
     "olmoe",
     "phi3",
     "qwen2",
@@ -59,6 +67,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "qwen3_5_moe",
     "qwen3_moe",
     "qwen3_next",
+    "seed_oss",
     "smollm3",
 ];
 
@@ -133,6 +142,9 @@ pub fn build(
         .unwrap_or("");
     check_sizes(config, &weights)?;
     match model_type {
+        // mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`).
+        "deepseek_v3" | "kimi_k2" => Ok(Box::new(deepseek_v3::load(config, weights)?)),
+        "exaone4" => Ok(Box::new(exaone4::load(config, weights)?)),
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
         "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
         "glm4_moe" => Ok(Box::new(glm4_moe::load(config, weights)?)),
@@ -142,6 +154,7 @@ pub fn build(
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
         "olmo2" => Ok(Box::new(olmo2::load(config, weights)?)),
+        "olmo3" => Ok(Box::new(olmo3::load(config, weights)?)),
         "olmoe" => Ok(Box::new(olmoe::load(config, weights)?)),
         "phi3" => Ok(Box::new(phi3::load(config, weights)?)),
         "qwen2" => Ok(Box::new(qwen2::load(config, weights)?)),
@@ -153,6 +166,7 @@ pub fn build(
         "qwen3_5" | "qwen3_5_moe" => Ok(Box::new(qwen3_5::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
         "qwen3_next" => Ok(Box::new(qwen3_next::load(config, weights)?)),
+        "seed_oss" => Ok(Box::new(seed_oss::load(config, weights)?)),
         "smollm3" => Ok(Box::new(smollm3::load(config, weights)?)),
         other => Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,

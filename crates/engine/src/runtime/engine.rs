@@ -455,3 +455,32 @@ impl Engine {
         (engine, dir)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Engine;
+
+    /// The README's list of model types is the engine's, which `initialize` reports as
+    /// `capabilities.architectures` (and `cargo xtask families` sets beside mlx-lm's).
+    #[test]
+    fn the_readme_lists_the_model_types_this_build_runs() {
+        let readme = include_str!("../../../../README.md");
+        let lead = "Model types this build runs (";
+        let paragraph: String = readme
+            .split("\n\n")
+            .find(|p| p.starts_with(lead))
+            .expect("README.md has a paragraph starting `Model types this build runs (`")
+            .replace('\n', " ");
+        let (_, list) = paragraph.split_once("): ").expect("`): ` before the list");
+        let mut listed: Vec<&str> = list.trim_end_matches('.').split(", ").collect();
+        listed.sort_unstable();
+        let mut runs = Engine::architectures();
+        runs.sort_unstable();
+        assert_eq!(
+            listed,
+            runs,
+            "README.md's list is not the engine's; write: {}",
+            runs.join(", ")
+        );
+    }
+}

@@ -19,6 +19,7 @@ mod standard;
 mod state;
 
 pub use cache::{KvCache, KV_GROUP_SIZE};
+pub use mask::{causal_mask, Mask};
 pub use padded::PaddedCache;
 pub use pass::{Attend, Caches, LayerKv, PassMasks, Positions, SharedKv};
 pub use state::StateCache;

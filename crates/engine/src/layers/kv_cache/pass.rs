@@ -279,32 +279,33 @@ impl LayerKv<'_> {
         }
     }
 
-    /// A layer that keeps per-sequence state instead of keys (linear attention): `f` over each
-    /// sequence's part of `x` `(B, L, D)` and its cache, the parts' outputs joined back.
+    /// A layer that attends its own way, one sequence at a time (linear attention with its
+    /// state, multi-head latent attention over its latent cache): `f` over each sequence's
+    /// part of `x` `(B, L, D)`, its cache and its mask, the parts' outputs joined back.
     pub fn each_sequence(
         self,
         x: &Array,
-        mut f: impl FnMut(&Array, &mut KvCache) -> Result<Array>,
+        mut f: impl FnMut(&Array, &mut KvCache, &Mask) -> Result<Array>,
     ) -> Result<Array> {
         match self {
-            Self::Cache(cache, _) => f(x, cache),
+            Self::Cache(cache, mask) => f(x, cache, mask),
             Self::Rows(rows) => {
                 let outs = (rows.into_iter().zip(split_rows(x)))
-                    .map(|((cache, _), x)| f(&x, cache))
+                    .map(|((cache, mask), x)| f(&x, cache, mask))
                     .collect::<Result<Vec<_>>>()?;
                 ops::concatenate(&outs, 0)
             }
             Self::Segments(segments) => {
                 let mut start = 0;
                 let mut outs = Vec::with_capacity(segments.len());
-                for (cache, _, len) in segments {
-                    outs.push(f(&x.index((.., start..start + len, ..)), cache)?);
+                for (cache, mask, len) in segments {
+                    outs.push(f(&x.index((.., start..start + len, ..)), cache, mask)?);
                     start += len;
                 }
                 ops::concatenate(&outs, 1)
             }
             Self::Shared(..) | Self::Padded(..) => Err(Exception::custom(
-                "a linear-attention layer needs a state cache of its own",
+                "this layer attends one sequence at a time, over a cache of its own",
             )),
         }
     }

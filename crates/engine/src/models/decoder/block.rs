@@ -7,6 +7,7 @@ use super::family::Family;
 use crate::{
     layers::gated_delta::GatedDeltaNet,
     layers::kv_cache::{KvCache, LayerKv, SharedKv},
+    layers::mla::LatentAttention,
     layers::moe::SparseMoe,
     layers::parallel::Reduce,
     layers::{Attention, GatedMlp, Linear, Result, RmsNorm, RotaryAngles},
@@ -83,10 +84,12 @@ impl Mlp {
     }
 }
 
-/// A block's attention: over a KV cache, or linear with a recurrent state.
+/// A block's attention: over a KV cache, linear with a recurrent state, or over a cache of
+/// latents.
 pub(super) enum Mixer {
     SelfAttn(Attention),
     LinearAttn(GatedDeltaNet),
+    Latent(LatentAttention),
 }
 
 pub(super) struct Block {
@@ -115,7 +118,7 @@ impl Block {
     pub(super) fn attention(&self) -> Option<&Attention> {
         match &self.mixer {
             Mixer::SelfAttn(a) => Some(a),
-            Mixer::LinearAttn(_) => None,
+            Mixer::LinearAttn(_) | Mixer::Latent(_) => None,
         }
     }
 
@@ -138,7 +141,8 @@ impl Block {
                     _ => Ok(out),
                 }
             }
-            Mixer::LinearAttn(l) => kv.each_sequence(x, |x, cache| match cache {
+            Mixer::Latent(l) => kv.each_sequence(x, |x, cache, mask| l.forward(x, cache, mask)),
+            Mixer::LinearAttn(l) => kv.each_sequence(x, |x, cache, _| match cache {
                 KvCache::State(state) => l.forward(x, state),
                 _ => Err(mlx_rs::error::Exception::custom(
                     "a linear-attention layer needs a state cache",

@@ -11,6 +11,7 @@ use super::{
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::gated_delta::GatedDeltaNet,
+    layers::mla::{LatentAttention, LatentQuery, MlaSpec, MultiLinear},
     layers::moe::SparseMoe,
     layers::mrope::MRope,
     layers::parallel::Parallel,
@@ -58,6 +59,7 @@ impl<F: Family> Decoder<F> {
         let kind = |l: &LayerSpec| match l.attention {
             AttentionKind::Softmax { .. } => Some(l.shape.window),
             AttentionKind::GatedDelta(_) => None,
+            AttentionKind::Latent(_) => Some(None),
         };
         let own_specs = spec.layers[owned.clone()].iter();
         let (mask_sources, layer_kinds) = mask_kinds(own_specs.map(kind));
@@ -193,6 +195,7 @@ fn load_block(
         AttentionKind::Softmax { output_gate } => {
             Mixer::SelfAttn(load_attention(weights, p, &spec, *output_gate, family)?)
         }
+        AttentionKind::Latent(mla) => Mixer::Latent(load_latent(weights, p, mla, family)?),
     };
     let mut dense_mlp = || -> LoadResult<GatedMlp> {
         let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
@@ -295,6 +298,90 @@ fn load_attention(
         v_norm_eps: spec.v_norm.then_some(eps),
         output_gate,
     })
+}
+
+/// The block's latent `self_attn` at `p` (its norms with mlx-lm's fixed epsilon, 1e-6), its
+/// projections' shapes checked against `mla`.
+fn load_latent(
+    weights: &mut Weights,
+    p: &str,
+    mla: &MlaSpec,
+    family: &impl Family,
+) -> LoadResult<LatentAttention> {
+    let at = |name: &str| format!("{p}.self_attn.{name}");
+    let query = match mla.q_lora_rank {
+        None => LatentQuery::Direct(weights.linear(&at("q_proj"))?),
+        Some(_) => LatentQuery::Compressed {
+            q_a_proj: weights.linear(&at("q_a_proj"))?,
+            q_a_layernorm: norm(weights, &at("q_a_layernorm"), 1e-6, family)?,
+            q_b_proj: weights.linear(&at("q_b_proj"))?,
+        },
+    };
+    let attention = LatentAttention {
+        spec: mla.clone(),
+        query,
+        kv_a_proj_with_mqa: weights.linear(&at("kv_a_proj_with_mqa"))?,
+        kv_a_layernorm: norm(weights, &at("kv_a_layernorm"), 1e-6, family)?,
+        embed_q: MultiLinear {
+            linear: weights.linear(&at("embed_q"))?,
+        },
+        unembed_out: MultiLinear {
+            linear: weights.linear(&at("unembed_out"))?,
+        },
+        o_proj: weights.linear(&at("o_proj"))?,
+    };
+    check_latent_shapes(&attention, p)?;
+    Ok(attention)
+}
+
+/// [`check_shapes`] for a latent attention layer: the projections and the per-head maps.
+fn check_latent_shapes(a: &LatentAttention, p: &str) -> LoadResult<()> {
+    let s = &a.spec;
+    let q_rows = s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim);
+    let mut expected = vec![(
+        "kv_a_proj_with_mqa",
+        &a.kv_a_proj_with_mqa,
+        s.kv_lora_rank + s.qk_rope_head_dim,
+    )];
+    match &a.query {
+        LatentQuery::Direct(q_proj) => expected.push(("q_proj", q_proj, q_rows)),
+        LatentQuery::Compressed {
+            q_a_proj, q_b_proj, ..
+        } => {
+            let rank = s.q_lora_rank.unwrap_or_default();
+            expected.push(("q_a_proj", q_a_proj, rank));
+            expected.push(("q_b_proj", q_b_proj, q_rows));
+        }
+    }
+    let maps = [
+        ("embed_q", &a.embed_q, [s.num_heads, s.kv_lora_rank]),
+        ("unembed_out", &a.unembed_out, [s.num_heads, s.v_head_dim]),
+    ];
+    let wrong = expected
+        .iter()
+        .find(|(_, l, rows)| l.dims().0 != *rows)
+        .map(|(name, l, rows)| (name, l.weight.shape().to_vec(), format!("{rows} rows")))
+        .or_else(|| {
+            maps.iter()
+                .find(|(_, m, lead)| m.linear.weight.shape()[..2] != lead[..])
+                .map(|(name, m, lead)| {
+                    (
+                        name,
+                        m.linear.weight.shape().to_vec(),
+                        format!("{lead:?} leading"),
+                    )
+                })
+        });
+    match wrong {
+        Some((name, shape, want)) => Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!(
+                "`{p}.self_attn.{name}` has shape {shape:?} but config.json's attention sizes \
+                 need {want}"
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Refuses a block whose tensors do not have the shapes config.json implies (mlx-lm's strict

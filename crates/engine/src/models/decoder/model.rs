@@ -68,6 +68,18 @@ impl<F: Family> Decoder<F> {
                     .to_owned(),
             );
         }
+        if self
+            .layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::Latent(_)))
+        {
+            return Some(
+                "this model's attention caches compressed latents (multi-head latent \
+                 attention), which mlx-lm attends to as plain arrays, so its KV cache cannot \
+                 be quantized"
+                    .to_owned(),
+            );
+        }
         // mlx-lm cannot run a quantized cache under KV-shared layers either (they would attend
         // to its quantized tuples as plain arrays).
         self.layers.iter().any(|l| l.kv_from.is_some()).then(|| {
@@ -101,6 +113,7 @@ impl<F: Family> LanguageModel for Decoder<F> {
         let cache = |l: &Block| match &l.mixer {
             Mixer::SelfAttn(a) => KvCache::for_window(a.shape.window),
             Mixer::LinearAttn(_) => KvCache::State(StateCache::default()),
+            Mixer::Latent(_) => KvCache::for_window(None),
         };
         self.layers
             .iter()
@@ -118,6 +131,7 @@ impl<F: Family> LanguageModel for Decoder<F> {
             let (name, attn) = match &mut l.mixer {
                 Mixer::SelfAttn(a) => ("self_attn", a.linears_mut()),
                 Mixer::LinearAttn(a) => ("linear_attn", a.linears_mut()),
+                Mixer::Latent(a) => ("self_attn", a.linears_mut()),
             };
             let p = format!("model.layers.{}", i + self.first_layer);
             out.extend(

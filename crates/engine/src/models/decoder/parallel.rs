@@ -78,8 +78,10 @@ pub(super) fn shard_block(
     if block.kv_from.is_some() || per_layer_inputs {
         return Err(refused("KV sharing or a per-layer input gate"));
     }
-    let Mixer::SelfAttn(a) = &mut block.mixer else {
-        return Err(refused("linear attention"));
+    let a = match &mut block.mixer {
+        Mixer::SelfAttn(a) => a,
+        Mixer::LinearAttn(_) => return Err(refused("linear attention")),
+        Mixer::Latent(_) => return Err(refused("multi-head latent attention")),
     };
     let Mlp::Dense(mlp) = &mut block.mlp else {
         return Err(refused("a mixture of experts"));

@@ -7,6 +7,7 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::gated_delta::GatedDeltaSpec,
+    layers::mla::MlaSpec,
     layers::moe::MoeSpec,
     layers::rope::rope_from_config,
     layers::{Activation, AttentionShape, QkNormOver, Rope},
@@ -143,6 +144,9 @@ pub enum AttentionKind {
     /// Linear attention with a recurrent state (`linear_attn`, Qwen3-Next's other layers): the
     /// layer's `shape`, `rope` and `qk_norm` do not apply.
     GatedDelta(GatedDeltaSpec),
+    /// Multi-head latent attention (`self_attn`, DeepSeek-V3's MLA): a cache of compressed
+    /// latents, the layer's `shape`, `rope` and `qk_norm` do not apply (its spec has its own).
+    Latent(MlaSpec),
 }
 
 /// How one layer of a family is built from its checkpoint.

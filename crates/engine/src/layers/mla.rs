@@ -1,0 +1,176 @@
+//! Multi-head latent attention (DeepSeek-V2/V3's MLA, as mlx-lm's deepseek_v3.py computes it).
+//!
+//! Keys and values are not cached per head: each position caches one compressed latent
+//! (`kv_lora_rank` features, normed) and one small rotary key (`qk_rope_head_dim` features,
+//! shared by every head). Scores are `scale * (q_nope . k_nope + q_pe . k_pe)`, where
+//! `k_nope = embed_q^T latent` and the values `unembed_out latent`; the per-head matrices
+//! `embed_q` and `unembed_out` are the two halves of the checkpoint's `kv_b_proj`.
+//! A decode step (one query) folds them into the query and the output instead (the
+//! "absorbed" form: attention over the latents themselves); a prefill expands the latents.
+//! Both are mlx-lm's, branch for branch, so tokens match it. The rotary part enters as an
+//! additive mask of scores (masked positions at the dtype's lowest value).
+
+use mlx_rs::{fast::ScaledDotProductAttentionMask as SdpaMask, ops, Array, Dtype};
+
+use crate::layers::{
+    array::{scalar_like, Result},
+    kv_cache::{causal_mask, KvCache, Mask},
+    linear::Linear,
+    norm::RmsNorm,
+    rope::Rope,
+    sdpa::sdpa,
+};
+
+/// The sizes of a latent attention layer (config.json's names).
+#[derive(Debug, Clone)]
+pub struct MlaSpec {
+    pub num_heads: i32,
+    /// `None`: queries by one projection (`q_proj`), not through a compressed rank.
+    pub q_lora_rank: Option<i32>,
+    pub kv_lora_rank: i32,
+    pub qk_nope_head_dim: i32,
+    pub qk_rope_head_dim: i32,
+    pub v_head_dim: i32,
+    /// Multiplies scores (and the rotary scores); `q_head_dim^-0.5`, times YaRN's
+    /// `mscale_all_dim` correction squared where the checkpoint's RoPE scaling asks.
+    pub scale: f32,
+    /// RoPE over the `qk_rope_head_dim` features.
+    pub rope: Rope,
+}
+
+/// One linear map per head: weight `(heads, out, in)`, dense or quantized (mlx-lm's
+/// `MultiLinear`). Held as a [`Linear`] so quantize-on-load reaches it; never called as one.
+pub struct MultiLinear {
+    pub linear: Linear,
+}
+
+impl MultiLinear {
+    /// `x @ W^T` (`transpose`) or `x @ W`, head by head.
+    pub fn forward(&self, x: &Array, transpose: bool) -> Result<Array> {
+        let w = &self.linear.weight;
+        match &self.linear.quantized {
+            Some(q) => q.matmul(x, w, transpose),
+            None if transpose => x.matmul(w.swap_axes(-1, -2)?),
+            None => x.matmul(w),
+        }
+    }
+}
+
+/// How queries are projected.
+pub enum LatentQuery {
+    /// `q_proj`.
+    Direct(Linear),
+    /// `q_b_proj(q_a_layernorm(q_a_proj(x)))`.
+    Compressed {
+        q_a_proj: Linear,
+        q_a_layernorm: RmsNorm,
+        q_b_proj: Linear,
+    },
+}
+
+/// A latent attention layer (`self_attn`).
+pub struct LatentAttention {
+    pub spec: MlaSpec,
+    pub query: LatentQuery,
+    pub kv_a_proj_with_mqa: Linear,
+    pub kv_a_layernorm: RmsNorm,
+    pub embed_q: MultiLinear,
+    pub unembed_out: MultiLinear,
+    pub o_proj: Linear,
+}
+
+impl LatentAttention {
+    /// The output `(B, L, hidden)` for one sequence's positions `x` `(B, L, hidden)`, whose
+    /// cache holds the latents `(B, 1, S, kv_lora_rank)` as keys and the rotary keys
+    /// `(B, 1, S, qk_rope_head_dim)` as values; `mask` as the cache gave it for `L` queries.
+    pub fn forward(&self, x: &Array, cache: &mut KvCache, mask: &Mask) -> Result<Array> {
+        let s = &self.spec;
+        let (b, l) = (x.dim(0), x.dim(1));
+        let q = match &self.query {
+            LatentQuery::Direct(q_proj) => q_proj.forward(x)?,
+            LatentQuery::Compressed {
+                q_a_proj,
+                q_a_layernorm,
+                q_b_proj,
+            } => q_b_proj.forward(&q_a_layernorm.forward(&q_a_proj.forward(x)?)?)?,
+        };
+        let q_head_dim = s.qk_nope_head_dim + s.qk_rope_head_dim;
+        let q = q
+            .reshape(&[b, l, s.num_heads, q_head_dim])?
+            .transpose_axes(&[0, 2, 1, 3])?;
+        let [q_nope, q_pe] = split(&q, s.qk_nope_head_dim)?;
+        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
+        let [compressed, k_pe] = split(&compressed, s.kv_lora_rank)?;
+        let k_pe = k_pe
+            .reshape(&[b, l, 1, s.qk_rope_head_dim])?
+            .transpose_axes(&[0, 2, 1, 3])?;
+        let latent = self.kv_a_layernorm.forward(&compressed)?;
+        let offset = cache.offset();
+        let q_pe = s.rope.forward(&q_pe, offset)?;
+        let k_pe = s.rope.forward(&k_pe, offset)?;
+        let latent = latent.expand_dims(1)?;
+        let (latent, k_pe) = cache.update_and_fetch(latent, k_pe)?;
+        let pe_scores = q_pe
+            .multiply(scalar_like(s.scale, &q_pe)?)?
+            .matmul(k_pe.swap_axes(-1, -2)?)?;
+        // mlx-lm asks the cache for a boolean mask (`return_array=True`): none for one query.
+        let allowed = match mask {
+            Mask::None => None,
+            Mask::Causal => Some(causal_mask(l, offset, None)),
+            Mask::Array(a) => Some(a.clone()),
+        };
+        let pe_scores = match allowed {
+            Some(allowed) => ops::select(&allowed, &pe_scores, lowest(pe_scores.dtype())?)?,
+            None => pe_scores,
+        };
+        let scores = Some(SdpaMask::Array(&pe_scores));
+        let out = if l == 1 {
+            let q = self.embed_q.forward(&q_nope, true)?;
+            let out = sdpa(&q, &latent, &latent, s.scale, scores, None)?;
+            self.unembed_out.forward(&out, true)?
+        } else {
+            let k = self.embed_q.forward(&latent, false)?;
+            let v = self.unembed_out.forward(&latent, true)?;
+            sdpa(&q_nope, &k, &v, s.scale, scores, None)?
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o_proj.forward(&out)
+    }
+
+    /// The linear layers under their checkpoint names (relative to `self_attn`).
+    pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let mut out: Vec<(&'static str, &mut Linear)> = match &mut self.query {
+            LatentQuery::Direct(q_proj) => vec![("q_proj", q_proj)],
+            LatentQuery::Compressed {
+                q_a_proj, q_b_proj, ..
+            } => vec![("q_a_proj", q_a_proj), ("q_b_proj", q_b_proj)],
+        };
+        out.push(("kv_a_proj_with_mqa", &mut self.kv_a_proj_with_mqa));
+        out.push(("embed_q", &mut self.embed_q.linear));
+        out.push(("unembed_out", &mut self.unembed_out.linear));
+        out.push(("o_proj", &mut self.o_proj));
+        out
+    }
+}
+
+/// `x` cut along its last axis at `at`: `mx.split(x, [at], axis=-1)`.
+fn split(x: &Array, at: i32) -> Result<[Array; 2]> {
+    let mut parts = x.split_at_indices(&[at], -1)?.into_iter();
+    match (parts.next(), parts.next()) {
+        (Some(a), Some(b)) => Ok([a, b]),
+        _ => Err(mlx_rs::error::Exception::custom(
+            "a split in two gave fewer parts",
+        )),
+    }
+}
+
+/// `mx.finfo(dtype).min` as an array of `dtype`.
+fn lowest(dtype: Dtype) -> Result<Array> {
+    let min = match dtype {
+        Dtype::Float16 => -65504.0,
+        // bfloat16's largest finite magnitude, exactly representable in f32.
+        Dtype::Bfloat16 => -f32::from_bits(0x7F7F_0000),
+        _ => f32::MIN,
+    };
+    Array::from_f32(min).as_dtype(dtype)
+}

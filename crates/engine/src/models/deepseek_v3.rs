@@ -1,0 +1,213 @@
+//! DeepSeek-V3 (and what mlx-lm runs as it: Kimi K2, JoyAI-LLM-Flash): multi-head latent
+//! attention (`layers/mla.rs`, RoPE interleaved over `qk_rope_head_dim` features, YaRN as
+//! `rope_scaling` asks, its `mscale_all_dim` correcting the score scale) and, from layer
+//! `first_k_dense_replace` on (every `moe_layer_freq`-th), a mixture of experts routed as
+//! GLM-4-MoE's (`moe::Routing::GroupedSigmoid`) with plain shared experts. The head is never
+//! tied. Hugging Face's `kv_b_proj` is split into the per-head `embed_q` / `unembed_out` as
+//! mlx-lm's `sanitize` does; the multi-token-prediction layer (`model.layers.N`, N the layer
+//! count) is not used.
+
+use mlx_rs::ops::indexing::IndexOp;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    layers::mla::MlaSpec,
+    layers::moe::{MoeSpec, Routing, Shared, PROJECTIONS},
+    layers::rope::rope_from_config,
+    layers::weights::Weights,
+    layers::AttentionShape,
+    models::{
+        decoder::{sanitize, AttentionKind, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
+        model::parse_args,
+    },
+};
+
+/// mlx-lm's deepseek_v3 `ModelArgs` and its defaults.
+#[derive(Debug, Deserialize)]
+#[serde(default)]
+struct Args {
+    num_hidden_layers: usize,
+    num_attention_heads: i32,
+    n_shared_experts: Option<i32>,
+    n_routed_experts: Option<i32>,
+    routed_scaling_factor: f32,
+    kv_lora_rank: i32,
+    q_lora_rank: Option<i32>,
+    qk_rope_head_dim: i32,
+    v_head_dim: i32,
+    qk_nope_head_dim: i32,
+    topk_method: String,
+    norm_topk_prob: bool,
+    n_group: i32,
+    topk_group: i32,
+    num_experts_per_tok: i32,
+    moe_layer_freq: usize,
+    first_k_dense_replace: usize,
+    max_position_embeddings: usize,
+    rms_norm_eps: f32,
+    rope_theta: f32,
+    rope_scaling: Option<Value>,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self {
+            num_hidden_layers: 30,
+            num_attention_heads: 32,
+            n_shared_experts: None,
+            n_routed_experts: None,
+            routed_scaling_factor: 1.0,
+            kv_lora_rank: 512,
+            q_lora_rank: Some(1536),
+            qk_rope_head_dim: 64,
+            v_head_dim: 128,
+            qk_nope_head_dim: 128,
+            topk_method: "noaux_tc".into(),
+            norm_topk_prob: true,
+            n_group: 1,
+            topk_group: 1,
+            num_experts_per_tok: 1,
+            moe_layer_freq: 1,
+            first_k_dense_replace: 0,
+            max_position_embeddings: 2048,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+        }
+    }
+}
+
+pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
+    let args: Args = parse_args(config)?;
+    let unsupported = |detail: String| {
+        Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            format!("deepseek_v3: {detail}"),
+        ))
+    };
+    if args.topk_method != "noaux_tc" {
+        return unsupported(format!(
+            "topk_method `{}` is not supported (mlx-lm runs `noaux_tc` only)",
+            args.topk_method
+        ));
+    }
+    if let Some(n) = weights
+        .names()
+        .find(|n| n.ends_with("weight_scale_inv") || n.ends_with("weight_packed"))
+    {
+        return unsupported(format!(
+            "FP8 or packed int4 weights (`{n}`) are not supported; convert the checkpoint with \
+             `mlx_lm.convert` first"
+        ));
+    }
+    let max_pos = Some(args.max_position_embeddings);
+    let scaling = args.rope_scaling.as_ref();
+    let rope = rope_from_config(
+        args.qk_rope_head_dim,
+        args.rope_theta,
+        true,
+        scaling,
+        max_pos,
+    )?;
+    let mla = MlaSpec {
+        num_heads: args.num_attention_heads,
+        q_lora_rank: args.q_lora_rank,
+        kv_lora_rank: args.kv_lora_rank,
+        qk_nope_head_dim: args.qk_nope_head_dim,
+        qk_rope_head_dim: args.qk_rope_head_dim,
+        v_head_dim: args.v_head_dim,
+        scale: score_scale(&args),
+        rope: rope.clone(),
+    };
+    let n = args.num_hidden_layers;
+    let head_dim = args.qk_nope_head_dim + args.qk_rope_head_dim;
+    let shape = AttentionShape::new(
+        args.num_attention_heads,
+        args.num_attention_heads,
+        head_dim,
+        head_dim as f64,
+    );
+    let layer = LayerSpec {
+        attention: AttentionKind::Latent(mla),
+        ..LayerSpec::llama(args.rms_norm_eps, shape, rope)
+    };
+    let mut spec = DecoderSpec::uniform(layer, n, false, max_pos);
+    if let Some(experts) = args.n_routed_experts {
+        let routing = Routing::GroupedSigmoid {
+            n_group: args.n_group,
+            topk_group: args.topk_group,
+            norm_topk_prob: args.norm_topk_prob,
+            scaling: args.routed_scaling_factor,
+        };
+        let moe = MoeSpec {
+            shared: match args.n_shared_experts {
+                Some(_) => Shared::Plain,
+                None => Shared::None,
+            },
+            ..MoeSpec::switch_glu(
+                "mlp",
+                experts,
+                args.num_experts_per_tok,
+                routing,
+                PROJECTIONS,
+            )
+        };
+        let freq = args.moe_layer_freq.max(1);
+        for (i, layer) in spec.layers.iter_mut().enumerate() {
+            if i >= args.first_k_dense_replace && i % freq == 0 {
+                layer.mlp = MlpSpec::Moe(moe.clone());
+            }
+        }
+    }
+    weights.drop_prefixed(&format!("model.layers.{n}."));
+    for i in 0..n {
+        split_kv_b(&mut weights, &format!("model.layers.{i}.self_attn"), &args)?;
+    }
+    sanitize(&mut weights, false);
+    Decoder::load(weights, spec, Llama)
+}
+
+/// `q_head_dim^-0.5`, times `(0.1 mscale_all_dim ln(factor) + 1)^2` when `rope_scaling` gives
+/// a non-zero `mscale_all_dim` and a `factor` above 1 (in f64, as mlx-lm's Python floats).
+fn score_scale(args: &Args) -> f32 {
+    let q_head_dim = (args.qk_nope_head_dim + args.qk_rope_head_dim) as f64;
+    let mut scale = q_head_dim.powf(-0.5);
+    let get = |key: &str| {
+        (args.rope_scaling.as_ref())
+            .and_then(|s| s.get(key))
+            .and_then(Value::as_f64)
+    };
+    if let (Some(m), Some(factor)) = (get("mscale_all_dim").filter(|m| *m != 0.0), get("factor")) {
+        if factor > 1.0 {
+            let s = 0.1 * m * factor.ln() + 1.0;
+            scale = scale * s * s;
+        }
+    }
+    scale as f32
+}
+
+/// Hugging Face's `kv_b_proj` `(heads * (nope + v), rank)` as mlx-lm's per-head maps:
+/// `embed_q` `(heads, rank, nope)` and `unembed_out` `(heads, v, rank)`.
+fn split_kv_b(weights: &mut Weights, p: &str, args: &Args) -> Result<(), EngineError> {
+    let Some(kv_b) = weights.remove(&format!("{p}.kv_b_proj.weight")) else {
+        return Ok(());
+    };
+    if weights.remove(&format!("{p}.kv_b_proj.scales")).is_some() {
+        return Err(EngineError::load(
+            LoadErrorKind::UnsupportedArchitecture,
+            format!(
+                "deepseek_v3: a quantized `{p}.kv_b_proj` is not supported; quantize the float \
+                 checkpoint with `mlx_lm.convert` (it splits that projection first)"
+            ),
+        ));
+    }
+    let (nope, heads) = (args.qk_nope_head_dim, args.num_attention_heads);
+    let w = kv_b.reshape(&[heads, nope + args.v_head_dim, -1])?;
+    let wk = w.index((.., ..nope, ..)).swap_axes(-1, -2)?;
+    let wv = w.index((.., nope.., ..));
+    weights.insert(format!("{p}.embed_q.weight"), wk);
+    weights.insert(format!("{p}.unembed_out.weight"), wv);
+    Ok(())
+}
