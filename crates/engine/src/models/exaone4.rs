@@ -55,7 +55,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     if pattern.iter().any(|&p| p != 'L' && p != 'G') {
         return invalid("`sliding_window_pattern` is made of `L` (local) and `G` (global)");
     }
-    if !pattern.is_empty() && !(pattern.contains(&'L') && pattern.contains(&'G')) {
+    if !pattern.is_empty() && (!pattern.contains(&'L') || !pattern.contains(&'G')) {
         return invalid("`sliding_window_pattern` needs both an `L` and a `G` layer");
     }
     let window = match (pattern.contains(&'L'), args.sliding_window) {
