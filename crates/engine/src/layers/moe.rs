@@ -110,6 +110,16 @@ impl MoeSpec {
 
 impl MoeSpec {
     /// The layer as mlx-lm holds most: router `gate`, SwiGLU experts stacked as `switch_mlp`.
+    /// DeepSeek-V3's experts (GLM-4-MoE's too): router `gate` and stacked experts
+    /// `switch_mlp` under `mlp`, plus `shared_experts` added as they are where the config has
+    /// them.
+    pub fn deepseek(experts: i32, top_k: i32, routing: Routing, shared: bool) -> Self {
+        Self {
+            shared: if shared { Shared::Plain } else { Shared::None },
+            ..Self::switch_glu("mlp", experts, top_k, routing, PROJECTIONS)
+        }
+    }
+
     pub fn switch_glu(
         name: &'static str,
         num_experts: i32,

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::mla::MlaSpec,
-    layers::moe::{MoeSpec, Routing, Shared, PROJECTIONS},
+    layers::moe::{MoeSpec, Routing},
     layers::rope::rope_from_config,
     layers::weights::Weights,
     layers::AttentionShape,
@@ -141,19 +141,8 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             norm_topk_prob: args.norm_topk_prob,
             scaling: args.routed_scaling_factor,
         };
-        let moe = MoeSpec {
-            shared: match args.n_shared_experts {
-                Some(_) => Shared::Plain,
-                None => Shared::None,
-            },
-            ..MoeSpec::switch_glu(
-                "mlp",
-                experts,
-                args.num_experts_per_tok,
-                routing,
-                PROJECTIONS,
-            )
-        };
+        let shared = args.n_shared_experts.is_some();
+        let moe = MoeSpec::deepseek(experts, args.num_experts_per_tok, routing, shared);
         let freq = args.moe_layer_freq.max(1);
         for (i, layer) in spec.layers.iter_mut().enumerate() {
             if i >= args.first_k_dense_replace && i % freq == 0 {

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    layers::moe::{MoeSpec, Routing, Shared, PROJECTIONS},
+    layers::moe::{MoeSpec, Routing},
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
@@ -75,19 +75,8 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             norm_topk_prob: args.norm_topk_prob,
             scaling: args.routed_scaling_factor,
         };
-        let moe = MoeSpec {
-            shared: match args.n_shared_experts {
-                Some(_) => Shared::Plain,
-                None => Shared::None,
-            },
-            ..MoeSpec::switch_glu(
-                "mlp",
-                experts,
-                args.num_experts_per_tok,
-                routing,
-                PROJECTIONS,
-            )
-        };
+        let shared = args.n_shared_experts.is_some();
+        let moe = MoeSpec::deepseek(experts, args.num_experts_per_tok, routing, shared);
         for layer in spec.layers.iter_mut().skip(args.first_k_dense_replace) {
             layer.mlp = MlpSpec::Moe(moe.clone());
         }

@@ -12,7 +12,7 @@ use crate::{
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
-        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, NormLayout},
+        decoder::{load_layers, CommonArgs, Decoder, LayerSpec, NormLayout},
         llama::layer_windows,
         model::parse_args,
     },
@@ -33,7 +33,7 @@ struct Args {
     tie_word_embeddings: bool,
 }
 
-pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
+pub fn load(config: &Value, weights: Weights) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
     let c = &args.common;
     let n = c.num_hidden_layers;
@@ -69,13 +69,5 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             layer
         })
         .collect();
-    let tie = args.tie_word_embeddings;
-    let spec = DecoderSpec {
-        layers,
-        rms_norm_eps: c.rms_norm_eps,
-        tie_word_embeddings: tie,
-        max_position_embeddings: max_pos,
-    };
-    sanitize(&mut weights, tie);
-    Decoder::load(weights, spec, Llama)
+    load_layers(weights, c, layers, args.tie_word_embeddings, max_pos)
 }

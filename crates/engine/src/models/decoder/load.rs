@@ -40,6 +40,25 @@ pub fn load_uniform(
     Decoder::load(weights, spec, Llama)
 }
 
+/// Drops the checkpoint's unused tensors, then builds `layers` (one spec per layer, final norm
+/// as `common`'s): the whole load of a Llama-like family whose layers differ (windows, RoPE).
+pub fn load_layers(
+    mut weights: Weights,
+    common: &CommonArgs,
+    layers: Vec<LayerSpec>,
+    tie_word_embeddings: bool,
+    max_position_embeddings: Option<usize>,
+) -> LoadResult<Decoder> {
+    sanitize(&mut weights, tie_word_embeddings);
+    let spec = DecoderSpec {
+        layers,
+        rms_norm_eps: common.rms_norm_eps,
+        tie_word_embeddings,
+        max_position_embeddings,
+    };
+    Decoder::load(weights, spec, Llama)
+}
+
 impl LlamaArgs {
     /// [`load_uniform`] with every layer `layer`.
     pub fn load_uniform(&self, weights: Weights, layer: LayerSpec) -> LoadResult<Decoder> {

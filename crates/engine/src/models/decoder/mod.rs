@@ -18,6 +18,6 @@ mod parallel;
 mod spec;
 
 pub use family::{Family, Llama};
-pub use load::{load_uniform, sanitize};
+pub use load::{load_layers, load_uniform, sanitize};
 pub use model::Decoder;
 pub use spec::{AttentionKind, CommonArgs, DecoderSpec, LayerSpec, LlamaArgs, MlpSpec, NormLayout};
