@@ -250,8 +250,14 @@ FAMILY_BASE = {
         },
     },
 }
-# mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`).
+# mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`); GLM-4.7-Flash's file is a copy of
+# DeepSeek-V3's with other defaults and two epsilons.
 FAMILY_BASE["kimi_k2"] = FAMILY_BASE["deepseek_v3"]
+FAMILY_BASE["glm4_moe_lite"] = {
+    **FAMILY_BASE["deepseek_v3"],
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "rms_norm_eps": 1e-5,
+}
 
 
 # Pre-tokenization a family's real tokenizer.json carries, for fixtures whose spec asks for it

@@ -36,6 +36,8 @@ pub struct MlaSpec {
     pub scale: f32,
     /// RoPE over the `qk_rope_head_dim` features.
     pub rope: Rope,
+    /// The epsilon of the query and latent norms (`q_a_layernorm`, `kv_a_layernorm`).
+    pub norm_eps: f32,
 }
 
 /// One linear map per head: weight `(heads, out, in)`, dense or quantized (mlx-lm's

@@ -39,12 +39,14 @@ pub enum Routing {
     /// experts (`argpartition(-s, k - 1)[:k]`), only within the best `topk_group` of `n_group`
     /// groups (a group's worth: the sum of its two best; the others' scores zeroed); the
     /// uncorrected scores weigh them, renormalised when `norm_topk_prob` (and k > 1), times
-    /// `scaling` (GLM-4-MoE's `noaux_tc`).
+    /// `scaling` (GLM-4-MoE's `noaux_tc`); `sum_epsilon` is added to the sum renormalising
+    /// them, where the family's file adds one (GLM-4.7-Flash's 1e-20).
     GroupedSigmoid {
         n_group: i32,
         topk_group: i32,
         norm_topk_prob: bool,
         scaling: f32,
+        sum_epsilon: Option<f32>,
     },
     /// Gemma 4's `router`: the input RMS-normed (weight `router.scale * hidden^-0.5`) through
     /// `router.proj`, the top k logits (`argpartition(s, -k)[-k:]`), softmax over those k (not
@@ -472,6 +474,7 @@ impl SparseMoe {
                 topk_group,
                 norm_topk_prob,
                 scaling,
+                sum_epsilon,
             } => {
                 let bias = self
                     .correction_bias
@@ -491,7 +494,13 @@ impl SparseMoe {
                 }
                 let indices = first_k_of_negated(&chosen, k)?;
                 let scores = probs.take_along_axis(&indices, -1)?;
-                let scores = renormalise(scores, norm_topk_prob && k > 1)?;
+                let scores = match (norm_topk_prob && k > 1, sum_epsilon) {
+                    (true, Some(eps)) => {
+                        let sum = scores.sum_axis(-1, true)?.add(Array::from_f32(eps))?;
+                        scores.divide(sum)?
+                    }
+                    (norm, _) => renormalise(scores, norm)?,
+                };
                 Ok((indices, scores.multiply(Array::from_f32(scaling))?))
             }
         }

@@ -1,4 +1,5 @@
-//! DeepSeek-V3 (and what mlx-lm runs as it: Kimi K2, JoyAI-LLM-Flash): multi-head latent
+//! DeepSeek-V3 (and what mlx-lm runs as it, Kimi K2; and GLM-4.7-Flash, whose mlx-lm file is
+//! a copy with other defaults and two epsilons: [`Variant`]): multi-head latent
 //! attention (`layers/mla.rs`, RoPE interleaved over `qk_rope_head_dim` features, YaRN as
 //! `rope_scaling` asks, its `mscale_all_dim` correcting the score scale) and, from layer
 //! `first_k_dense_replace` on (every `moe_layer_freq`-th), a mixture of experts routed as
@@ -9,7 +10,7 @@
 
 use mlx_rs::ops::indexing::IndexOp;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
@@ -24,9 +25,8 @@ use crate::{
     },
 };
 
-/// mlx-lm's deepseek_v3 `ModelArgs` and its defaults.
+/// mlx-lm's `ModelArgs` of the two files (their defaults: [`Variant::defaults`]).
 #[derive(Debug, Deserialize)]
-#[serde(default)]
 struct Args {
     num_hidden_layers: usize,
     num_attention_heads: i32,
@@ -51,40 +51,64 @@ struct Args {
     rope_scaling: Option<Value>,
 }
 
-impl Default for Args {
-    fn default() -> Self {
-        Self {
-            num_hidden_layers: 30,
-            num_attention_heads: 32,
-            n_shared_experts: None,
-            n_routed_experts: None,
-            routed_scaling_factor: 1.0,
-            kv_lora_rank: 512,
-            q_lora_rank: Some(1536),
-            qk_rope_head_dim: 64,
-            v_head_dim: 128,
-            qk_nope_head_dim: 128,
-            topk_method: "noaux_tc".into(),
-            norm_topk_prob: true,
-            n_group: 1,
-            topk_group: 1,
-            num_experts_per_tok: 1,
-            moe_layer_freq: 1,
-            first_k_dense_replace: 0,
-            max_position_embeddings: 2048,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10000.0,
-            rope_scaling: None,
+/// Which of mlx-lm's DeepSeek-V3-shaped files a checkpoint is run as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// `deepseek_v3.py` (also Kimi K2's).
+    DeepseekV3,
+    /// `glm4_moe_lite.py` (GLM-4.7-Flash): other defaults, the latent norms at `rms_norm_eps`
+    /// (not 1e-6), and the router's renormalisation adding 1e-20 to its sum.
+    Glm4MoeLite,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Self::DeepseekV3 => "deepseek_v3",
+            Self::Glm4MoeLite => "glm4_moe_lite",
+        }
+    }
+
+    /// The file's `ModelArgs` defaults.
+    fn defaults(self) -> Value {
+        match self {
+            Self::DeepseekV3 => json!({
+                "num_hidden_layers": 30, "num_attention_heads": 32, "n_shared_experts": null,
+                "n_routed_experts": null, "routed_scaling_factor": 1.0, "kv_lora_rank": 512,
+                "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "norm_topk_prob": true,
+                "n_group": 1, "topk_group": 1, "num_experts_per_tok": 1, "moe_layer_freq": 1,
+                "first_k_dense_replace": 0, "max_position_embeddings": 2048,
+                "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": null,
+            }),
+            Self::Glm4MoeLite => json!({
+                "num_hidden_layers": 47, "num_attention_heads": 20, "n_shared_experts": 1,
+                "n_routed_experts": 64, "routed_scaling_factor": 1.8, "kv_lora_rank": 512,
+                "q_lora_rank": 768, "qk_rope_head_dim": 64, "v_head_dim": 256,
+                "qk_nope_head_dim": 192, "topk_method": "noaux_tc", "norm_topk_prob": true,
+                "n_group": 1, "topk_group": 1, "num_experts_per_tok": 4, "moe_layer_freq": 1,
+                "first_k_dense_replace": 1, "max_position_embeddings": 202752,
+                "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0, "rope_scaling": null,
+            }),
         }
     }
 }
 
-pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
-    let args: Args = parse_args(config)?;
+pub fn load(
+    config: &Value,
+    mut weights: Weights,
+    variant: Variant,
+) -> Result<Decoder, EngineError> {
+    let mut merged = variant.defaults();
+    if let (Some(fields), Some(given)) = (merged.as_object_mut(), config.as_object()) {
+        fields.extend(given.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    let args: Args = parse_args(&merged)?;
+    let family = variant.name();
     let unsupported = |detail: String| {
         Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
-            format!("deepseek_v3: {detail}"),
+            format!("{family}: {detail}"),
         ))
     };
     if args.topk_method != "noaux_tc" {
@@ -119,6 +143,10 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         qk_rope_head_dim: args.qk_rope_head_dim,
         v_head_dim: args.v_head_dim,
         scale: score_scale(&args),
+        norm_eps: match variant {
+            Variant::DeepseekV3 => 1e-6,
+            Variant::Glm4MoeLite => args.rms_norm_eps,
+        },
         rope: rope.clone(),
     };
     let n = args.num_hidden_layers;
@@ -140,6 +168,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             topk_group: args.topk_group,
             norm_topk_prob: args.norm_topk_prob,
             scaling: args.routed_scaling_factor,
+            sum_epsilon: (variant == Variant::Glm4MoeLite).then_some(1e-20),
         };
         let shared = args.n_shared_experts.is_some();
         let moe = MoeSpec::deepseek(experts, args.num_experts_per_tok, routing, shared);
@@ -187,7 +216,7 @@ fn split_kv_b(weights: &mut Weights, p: &str, args: &Args) -> Result<(), EngineE
         return Err(EngineError::load(
             LoadErrorKind::UnsupportedArchitecture,
             format!(
-                "deepseek_v3: a quantized `{p}.kv_b_proj` is not supported; quantize the float \
+                "a quantized `{p}.kv_b_proj` is not supported; quantize the float \
                  checkpoint with `mlx_lm.convert` (it splits that projection first)"
             ),
         ));

@@ -74,6 +74,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             topk_group: args.topk_group,
             norm_topk_prob: args.norm_topk_prob,
             scaling: args.routed_scaling_factor,
+            sum_epsilon: None,
         };
         let shared = args.n_shared_experts.is_some();
         let moe = MoeSpec::deepseek(experts, args.num_experts_per_tok, routing, shared);

@@ -51,6 +51,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "gemma4",
     "gemma4_text",
     "glm4_moe",
+    "glm4_moe_lite",
     "gpt_oss",
     "kimi_k2",
     "llama",
@@ -143,7 +144,16 @@ pub fn build(
     check_sizes(config, &weights)?;
     match model_type {
         // mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`).
-        "deepseek_v3" | "kimi_k2" => Ok(Box::new(deepseek_v3::load(config, weights)?)),
+        "deepseek_v3" | "kimi_k2" => Ok(Box::new(deepseek_v3::load(
+            config,
+            weights,
+            deepseek_v3::Variant::DeepseekV3,
+        )?)),
+        "glm4_moe_lite" => Ok(Box::new(deepseek_v3::load(
+            config,
+            weights,
+            deepseek_v3::Variant::Glm4MoeLite,
+        )?)),
         "exaone4" => Ok(Box::new(exaone4::load(config, weights)?)),
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
         "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),

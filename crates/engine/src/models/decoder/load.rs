@@ -319,8 +319,7 @@ fn load_attention(
     })
 }
 
-/// The block's latent `self_attn` at `p` (its norms with mlx-lm's fixed epsilon, 1e-6), its
-/// projections' shapes checked against `mla`.
+/// The block's latent `self_attn` at `p`, its projections' shapes checked against `mla`.
 fn load_latent(
     weights: &mut Weights,
     p: &str,
@@ -332,7 +331,7 @@ fn load_latent(
         None => LatentQuery::Direct(weights.linear(&at("q_proj"))?),
         Some(_) => LatentQuery::Compressed {
             q_a_proj: weights.linear(&at("q_a_proj"))?,
-            q_a_layernorm: norm(weights, &at("q_a_layernorm"), 1e-6, family)?,
+            q_a_layernorm: norm(weights, &at("q_a_layernorm"), mla.norm_eps, family)?,
             q_b_proj: weights.linear(&at("q_b_proj"))?,
         },
     };
@@ -340,7 +339,7 @@ fn load_latent(
         spec: mla.clone(),
         query,
         kv_a_proj_with_mqa: weights.linear(&at("kv_a_proj_with_mqa"))?,
-        kv_a_layernorm: norm(weights, &at("kv_a_layernorm"), 1e-6, family)?,
+        kv_a_layernorm: norm(weights, &at("kv_a_layernorm"), mla.norm_eps, family)?,
         embed_q: MultiLinear {
             linear: weights.linear(&at("embed_q"))?,
         },
