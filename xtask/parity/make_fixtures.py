@@ -362,6 +362,7 @@ WRAPPERS = {
     # Without a vision_config (a mistral3 with one is a vision model: make_vision_fixtures.py).
     "mistral3": ("Mistral3ForConditionalGeneration", []),
     "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", ["visual"]),
+    "kimi_k25": ("KimiK25ForConditionalGeneration", ["vision_tower", "mm_projector"]),
 }
 
 

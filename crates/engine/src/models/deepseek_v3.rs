@@ -187,6 +187,23 @@ pub fn load(
     Decoder::load(weights, spec, Llama)
 }
 
+/// Kimi K2.5's language model (`kimi_k25`, its vision tower not built, as mlx-lm's
+/// `kimi_k25.py` runs it): `text_config` as a DeepSeek-V3 whatever its `model_type`.
+pub fn kimi_k25_text_config(config: &Value) -> Result<Value, EngineError> {
+    let mut text = config
+        .get("text_config")
+        .filter(|t| t.is_object())
+        .cloned()
+        .ok_or_else(|| {
+            EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                "config.json: kimi_k25 needs a `text_config` object (its language model)",
+            )
+        })?;
+    text["model_type"] = json!("deepseek_v3");
+    Ok(text)
+}
+
 /// `q_head_dim^-0.5`, times `(0.1 mscale_all_dim ln(factor) + 1)^2` when `rope_scaling` gives
 /// a non-zero `mscale_all_dim` and a `factor` above 1 (in f64, as mlx-lm's Python floats).
 fn score_scale(args: &Args) -> f32 {

@@ -54,6 +54,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "glm4_moe_lite",
     "gpt_oss",
     "kimi_k2",
+    "kimi_k25",
     "llama",
     "ministral3",
     "mistral",
@@ -76,7 +77,8 @@ pub const ARCHITECTURES: &[&str] = &[
 /// (their towers are not built: `info.is_vision` is false and an image is refused). A
 /// `mistral3` with a `vision_config` is a vision model (`vision/mistral3.rs`); without one, its
 /// language model alone.
-pub const TEXT_OF_MULTIMODAL: &[&str] = &["gemma4", "mistral3", "qwen3_5", "qwen3_5_moe"];
+pub const TEXT_OF_MULTIMODAL: &[&str] =
+    &["gemma4", "kimi_k25", "mistral3", "qwen3_5", "qwen3_5_moe"];
 
 /// Where multimodal checkpoints keep what is not the language model (Hugging Face's layout:
 /// under `model.`; mlx-vlm's: at the top).
@@ -88,6 +90,8 @@ const TOWERS: &[&str] = &[
     "embed_audio",
     "embed_vision",
     "vision_embedder",
+    "vision_model",
+    "mm_projector",
 ];
 
 /// The language model's tensors of a multimodal checkpoint, under `model.` and `lm_head` (as
@@ -131,6 +135,10 @@ pub fn build(
         "gemma4" => (Some(gemma4::text_config(config)?), language_model(weights)),
         "mistral3" => (
             Some(mistral3::text_config(config)?),
+            language_model(weights),
+        ),
+        "kimi_k25" => (
+            Some(deepseek_v3::kimi_k25_text_config(config)?),
             language_model(weights),
         ),
         "qwen3_5" | "qwen3_5_moe" => (None, language_model(weights)),
