@@ -80,6 +80,10 @@ pub struct Options {
     /// by mlx-lm's classes (`xtask/bench/moe.json`), the same comparison.
     #[arg(long)]
     moe: bool,
+    /// Instead: the late-2026 families (multi-head latent attention, ...) at wide random
+    /// weights built by mlx-lm's classes (`xtask/bench/families.json`), the same comparison.
+    #[arg(long)]
+    families: bool,
     /// Instead: aggregate decode tok/s with several chats at once (`xtask/bench/batch.json`),
     /// the worker (`--max-batch`) beside mlx-lm's `BatchGenerator`.
     #[arg(long)]
@@ -145,7 +149,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     }
     let file = prompts()?;
     if opts.moe {
-        return crate::bench_moe::run(opts, &file.prompts);
+        return crate::bench_fixtures::run(opts, &file.prompts, "moe.json");
+    }
+    if opts.families {
+        return crate::bench_fixtures::run(opts, &file.prompts, "families.json");
     }
     let max_new_tokens = opts.max_new_tokens.unwrap_or(file.max_new_tokens);
     let model = setup::default_model_dir()

@@ -6,7 +6,7 @@
 mod bench;
 mod bench_batch;
 mod bench_constrained;
-mod bench_moe;
+mod bench_fixtures;
 mod bench_speculative;
 mod bench_vision;
 mod check_import;

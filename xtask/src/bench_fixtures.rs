@@ -1,7 +1,8 @@
-//! `cargo xtask bench --moe`: the comparison of `cargo xtask bench` (the release worker over the
-//! protocol beside mlx-lm, stock and with OpenBLAS) on sparse mixtures of experts and a hybrid
-//! model: wide random-weight models built by mlx-lm's own classes (`xtask/bench/moe.json`,
-//! written by `make_fixtures.py` into `<target>/parity-fixtures/`), each loaded once per side.
+//! `cargo xtask bench --moe` and `--families`: the comparison of `cargo xtask bench` (the release
+//! worker over the protocol beside mlx-lm, stock and with OpenBLAS) on wide random-weight models
+//! built by mlx-lm's own classes (written by `make_fixtures.py` into
+//! `<target>/parity-fixtures/`), each loaded once per side: sparse mixtures of experts and a
+//! hybrid model (`xtask/bench/moe.json`), the late-2026 families (`xtask/bench/families.json`).
 //! The prompts are `prompts.json`'s single-turn ones.
 
 use anyhow::Context;
@@ -11,7 +12,7 @@ use crate::bench::{compare, BenchPrompt, Options};
 use crate::{parity, workspace_root};
 
 #[derive(Debug, Deserialize)]
-struct MoeFile {
+struct FixturesFile {
     max_new_tokens: u32,
     models: Vec<Model>,
 }
@@ -23,17 +24,18 @@ struct Model {
     title: String,
 }
 
-pub fn run(opts: &Options, prompts: &[BenchPrompt]) -> anyhow::Result<()> {
-    let path = workspace_root().join("xtask/bench/moe.json");
-    let file: MoeFile = serde_json::from_str(
+/// The comparison on every model of `xtask/bench/<file>`.
+pub fn run(opts: &Options, prompts: &[BenchPrompt], file: &str) -> anyhow::Result<()> {
+    let path = workspace_root().join("xtask/bench").join(file);
+    let file: FixturesFile = serde_json::from_str(
         &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
     )
-    .with_context(|| format!("{} is not a valid MoE bench file", path.display()))?;
+    .with_context(|| format!("{} is not a valid bench file", path.display()))?;
     let max = opts.max_new_tokens.unwrap_or(file.max_new_tokens);
     let prompts: Vec<BenchPrompt> = prompts.iter().filter(|p| !p.next_turn).cloned().collect();
     let fixtures = parity::make_fixtures(&path)?;
     for model in &file.models {
-        eprintln!("bench --moe: {}", model.name);
+        eprintln!("bench: {}", model.name);
         compare(
             opts,
             &fixtures.join(&model.name),
