@@ -253,6 +253,24 @@ FAMILY_BASE = {
 # mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`); GLM-4.7-Flash's file is a copy of
 # DeepSeek-V3's with other defaults and two epsilons.
 FAMILY_BASE["kimi_k2"] = FAMILY_BASE["deepseek_v3"]
+# Mistral 4: DeepSeek-V3's sizes; RoPE, YaRN and Llama 4's query scale from `rope_parameters`
+# (an original context of 32, so that the scale steps up within every case's prompt).
+FAMILY_BASE["mistral4"] = {
+    **FAMILY_BASE["deepseek_v3"],
+    "architectures": ["Mistral4ForCausalLM"],
+    "norm_topk_prob": True,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 1000000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 32,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "llama_4_scaling_beta": 0.1,
+    },
+}
 FAMILY_BASE["glm4_moe_lite"] = {
     **FAMILY_BASE["deepseek_v3"],
     "architectures": ["Glm4MoeLiteForCausalLM"],

@@ -14,6 +14,7 @@ use mlx_rs::{fast::ScaledDotProductAttentionMask as SdpaMask, ops, Array, Dtype}
 
 use crate::layers::{
     array::{scalar_like, Result},
+    attention::QueryTemperature,
     kv_cache::{causal_mask, KvCache, Mask},
     linear::Linear,
     norm::RmsNorm,
@@ -38,6 +39,20 @@ pub struct MlaSpec {
     pub rope: Rope,
     /// The epsilon of the query and latent norms (`q_a_layernorm`, `kv_a_layernorm`).
     pub norm_eps: f32,
+    /// Llama 4's query scale by position (Mistral 4), on both query parts after RoPE.
+    pub temperature: Option<QueryTemperature>,
+    /// How a prefill attends.
+    pub prefill: LatentPrefill,
+}
+
+/// How a prefill (more than one query) attends over the expanded latents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatentPrefill {
+    /// The rotary scores as an additive mask beside the expanded keys (DeepSeek-V3).
+    RotaryScores,
+    /// Each head's key as its expanded part and the shared rotary key side by side, under the
+    /// causal mask (Mistral 4).
+    Concatenated,
 }
 
 /// One linear map per head: weight `(heads, out, in)`, dense or quantized (mlx-lm's
@@ -110,8 +125,23 @@ impl LatentAttention {
         let offset = cache.offset();
         let q_pe = s.rope.forward(&q_pe, offset)?;
         let k_pe = s.rope.forward(&k_pe, offset)?;
+        let (q_nope, q_pe) = match &s.temperature {
+            Some(t) => (t.apply(&q_nope, offset)?, t.apply(&q_pe, offset)?),
+            None => (q_nope, q_pe),
+        };
         let latent = latent.expand_dims(1)?;
         let (latent, k_pe) = cache.update_and_fetch(latent, k_pe)?;
+        if l > 1 && s.prefill == LatentPrefill::Concatenated {
+            let k_nope = self.embed_q.forward(&latent, false)?;
+            let v = self.unembed_out.forward(&latent, true)?;
+            let shape = [b, s.num_heads, k_pe.dim(2), s.qk_rope_head_dim];
+            let k_pe = ops::broadcast_to(&k_pe, &shape)?;
+            let q = ops::concatenate(&[q_nope, q_pe], -1)?;
+            let k = ops::concatenate(&[k_nope, k_pe], -1)?;
+            let out = sdpa(&q, &k, &v, s.scale, mask.as_sdpa(), None)?;
+            let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+            return self.o_proj.forward(&out);
+        }
         let pe_scores = q_pe
             .multiply(scalar_like(s.scale, &q_pe)?)?
             .matmul(k_pe.swap_axes(-1, -2)?)?;

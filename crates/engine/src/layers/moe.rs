@@ -48,6 +48,15 @@ pub enum Routing {
         scaling: f32,
         sum_epsilon: Option<f32>,
     },
+    /// Mistral 4's: softmax scores (float32) choose the experts within the best `topk_group` of
+    /// `n_group` groups as [`Routing::GroupedSigmoid`] does (no correction bias) and weigh them,
+    /// renormalised when `norm_topk_prob` (whatever k; the sum plus 1e-20), times `scaling`.
+    GroupedSoftmax {
+        n_group: i32,
+        topk_group: i32,
+        norm_topk_prob: bool,
+        scaling: f32,
+    },
     /// Gemma 4's `router`: the input RMS-normed (weight `router.scale * hidden^-0.5`) through
     /// `router.proj`, the top k logits (`argpartition(s, -k)[-k:]`), softmax over those k (not
     /// `precise`), each weight times its expert's `router.per_expert_scale`.
@@ -350,17 +359,26 @@ impl SparseMoe {
             )));
         }
         let shared_expert = SharedExpert::load(weights, prefix, spec.shared)?.map(Box::new);
+        if let Routing::GroupedSigmoid {
+            n_group,
+            topk_group,
+            ..
+        }
+        | Routing::GroupedSoftmax {
+            n_group,
+            topk_group,
+            ..
+        } = spec.routing
+        {
+            if n_group < 1 || experts % n_group != 0 || topk_group < 1 || topk_group > n_group {
+                return Err(invalid(format!(
+                    "config.json: {experts} experts in {n_group} groups, the best {topk_group} \
+                     used (need groups that divide the experts, 1 <= topk_group <= n_group)"
+                )));
+            }
+        }
         let correction_bias = match spec.routing {
-            Routing::GroupedSigmoid {
-                n_group,
-                topk_group,
-                ..
-            } => {
-                if n_group < 1 || experts % n_group != 0 || topk_group < 1 || topk_group > n_group {
-                    return Err(invalid(format!(
-                        "config.json: {experts} experts in {n_group} groups, the best                          {topk_group} used (need groups that divide the experts, 1 <=                          topk_group <= n_group)"
-                    )));
-                }
+            Routing::GroupedSigmoid { .. } => {
                 let name = format!("{prefix}.{}.e_score_correction_bias", spec.router);
                 let bias = weights.take(&name)?;
                 if bias.shape() != [experts] {
@@ -481,17 +499,7 @@ impl SparseMoe {
                     .as_ref()
                     .expect("loaded with this routing");
                 let probs = ops::sigmoid(logits.as_dtype(Dtype::Float32)?)?;
-                let mut chosen = probs.add(bias)?;
-                let dropped = n_group - topk_group;
-                if n_group > 1 && dropped > 0 {
-                    let e = chosen.dim(-1);
-                    let grouped = ops::unflatten(&chosen, -1, &[n_group, e / n_group])?;
-                    let worth = ops::indexing::topk_axis(&grouped, 2, -1)?.sum_axis(-1, true)?;
-                    let order = ops::argpartition_axis(&worth, dropped - 1, -2)?;
-                    let worst = order.split_at_indices(&[dropped], -2)?.swap_remove(0);
-                    let zero = Array::from_f32(0.0);
-                    chosen = grouped.put_along_axis(&worst, &zero, -2)?.flatten(-2, -1)?;
-                }
+                let chosen = best_groups(probs.add(bias)?, n_group, topk_group)?;
                 let indices = first_k_of_negated(&chosen, k)?;
                 let scores = probs.take_along_axis(&indices, -1)?;
                 let scores = match (norm_topk_prob && k > 1, sum_epsilon) {
@@ -500,6 +508,25 @@ impl SparseMoe {
                         scores.divide(sum)?
                     }
                     (norm, _) => renormalise(scores, norm)?,
+                };
+                Ok((indices, scores.multiply(Array::from_f32(scaling))?))
+            }
+            Routing::GroupedSoftmax {
+                n_group,
+                topk_group,
+                norm_topk_prob,
+                scaling,
+            } => {
+                let probs = ops::softmax_axis(&logits.as_dtype(Dtype::Float32)?, -1, false)?;
+                let chosen = best_groups(probs.clone(), n_group, topk_group)?;
+                let indices = first_k_of_negated(&chosen, k)?;
+                let scores = probs.take_along_axis(&indices, -1)?;
+                let scores = match norm_topk_prob {
+                    true => {
+                        let sum = scores.sum_axis(-1, true)?.add(Array::from_f32(1e-20))?;
+                        scores.divide(sum)?
+                    }
+                    false => scores,
                 };
                 Ok((indices, scores.multiply(Array::from_f32(scaling))?))
             }
@@ -568,6 +595,24 @@ fn last_k(x: &Array, k: i32) -> Result<Array> {
 }
 
 /// `argpartition(-x, k - 1)[..., :k]`: the k largest of `x`, as Mixtral and OLMoE pick them.
+/// `scores` `(..., E)` with every expert outside the best `topk_group` of `n_group` groups
+/// zeroed (a group's worth: the sum of its two best scores), as mlx-lm's DeepSeek-style routers
+/// do; unchanged with one group or none dropped.
+fn best_groups(scores: Array, n_group: i32, topk_group: i32) -> Result<Array> {
+    let dropped = n_group - topk_group;
+    if n_group <= 1 || dropped <= 0 {
+        return Ok(scores);
+    }
+    let e = scores.dim(-1);
+    let grouped = ops::unflatten(&scores, -1, &[n_group, e / n_group])?;
+    let worth = ops::indexing::topk_axis(&grouped, 2, -1)?.sum_axis(-1, true)?;
+    let order = ops::argpartition_axis(&worth, dropped - 1, -2)?;
+    let worst = order.split_at_indices(&[dropped], -2)?.swap_remove(0);
+    grouped
+        .put_along_axis(&worst, Array::from_f32(0.0), -2)?
+        .flatten(-2, -1)
+}
+
 fn first_k_of_negated(x: &Array, k: i32) -> Result<Array> {
     let part = ops::argpartition_axis(x.negative()?, k - 1, -1)?;
     Ok(part.split_at_indices(&[k], -1)?.swap_remove(0))

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    layers::mla::MlaSpec,
+    layers::mla::{LatentPrefill, MlaSpec},
     layers::moe::{MoeSpec, Routing},
     layers::rope::rope_from_config,
     layers::weights::Weights,
@@ -147,6 +147,8 @@ pub fn load(
             Variant::DeepseekV3 => 1e-6,
             Variant::Glm4MoeLite => args.rms_norm_eps,
         },
+        temperature: None,
+        prefill: LatentPrefill::RotaryScores,
         rope: rope.clone(),
     };
     let n = args.num_hidden_layers;
@@ -181,7 +183,15 @@ pub fn load(
     }
     weights.drop_prefixed(&format!("model.layers.{n}."));
     for i in 0..n {
-        split_kv_b(&mut weights, &format!("model.layers.{i}.self_attn"), &args)?;
+        let p = format!("model.layers.{i}.self_attn");
+        let heads = args.num_attention_heads;
+        split_kv_b(
+            &mut weights,
+            &p,
+            heads,
+            args.qk_nope_head_dim,
+            args.v_head_dim,
+        )?;
     }
     sanitize(&mut weights, false);
     Decoder::load(weights, spec, Llama)
@@ -223,9 +233,15 @@ fn score_scale(args: &Args) -> f32 {
     scale as f32
 }
 
-/// Hugging Face's `kv_b_proj` `(heads * (nope + v), rank)` as mlx-lm's per-head maps:
-/// `embed_q` `(heads, rank, nope)` and `unembed_out` `(heads, v, rank)`.
-fn split_kv_b(weights: &mut Weights, p: &str, args: &Args) -> Result<(), EngineError> {
+/// Hugging Face's `kv_b_proj` `(heads * (nope + v), rank)` at `p` (a layer's `self_attn`) as
+/// mlx-lm's per-head maps: `embed_q` `(heads, rank, nope)` and `unembed_out` `(heads, v, rank)`.
+pub(super) fn split_kv_b(
+    weights: &mut Weights,
+    p: &str,
+    heads: i32,
+    nope: i32,
+    v_head_dim: i32,
+) -> Result<(), EngineError> {
     let Some(kv_b) = weights.remove(&format!("{p}.kv_b_proj.weight")) else {
         return Ok(());
     };
@@ -238,8 +254,7 @@ fn split_kv_b(weights: &mut Weights, p: &str, args: &Args) -> Result<(), EngineE
             ),
         ));
     }
-    let (nope, heads) = (args.qk_nope_head_dim, args.num_attention_heads);
-    let w = kv_b.reshape(&[heads, nope + args.v_head_dim, -1])?;
+    let w = kv_b.reshape(&[heads, nope + v_head_dim, -1])?;
     let wk = w.index((.., ..nope, ..)).swap_axes(-1, -2)?;
     let wv = w.index((.., nope.., ..));
     weights.insert(format!("{p}.embed_q.weight"), wk);

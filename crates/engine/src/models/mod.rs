@@ -16,6 +16,7 @@ mod llama;
 mod ministral3;
 mod mistral;
 mod mistral3;
+mod mistral4;
 mod mixtral;
 mod model;
 mod olmo2;
@@ -58,6 +59,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "llama",
     "ministral3",
     "mistral",
+    "mistral4",
     "mixtral",
     "olmo2",
     "olmo3",
@@ -170,6 +172,7 @@ pub fn build(
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         "ministral3" => Ok(Box::new(ministral3::load(config, weights)?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
+        "mistral4" => Ok(Box::new(mistral4::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
         "olmo2" => Ok(Box::new(olmo2::load(config, weights)?)),
         "olmo3" => Ok(Box::new(olmo3::load(config, weights)?)),

@@ -31,6 +31,8 @@ pub(super) enum Norms {
 }
 
 /// A block's MLP.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Mlp {
     Dense(GatedMlp),
     /// Under its checkpoint name (`mlp`, Mixtral's `block_sparse_moe`).
