@@ -182,17 +182,14 @@ pub fn load(
         }
     }
     weights.drop_prefixed(&format!("model.layers.{n}."));
-    for i in 0..n {
-        let p = format!("model.layers.{i}.self_attn");
-        let heads = args.num_attention_heads;
-        split_kv_b(
-            &mut weights,
-            &p,
-            heads,
-            args.qk_nope_head_dim,
-            args.v_head_dim,
-        )?;
-    }
+    let heads = args.num_attention_heads;
+    split_kv_b(
+        &mut weights,
+        n,
+        heads,
+        args.qk_nope_head_dim,
+        args.v_head_dim,
+    )?;
     sanitize(&mut weights, false);
     Decoder::load(weights, spec, Llama)
 }
@@ -233,9 +230,24 @@ fn score_scale(args: &Args) -> f32 {
     scale as f32
 }
 
-/// Hugging Face's `kv_b_proj` `(heads * (nope + v), rank)` at `p` (a layer's `self_attn`) as
-/// mlx-lm's per-head maps: `embed_q` `(heads, rank, nope)` and `unembed_out` `(heads, v, rank)`.
+/// Hugging Face's `kv_b_proj` `(heads * (nope + v), rank)` of each of `layers` layers as
+/// mlx-lm's per-head maps: `embed_q` `(heads, rank, nope)` and `unembed_out` `(heads, v, rank)`
+/// (a layer that has them already is left alone).
 pub(super) fn split_kv_b(
+    weights: &mut Weights,
+    layers: usize,
+    heads: i32,
+    nope: i32,
+    v_head_dim: i32,
+) -> Result<(), EngineError> {
+    for i in 0..layers {
+        let p = format!("model.layers.{i}.self_attn");
+        split_layer_kv_b(weights, &p, heads, nope, v_head_dim)?;
+    }
+    Ok(())
+}
+
+fn split_layer_kv_b(
     weights: &mut Weights,
     p: &str,
     heads: i32,

@@ -124,16 +124,13 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     for layer in spec.layers.iter_mut().skip(args.first_k_dense_replace) {
         layer.mlp = MlpSpec::Moe(moe.clone());
     }
-    for i in 0..n {
-        let p = format!("model.layers.{i}.self_attn");
-        split_kv_b(
-            &mut weights,
-            &p,
-            heads,
-            args.qk_nope_head_dim,
-            args.v_head_dim,
-        )?;
-    }
+    split_kv_b(
+        &mut weights,
+        n,
+        heads,
+        args.qk_nope_head_dim,
+        args.v_head_dim,
+    )?;
     sanitize(&mut weights, tie);
     Decoder::load(weights, spec, Llama)
 }
