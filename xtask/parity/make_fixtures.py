@@ -216,6 +216,115 @@ FAMILY_BASE = {
         "mlp_bias": True,
         "tie_word_embeddings": False,
     },
+    # Biases on every projection (`use_bias`), traditional RoPE, head_dim from the heads.
+    "ernie4_5": {
+        "architectures": ["Ernie4_5_ForCausalLM"],
+        "head_dim": None,
+        "use_bias": True,
+        "rope_theta": 500000.0,
+    },
+    # Layer 0 dense, layers 1-2 sparse (moe_layer_start_index): 8 experts, top 2, expert MLPs
+    # of 64, one shared expert (the released 21B-A3B's shape, scaled down).
+    "ernie4_5_moe": {
+        "architectures": ["Ernie4_5_MoeForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": None,
+        "use_bias": False,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "moe_num_experts": 8,
+        "moe_k": 2,
+        "moe_layer_start_index": 1,
+        "moe_layer_interval": 1,
+        "moe_intermediate_size": 64,
+        "moe_num_shared_experts": 1,
+    },
+    # MiniMax-M2's shape scaled down: heads wider than hidden / heads, half of each rotated,
+    # q/k norms over the projections; 4 experts (Hugging Face's `w1`/`w3`/`w2`), top 2, routed by
+    # sigmoid scores plus a correction bias (zero at init, so the cases "draw" it).
+    "minimax": {
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "head_dim": 32,
+        "rotary_dim": 16,
+        "rope_theta": 5000000.0,
+        "intermediate_size": 64,
+        "shared_intermediate_size": 0,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+        "use_qk_norm": True,
+    },
+    # Command R7B's layout scaled down: four layers, three sliding (window 16, shorter than
+    # every case's prompt; traditional RoPE) and a global one without RoPE; layer norms without
+    # an offset, attention and MLP side by side on one norm, logits scaled.
+    "cohere2": {
+        "architectures": ["Cohere2ForCausalLM"],
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "layer_norm_eps": 1e-5,
+        "sliding_window": 16,
+        "sliding_window_pattern": 4,
+        "logit_scale": 0.25,
+        "rope_theta": 50000.0,
+    },
+    # LFM2-350M's layout scaled down: short convolutions (3 taps) in layers 0, 1 and 3,
+    # attention in layer 2; MLPs of 192 * 2/3 rounded up to a multiple of 64.
+    "lfm2": {
+        "architectures": ["Lfm2ForCausalLM"],
+        "num_hidden_layers": 4,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_dim": 64,
+        "block_ff_dim": 192,
+        "block_multiple_of": 64,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True,
+        "rope_theta": 1000000.0,
+        "layer_types": ["conv", "conv", "full_attention", "conv"],
+    },
+    # Llama 4 (Scout's text config, scaled down; run under the `llama4` wrapper): layers 0-2
+    # chunked (16 positions, shorter than most prompts) with Llama 3 RoPE and q/k norms, layer 3
+    # global without RoPE, its query temperature stepping every 16 positions (Scout: 8192);
+    # layers 1 and 3 of 4 experts (top 1) plus a shared expert, the others dense.
+    "llama4": {
+        "architectures": ["Llama4ForCausalLM"],
+        "model_type": "llama4_text",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "attention_bias": False,
+        "attention_chunk_size": 16,
+        "interleave_moe_layer_step": 2,
+        "intermediate_size": 64,
+        "intermediate_size_mlp": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "use_qk_norm": True,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 16.0,
+            "high_freq_factor": 1.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "max_position_embeddings": 131072,
+        "attn_temperature_tuning": True,
+        "floor_scale": 16,
+        "attn_scale": 0.1,
+        "tie_word_embeddings": False,
+    },
+    # MobileLLM-R1's layout (mlx-lm's llama4_text.py): 4 layers, the last without RoPE,
+    # unscaled q/k norms, tied.
+    "llama4_text": {
+        "architectures": ["Llama4ForCausalLM"],
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "intermediate_size_mlp": 128,
+        "no_rope_layers": [1, 1, 1, 0],
+        "use_qk_norm": True,
+        "rope_theta": 500000.0,
+    },
     # Two layers: layer 0 sliding-window (local RoPE base), layer 1 global. The window covers
     # every case's prompt + generation (mlx-lm's rotating cache then equals a plain one).
     "gemma3_text": {
@@ -381,6 +490,7 @@ WRAPPERS = {
     "mistral3": ("Mistral3ForConditionalGeneration", []),
     "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", ["visual"]),
     "kimi_k25": ("KimiK25ForConditionalGeneration", ["vision_tower", "mm_projector"]),
+    "llama4": ("Llama4ForConditionalGeneration", ["vision_model", "multi_modal_projector"]),
 }
 
 
@@ -456,6 +566,26 @@ def write_adapter(model, adapter, out):
     mx.save_safetensors(str(out / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
     config = {"fine_tune_type": kind, "num_layers": num_layers, "lora_parameters": params}
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+
+
+def meta_llama4(weights):
+    """Llama 4 as Meta releases it: the language model under `language_model.` (mlx-lm's names),
+    the experts fused, `experts.gate_up_proj` `(experts, hidden, 2 * moe)` (gate columns, then
+    up) and `experts.down_proj` `(experts, moe, hidden)`, and a tensor per tower, which mlx-lm's
+    sanitize splits, transposes and drops."""
+    out = {}
+    for key, value in weights.items():
+        if key.endswith("experts.gate_proj.weight"):
+            prefix = key[: -len("gate_proj.weight")]
+            up = weights[prefix + "up_proj.weight"]
+            out[prefix + "gate_up_proj"] = mx.concatenate([value, up], axis=1).swapaxes(1, 2)
+        elif key.endswith("experts.down_proj.weight"):
+            out[key[: -len(".weight")]] = value.swapaxes(1, 2)
+        elif not key.endswith("experts.up_proj.weight"):
+            out[key] = value
+    for tower in WRAPPERS["llama4"][1]:
+        out[f"{tower}.proj.weight"] = mx.random.normal((16, 16))
+    return out
 
 
 def unstack_experts(weights, names):
@@ -600,16 +730,19 @@ def build(spec, out):
         write_adapter(model, adapter, tmp / "adapter")
     if spec.get("openai_experts"):
         weights = openai_experts(model, config)
-    if spec.get("wrap") and not spec.get("quantize"):
+    if spec.get("meta_llama4"):
+        weights = meta_llama4(weights)
+    elif spec.get("wrap") and not spec.get("quantize"):
         weights = hf_multimodal(weights, spec["wrap"])
     if spec.get("hf_mla"):
         weights = hf_mla(weights)
     if (names := spec.get("hf_experts")) is not None:
         weights = unstack_experts(weights, names)
     # Convolutions as Hugging Face stores them, `(channels, 1, kernel)` (Qwen3.5: mlx-lm then
-    # also shifts the norms).
+    # also shifts the norms; LFM2's `conv.conv`).
     if spec.get("hf_conv1d"):
-        weights = {k: v.swapaxes(1, 2) if k.endswith("conv1d.weight") else v for k, v in weights.items()}
+        conv = ("conv1d.weight", "conv.conv.weight")
+        weights = {k: v.swapaxes(1, 2) if k.endswith(conv) else v for k, v in weights.items()}
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
     for name in spec.get("drop_tensors", []):
         del weights[name]

@@ -1,8 +1,9 @@
-//! The prompt cache on a hybrid-attention model (the tiny Qwen3-Next parity fixture, which
-//! `cargo xtask test` builds before the tests, or `cargo xtask parity --model tiny-qwen3-next`),
-//! in-process and greedy: its linear-attention
-//! layers' recurrent states cannot forget positions, so a kept cache is reused only by a prompt
-//! that extends the tokens it holds, and then answers what a fresh engine answers.
+//! The prompt cache on hybrid models (the tiny Qwen3-Next and LFM2 parity fixtures, which
+//! `cargo xtask test` builds before the tests, or `cargo xtask parity --model tiny-qwen3-next
+//! --model tiny-lfm2`), in-process and greedy: their linear-attention layers' recurrent states
+//! and short convolutions' windows cannot forget positions, so a kept cache is reused only by a
+//! prompt that extends the tokens it holds, and then answers what a fresh engine answers. And on
+//! Llama 4's chunked layers (`tiny-llama4`), which forget all but their chunk's positions.
 
 use mlx_engine::{
     CancelToken, Completion, Engine, FinishReason, GenerateRequest, LoadRequest, Prompt,
@@ -30,9 +31,15 @@ fn greedy(engine: &mut Engine, tokens: &[u32], max_new_tokens: usize) -> Complet
 #[test]
 fn a_recurrent_state_is_reused_by_a_prompt_that_extends_it_and_answers_the_same() {
     let _mlx = fixtures::mlx_test_lock();
-    let Some(dir) = fixtures::vision_fixture("tiny-qwen3-next") else {
-        return;
-    };
+    for name in ["tiny-qwen3-next", "tiny-lfm2"] {
+        if let Some(dir) = fixtures::vision_fixture(name) {
+            extends_or_starts_over(&dir);
+        }
+    }
+}
+
+fn extends_or_starts_over(dir: &std::path::Path) {
+    let dir = dir.to_path_buf();
     let mut engine = loaded(&dir);
     let prompt: Vec<u32> = (100..140).collect();
     let first = greedy(&mut engine, &prompt, 6);
@@ -58,6 +65,41 @@ fn a_recurrent_state_is_reused_by_a_prompt_that_extends_it_and_answers_the_same(
     assert_eq!(again.token_ids, uncached.token_ids);
 
     // A prompt that leaves the kept tokens (shares only their start): computed from scratch.
+    let diverging: Vec<u32> = [&extended[..20], &[7, 8, 9]].concat();
+    let other = greedy(&mut engine, &diverging, 8);
+    assert_eq!(other.usage.cached_tokens, 0);
+    assert_eq!(other.token_ids, greedy(&mut fresh, &diverging, 8).token_ids);
+}
+
+/// Llama 4's chunked layers keep only their chunk's positions (16 in the tiny fixture): a kept
+/// cache is cut back only to positions it still holds, and answers what a fresh engine answers.
+#[test]
+fn a_chunked_cache_is_cut_back_only_to_positions_it_holds() {
+    let _mlx = fixtures::mlx_test_lock();
+    let Some(dir) = fixtures::vision_fixture("tiny-llama4") else {
+        return;
+    };
+    let mut engine = loaded(&dir);
+    let mut fresh = loaded(&dir);
+    let prompt: Vec<u32> = (100..140).collect();
+    let first = greedy(&mut engine, &prompt, 6);
+
+    // Extending: everything kept is reused.
+    let extended: Vec<u32> = [&prompt[..], &first.token_ids, &[500, 501, 502]].concat();
+    let next = greedy(&mut engine, &extended, 8);
+    assert_eq!(
+        next.usage.cached_tokens,
+        prompt.len() + first.token_ids.len()
+    );
+    assert_eq!(next.token_ids, greedy(&mut fresh, &extended, 8).token_ids);
+
+    // The same prompt again: its last position is still held, so all but it is reused.
+    let again = greedy(&mut engine, &extended, 8);
+    assert_eq!(again.usage.cached_tokens, extended.len() - 1);
+    assert_eq!(again.token_ids, next.token_ids);
+
+    // Sharing only the first 20 tokens: the chunked layers no longer hold position 20, so
+    // nothing is reused, and the answer is a fresh engine's.
     let diverging: Vec<u32> = [&extended[..20], &[7, 8, 9]].concat();
     let other = greedy(&mut engine, &diverging, 8);
     assert_eq!(other.usage.cached_tokens, 0);

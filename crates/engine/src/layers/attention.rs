@@ -34,7 +34,7 @@ pub enum Qkv {
     },
 }
 
-/// RMS norms over the queries and keys, before RoPE.
+/// RMS norms over the queries and keys, before RoPE (or, unscaled, after it).
 #[derive(Debug)]
 pub enum QkNorm {
     /// Over each head's features (Qwen3, Gemma 3); no key norm in a layer without keys of its
@@ -42,13 +42,21 @@ pub enum QkNorm {
     PerHead(RmsNorm, Option<RmsNorm>),
     /// Over the whole projection, all heads at once (OLMoE).
     Whole(RmsNorm, RmsNorm),
+    /// Over each head's features without a learned scale, before RoPE or after it (Llama 4).
+    Unscaled { eps: f32, after_rope: bool },
 }
 
 /// Which features q/k norms cover (a layer spec's choice).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum QkNormOver {
     Head,
     Projection,
+    /// Each head's, without a scale (no `q_norm`/`k_norm` tensors), at `eps`, before RoPE or
+    /// after it.
+    Unscaled {
+        eps: f32,
+        after_rope: bool,
+    },
 }
 
 impl QkNorm {
@@ -56,6 +64,7 @@ impl QkNorm {
         match over {
             QkNormOver::Head => Self::PerHead(q, Some(k)),
             QkNormOver::Projection => Self::Whole(q, k),
+            QkNormOver::Unscaled { eps, after_rope } => Self::Unscaled { eps, after_rope },
         }
     }
 }
@@ -101,6 +110,13 @@ impl Attention {
             rope: self.rope.as_ref(),
             angles,
             shape: &self.shape,
+            norm_after: match self.qk_norm {
+                Some(QkNorm::Unscaled {
+                    eps,
+                    after_rope: true,
+                }) => Some(eps),
+                _ => None,
+            },
         };
         let how = Attend {
             scale: self.shape.scale,
@@ -174,6 +190,16 @@ impl Attention {
         };
         let q = s.split_heads_normed(&q, s.n_heads, q_norm)?;
         let k = s.split_heads_normed(&k, s.n_kv_heads, k_norm)?;
+        let (q, k) = match self.qk_norm {
+            Some(QkNorm::Unscaled {
+                eps,
+                after_rope: false,
+            }) => (
+                fast::rms_norm(&q, None, eps)?,
+                fast::rms_norm(&k, None, eps)?,
+            ),
+            _ => (q, k),
+        };
         let v = match self.v_norm_eps {
             Some(eps) => {
                 let (b, l) = (v.dim(0), v.dim(1));
@@ -211,22 +237,35 @@ struct At<'a> {
     rope: Option<&'a Rope>,
     angles: Option<&'a RotaryAngles>,
     shape: &'a AttentionShape,
+    /// Queries and keys RMS-normed without a scale after rotating, at this epsilon (Llama 4).
+    norm_after: Option<f32>,
+}
+
+impl At<'_> {
+    fn norm_after(&self, x: Array) -> Result<Array> {
+        match self.norm_after {
+            Some(eps) => fast::rms_norm(&x, None, eps),
+            None => Ok(x),
+        }
+    }
 }
 
 impl Positions for At<'_> {
     fn rotate(&self, x: Array, offset: i32) -> Result<Array> {
-        match (self.angles, self.rope) {
-            (Some(a), _) => a.rotate(&x),
-            (None, Some(rope)) => rope.forward(&x, offset),
-            (None, None) => Ok(x),
-        }
+        let x = match (self.angles, self.rope) {
+            (Some(a), _) => a.rotate(&x)?,
+            (None, Some(rope)) => rope.forward(&x, offset)?,
+            (None, None) => x,
+        };
+        self.norm_after(x)
     }
 
     fn rotate_rows(&self, x: Array, offsets: &Array) -> Result<Array> {
-        match self.rope {
-            Some(rope) => rope.forward_rows(&x, offsets),
-            None => Ok(x),
-        }
+        let x = match self.rope {
+            Some(rope) => rope.forward_rows(&x, offsets)?,
+            None => x,
+        };
+        self.norm_after(x)
     }
 
     fn temper(&self, q: Array, offset: i32) -> Result<Array> {
@@ -250,29 +289,51 @@ pub struct AttentionShape {
     /// [`KvCache::for_window`](crate::layers::kv_cache::KvCache::for_window) ring, which also gives
     /// their masks.
     pub window: Option<i32>,
-    /// Queries scaled by their position after RoPE (Ministral 3).
+    /// Queries scaled by their position after RoPE (Ministral 3, Llama 4's layers without
+    /// RoPE).
     pub temperature: Option<QueryTemperature>,
+    /// Positions attend only within their chunk of this many (Llama 4's local layers): their
+    /// cache is a [`KvCache::for_chunk`](crate::layers::kv_cache::KvCache::for_chunk), which
+    /// also gives their masks.
+    pub chunk: Option<i32>,
 }
 
-/// Llama 4's attention temperature as mlx-lm's ministral3.py applies it: after RoPE, the query
-/// at position `p` is multiplied by `1 + beta * ln(1 + floor(p / max_position_embeddings))`,
-/// computed in float32 and cast to the queries' dtype.
+/// Llama 4's attention temperature: after RoPE, the query at position `p` is multiplied by
+/// `1 + beta * ln(1 + floor(p / max_position_embeddings))`, computed in float32, in one of
+/// two forms ([`TemperatureForm`]).
 #[derive(Debug, Clone, Copy)]
 pub struct QueryTemperature {
     pub beta: f32,
     pub max_position_embeddings: f32,
+    pub form: TemperatureForm,
+}
+
+/// How a family's mlx-lm file computes the temperature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemperatureForm {
+    /// ministral3.py's: positions from 0, the scale cast to the queries' dtype, then applied.
+    Mistral,
+    /// llama4.py's: positions from 1, the queries times the float32 scale cast back.
+    Llama4,
 }
 
 impl QueryTemperature {
     /// `q` `(B, H, L, D)` at positions `offset..offset + L`, scaled.
     pub fn apply(&self, q: &Array, offset: i32) -> Result<Array> {
         let l = q.dim(2);
-        let positions = Array::arange::<f32, f32>(offset as f32, (offset + l) as f32, 1.0)?;
+        let first = match self.form {
+            TemperatureForm::Mistral => offset,
+            TemperatureForm::Llama4 => offset + 1,
+        };
+        let positions = Array::arange::<f32, f32>(first as f32, (first + l) as f32, 1.0)?;
         let one = Array::from_f32(1.0);
         let steps = ops::floor(&positions.divide(Array::from_f32(self.max_position_embeddings))?)?;
         let scale = Array::from_f32(self.beta).multiply(one.add(&steps)?.log()?)?;
-        let scale = one.add(&scale)?.reshape(&[l, 1])?.as_dtype(q.dtype())?;
-        q.multiply(&scale)
+        let scale = one.add(&scale)?.reshape(&[l, 1])?;
+        match self.form {
+            TemperatureForm::Mistral => q.multiply(&scale.as_dtype(q.dtype())?),
+            TemperatureForm::Llama4 => q.multiply(&scale)?.as_dtype(q.dtype()),
+        }
     }
 }
 
@@ -287,6 +348,7 @@ impl AttentionShape {
             scale: scale_base.powf(-0.5) as f32,
             window: None,
             temperature: None,
+            chunk: None,
         }
     }
 

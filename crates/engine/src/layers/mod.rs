@@ -22,14 +22,17 @@ pub mod parallel;
 pub mod quantized;
 pub mod rope;
 pub mod sdpa;
+pub mod short_conv;
 pub mod weights;
 
 pub use activation::{gelu, gelu_approx, quick_gelu, Activation};
 pub use array::{row, scalar_like, Result};
-pub use attention::{Attention, AttentionShape, QkNorm, QkNormOver, Qkv, QueryTemperature};
+pub use attention::{
+    Attention, AttentionShape, QkNorm, QkNormOver, Qkv, QueryTemperature, TemperatureForm,
+};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use mlp::{GateUp, GatedMlp};
-pub use norm::{LayerNorm, RmsNorm};
+pub use norm::{LayerNorm, Norm, RmsNorm};
 
 pub use rope::{rotate_half, Rope, RotaryAngles};

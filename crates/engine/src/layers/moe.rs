@@ -57,6 +57,18 @@ pub enum Routing {
         norm_topk_prob: bool,
         scaling: f32,
     },
+    /// ERNIE 4.5's: softmax (or, `sigmoid`, a sigmoid) of the logits in float32, the top k
+    /// (`argpartition(-p, k - 1)[:k]`), renormalised by their sum, at least 1e-12.
+    Renormalised { sigmoid: bool },
+    /// MiniMax's: the router run on the input cast to float32; sigmoid scores plus the layer's
+    /// `e_score_correction_bias` choose the experts (`argpartition(-s, k - 1)[:k]`), the
+    /// uncorrected scores weigh them, renormalised whatever k (the sum plus 1e-20), in the
+    /// input's dtype.
+    BiasedSigmoid,
+    /// Llama 4's: the top k logits (`argpartition(-l, k - 1)[:k]`, k = 1); their sigmoid
+    /// (float32, cast to the input's dtype) scales the input the chosen expert takes, whose
+    /// output is not weighed again.
+    SigmoidScalesInput,
     /// Gemma 4's `router`: the input RMS-normed (weight `router.scale * hidden^-0.5`) through
     /// `router.proj`, the top k logits (`argpartition(s, -k)[-k:]`), softmax over those k (not
     /// `precise`), each weight times its expert's `router.per_expert_scale`.
@@ -71,6 +83,8 @@ pub enum Shared {
     Gated,
     /// `shared_experts`, added as it is (GLM-4-MoE).
     Plain,
+    /// `shared_expert`, added as it is (Llama 4).
+    Single,
 }
 
 /// The experts' projections as most Hugging Face checkpoints name them.
@@ -276,6 +290,7 @@ impl SharedExpert {
             Shared::None => return Ok(None),
             Shared::Gated => "shared_expert",
             Shared::Plain => "shared_experts",
+            Shared::Single => "shared_expert",
         };
         let mut linear = |part: &str| weights.linear(&format!("{prefix}.{name}.{part}"));
         let mlp = GatedMlp {
@@ -311,7 +326,8 @@ pub struct SparseMoe {
     pub switch_mlp: SwitchGlu,
     pub top_k: i32,
     pub routing: Routing,
-    /// The router's `e_score_correction_bias` (`(E,)`), for [`Routing::GroupedSigmoid`].
+    /// The router's (or the layer's) `e_score_correction_bias` (`(E,)`), for
+    /// [`Routing::GroupedSigmoid`] and [`Routing::BiasedSigmoid`].
     correction_bias: Option<Array>,
     /// The router's input norm weight and per-expert scales, for [`Routing::ScaledNormTopK`].
     router_scales: Option<Box<(Array, Array)>>,
@@ -358,6 +374,11 @@ impl SparseMoe {
                  names"
             )));
         }
+        if spec.routing == Routing::SigmoidScalesInput && k != 1 {
+            return Err(invalid(format!(
+                "config.json: {k} experts per token; this router takes 1 (as mlx-lm's llama4.py)"
+            )));
+        }
         let shared_expert = SharedExpert::load(weights, prefix, spec.shared)?.map(Box::new);
         if let Routing::GroupedSigmoid {
             n_group,
@@ -378,8 +399,11 @@ impl SparseMoe {
             }
         }
         let correction_bias = match spec.routing {
-            Routing::GroupedSigmoid { .. } => {
-                let name = format!("{prefix}.{}.e_score_correction_bias", spec.router);
+            Routing::GroupedSigmoid { .. } | Routing::BiasedSigmoid => {
+                let name = match spec.routing {
+                    Routing::BiasedSigmoid => format!("{prefix}.e_score_correction_bias"),
+                    _ => format!("{prefix}.{}.e_score_correction_bias", spec.router),
+                };
                 let bias = weights.take(&name)?;
                 if bias.shape() != [experts] {
                     return Err(invalid(format!("`{name}` is not one score per expert")));
@@ -433,7 +457,22 @@ impl SparseMoe {
             }
             _ => route_from.clone(),
         };
-        let (indices, scores) = self.route(&self.gate.forward(&route_from)?)?;
+        let (indices, scores) = match self.routing {
+            Routing::BiasedSigmoid => {
+                let logits = self.gate.forward(&route_from.as_dtype(Dtype::Float32)?)?;
+                let (indices, scores) = self.route(&logits)?;
+                (indices, scores.as_dtype(x.dtype())?)
+            }
+            _ => self.route(&self.gate.forward(&route_from)?)?,
+        };
+        if self.routing == Routing::SigmoidScalesInput {
+            let scaled = x.multiply(scores.as_dtype(x.dtype())?)?;
+            let y = self
+                .switch_mlp
+                .forward(&scaled, &indices)?
+                .squeeze_axes(&[-2])?;
+            return self.add_shared(y, x);
+        }
         let y = self.switch_mlp.forward(x, &indices)?;
         // Qwen3-MoE casts back to `y`'s dtype; elsewhere it is already that dtype, but for
         // Gemma 4, whose weights may take another dtype from its per-expert scales (mlx-lm
@@ -443,6 +482,11 @@ impl SparseMoe {
             Routing::ScaledNormTopK { .. } => weighed,
             _ => weighed.as_dtype(y.dtype())?,
         };
+        self.add_shared(y, x)
+    }
+
+    /// The routed experts' output `y` plus the shared expert's on `x`, if any.
+    fn add_shared(&self, y: Array, x: &Array) -> Result<Array> {
         match &self.shared_expert {
             Some(shared) => y.add(shared.forward(x)?),
             None => Ok(y),
@@ -479,6 +523,22 @@ impl SparseMoe {
                     scores.multiply(per_expert.take_axis(&indices, 0)?)?,
                 ))
             }
+            Routing::Renormalised { sigmoid } => {
+                let logits = logits.as_dtype(Dtype::Float32)?;
+                let probs = match sigmoid {
+                    true => ops::sigmoid(&logits)?,
+                    false => ops::softmax_axis(&logits, -1, false)?,
+                };
+                let indices = first_k_of_negated(&probs, k)?;
+                let scores = probs.take_along_axis(&indices, -1)?;
+                let sum = ops::maximum(scores.sum_axis(-1, true)?, Array::from_f32(1e-12))?;
+                Ok((indices, scores.divide(sum)?))
+            }
+            Routing::SigmoidScalesInput => {
+                let indices = first_k_of_negated(logits, k)?;
+                let chosen = logits.take_along_axis(&indices, -1)?;
+                Ok((indices, ops::sigmoid(chosen.as_dtype(Dtype::Float32)?)?))
+            }
             Routing::TopKSoftmax | Routing::TopKTailSoftmax => {
                 let indices = match self.routing {
                     Routing::TopKSoftmax => first_k_of_negated(logits, k)?,
@@ -510,6 +570,14 @@ impl SparseMoe {
                     (norm, _) => renormalise(scores, norm)?,
                 };
                 Ok((indices, scores.multiply(Array::from_f32(scaling))?))
+            }
+            Routing::BiasedSigmoid => {
+                let bias = self.correction_bias.as_ref().expect("loaded with it");
+                let probs = ops::sigmoid(logits)?;
+                let indices = first_k_of_negated(&probs.add(bias)?, k)?;
+                let scores = probs.take_along_axis(&indices, -1)?;
+                let sum = scores.sum_axis(-1, true)?.add(Array::from_f32(1e-20))?;
+                Ok((indices, scores.divide(sum)?))
             }
             Routing::GroupedSoftmax {
                 n_group,

@@ -26,6 +26,19 @@ pub struct Weights {
     path_prefix: String,
     /// This rank's share when the model is split over a group; the shared decoder takes it.
     placement: Option<Placement>,
+    /// Name parts renamed by [`Weights::rename_parts`], (checkpoint's, ours): per-layer
+    /// quantization overrides name layers as the checkpoint does.
+    renamed: Vec<(&'static str, &'static str)>,
+}
+
+/// `name` (ours, a dotted path) with each part `parts` renamed given back its checkpoint name:
+/// `parts` is (checkpoint's, ours), as [`Weights::rename_parts`] took it.
+pub fn checkpoint_name(name: &str, parts: &[(&'static str, &'static str)]) -> String {
+    let mut dotted = format!(".{name}.");
+    for (theirs, ours) in parts {
+        dotted = dotted.replacen(&format!(".{ours}."), &format!(".{theirs}."), 1);
+    }
+    dotted[1..dotted.len() - 1].to_owned()
 }
 
 type LoadResult<T> = Result<T, EngineError>;
@@ -75,6 +88,7 @@ impl Weights {
             quantization: quantization(config),
             path_prefix: String::new(),
             placement: None,
+            renamed: Vec::new(),
         })
     }
 
@@ -86,6 +100,7 @@ impl Weights {
             quantization: quantization(config),
             path_prefix: String::new(),
             placement: None,
+            renamed: Vec::new(),
         }
     }
 
@@ -135,7 +150,11 @@ impl Weights {
                 "`{prefix}.scales` exists but config.json has no `quantization`"
             ))
         })?;
-        let path = format!("{}{prefix}", self.path_prefix);
+        let path = format!(
+            "{}{}",
+            self.path_prefix,
+            checkpoint_name(prefix, &self.renamed)
+        );
         let layer = q.get(&path).filter(|v| v.is_object()).unwrap_or(q);
         let get =
             |k: &str, default: i64| layer.get(k).and_then(Value::as_i64).unwrap_or(default) as i32;
@@ -199,7 +218,16 @@ impl Weights {
     pub fn layer_norm(&mut self, prefix: &str, eps: f32) -> LoadResult<LayerNorm> {
         Ok(LayerNorm {
             weight: self.take(&format!("{prefix}.weight"))?,
-            bias: self.take(&format!("{prefix}.bias"))?,
+            bias: Some(self.take(&format!("{prefix}.bias"))?),
+            eps,
+        })
+    }
+
+    /// A layer norm whose offset (`<prefix>.bias`) is taken where the checkpoint has one.
+    pub fn layer_norm_maybe_offset(&mut self, prefix: &str, eps: f32) -> LoadResult<LayerNorm> {
+        Ok(LayerNorm {
+            weight: self.take(&format!("{prefix}.weight"))?,
+            bias: self.tensors.remove(&format!("{prefix}.bias")),
             eps,
         })
     }
@@ -227,6 +255,24 @@ impl Weights {
         }
     }
 
+    /// Renames the dotted parts of every tensor's name that a checkpoint names its own way,
+    /// each (checkpoint's, ours) at its first place in a name (`feed_forward.w1` ->
+    /// `mlp.gate_proj`), so that the shared decoder finds them.
+    pub fn rename_parts(&mut self, parts: &[(&'static str, &'static str)]) {
+        let names: Vec<String> = self.tensors.keys().cloned().collect();
+        for name in names {
+            let mut dotted = format!(".{name}");
+            for (theirs, ours) in parts {
+                dotted = dotted.replacen(&format!(".{theirs}."), &format!(".{ours}."), 1);
+            }
+            if dotted[1..] != name {
+                let tensor = self.tensors.remove(&name).expect("listed above");
+                self.tensors.insert(dotted[1..].to_owned(), tensor);
+            }
+        }
+        self.renamed.extend_from_slice(parts);
+    }
+
     /// Moves the tensors under `prefix` into their own `Weights`, without the prefix (a
     /// vision-language checkpoint's vision tower, its language model).
     pub fn split_off(&mut self, prefix: &str) -> Weights {
@@ -236,6 +282,7 @@ impl Weights {
             quantization: self.quantization.clone(),
             path_prefix: format!("{}{prefix}", self.path_prefix),
             placement: None,
+            renamed: self.renamed.clone(),
         }
     }
 
@@ -310,5 +357,45 @@ impl Weights {
                 }
             })
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fixtures::mlx_test_lock;
+    use serde_json::json;
+
+    use super::*;
+
+    /// LFM2's names: a layer renamed for the decoder keeps its checkpoint name's per-layer
+    /// quantization, and maps back to it.
+    #[test]
+    fn a_renamed_layer_keeps_its_checkpoint_names_quantization() {
+        let _lock = mlx_test_lock();
+        let config = json!({"quantization": {
+            "group_size": 64, "bits": 4,
+            "model.layers.0.feed_forward.w1": {"group_size": 32, "bits": 8},
+        }});
+        let part = |n: &str| (n.to_owned(), Array::from_slice(&[0u32; 4], &[1, 4]));
+        let tensors = ["weight", "scales", "biases"]
+            .map(|p| part(&format!("model.layers.0.feed_forward.w1.{p}")));
+        let mut weights = Weights::from_tensors(tensors.into_iter().collect(), &config);
+        let parts = [
+            ("feed_forward.w1", "mlp.gate_proj"),
+            ("embedding_norm", "norm"),
+        ];
+        weights.rename_parts(&parts);
+        let linear = weights.linear("model.layers.0.mlp.gate_proj").unwrap();
+        let q = linear.quantized.expect("quantized");
+        assert_eq!((q.group_size, q.bits), (32, 8));
+        assert_eq!(
+            checkpoint_name("model.layers.0.mlp.gate_proj", &parts),
+            "model.layers.0.feed_forward.w1"
+        );
+        assert_eq!(
+            checkpoint_name("model.norm", &parts),
+            "model.embedding_norm"
+        );
+        assert_eq!(checkpoint_name("lm_head", &parts), "lm_head");
     }
 }

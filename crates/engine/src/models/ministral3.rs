@@ -11,7 +11,7 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     layers::rope::rope_from_config,
     layers::weights::Weights,
-    layers::QueryTemperature,
+    layers::{QueryTemperature, TemperatureForm},
     models::{
         decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, Llama},
         llama::layer_windows,
@@ -65,6 +65,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     let temperature = QueryTemperature {
         beta: number("llama_4_scaling_beta")? as f32,
         max_position_embeddings: number("original_max_position_embeddings")? as f32,
+        form: TemperatureForm::Mistral,
     };
     let head_dim = args.head_dim.unwrap_or(c.default_head_dim());
     let max_pos = args.max_position_embeddings;

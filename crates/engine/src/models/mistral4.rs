@@ -14,7 +14,7 @@ use crate::{
     layers::moe::{MoeSpec, Routing},
     layers::rope::rope_from_config,
     layers::weights::Weights,
-    layers::{AttentionShape, QueryTemperature},
+    layers::{AttentionShape, QueryTemperature, TemperatureForm},
     models::{
         decoder::{sanitize, AttentionKind, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
         deepseek_v3::split_kv_b,
@@ -75,6 +75,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     let temperature = QueryTemperature {
         beta: required("llama_4_scaling_beta")? as f32,
         max_position_embeddings: required("original_max_position_embeddings")? as f32,
+        form: TemperatureForm::Mistral,
     };
     let theta = number("rope_theta").unwrap_or(100_000.0) as f32;
     let max_pos = Some(args.max_position_embeddings);

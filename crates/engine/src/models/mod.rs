@@ -4,15 +4,21 @@
 //! Gemma 3's) in its file. Shared layers (Attention, GatedMlp, RmsNorm, Rope) live in
 //! `crate::layers`; what the runtime sees of a model, in `model.rs`.
 
+mod cohere2;
 mod decoder;
 mod deepseek_v3;
+mod ernie4_5;
 mod exaone4;
 mod gemma3_text;
 mod gemma4;
 mod gemma4_text;
 mod glm4_moe;
 mod gpt_oss;
+mod lfm2;
 mod llama;
+mod llama4;
+mod llama4_text;
+mod minimax;
 mod ministral3;
 mod mistral;
 mod mistral3;
@@ -46,7 +52,10 @@ use crate::{
 
 /// The `model_type`s this build can run, as `capabilities.architectures` lists them.
 pub const ARCHITECTURES: &[&str] = &[
+    "cohere2",
     "deepseek_v3",
+    "ernie4_5",
+    "ernie4_5_moe",
     "exaone4",
     "gemma3_text",
     "gemma4",
@@ -56,7 +65,11 @@ pub const ARCHITECTURES: &[&str] = &[
     "gpt_oss",
     "kimi_k2",
     "kimi_k25",
+    "lfm2",
     "llama",
+    "llama4",
+    "llama4_text",
+    "minimax",
     "ministral3",
     "mistral",
     "mistral4",
@@ -79,8 +92,14 @@ pub const ARCHITECTURES: &[&str] = &[
 /// (their towers are not built: `info.is_vision` is false and an image is refused). A
 /// `mistral3` with a `vision_config` is a vision model (`vision/mistral3.rs`); without one, its
 /// language model alone.
-pub const TEXT_OF_MULTIMODAL: &[&str] =
-    &["gemma4", "kimi_k25", "mistral3", "qwen3_5", "qwen3_5_moe"];
+pub const TEXT_OF_MULTIMODAL: &[&str] = &[
+    "gemma4",
+    "kimi_k25",
+    "llama4",
+    "mistral3",
+    "qwen3_5",
+    "qwen3_5_moe",
+];
 
 /// Where multimodal checkpoints keep what is not the language model (Hugging Face's layout:
 /// under `model.`; mlx-vlm's: at the top).
@@ -143,7 +162,7 @@ pub fn build(
             Some(deepseek_v3::kimi_k25_text_config(config)?),
             language_model(weights),
         ),
-        "qwen3_5" | "qwen3_5_moe" => (None, language_model(weights)),
+        "llama4" | "qwen3_5" | "qwen3_5_moe" => (None, language_model(weights)),
         _ => (None, weights),
     };
     let config = unwrapped.as_ref().unwrap_or(config);
@@ -164,12 +183,21 @@ pub fn build(
             weights,
             deepseek_v3::Variant::Glm4MoeLite,
         )?)),
+        "cohere2" => Ok(Box::new(cohere2::load(config, weights)?)),
+        "ernie4_5" => Ok(Box::new(ernie4_5::load(config, weights, false)?)),
+        "ernie4_5_moe" => Ok(Box::new(ernie4_5::load(config, weights, true)?)),
         "exaone4" => Ok(Box::new(exaone4::load(config, weights)?)),
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
         "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
         "glm4_moe" => Ok(Box::new(glm4_moe::load(config, weights)?)),
         "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),
+        "lfm2" => Ok(Box::new(lfm2::load(config, weights)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
+        // Its own text config (`text_config`, model_type llama4_text) is read there: a
+        // `llama4_text` checkpoint of its own is another file in mlx-lm.
+        "llama4" => Ok(Box::new(llama4::load(config, weights)?)),
+        "llama4_text" => Ok(Box::new(llama4_text::load(config, weights)?)),
+        "minimax" => Ok(Box::new(minimax::load(config, weights)?)),
         "ministral3" => Ok(Box::new(ministral3::load(config, weights)?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mistral4" => Ok(Box::new(mistral4::load(config, weights)?)),
@@ -288,6 +316,14 @@ mod tests {
         })
     }
 
+    /// [`tiny`] with `fields` added.
+    fn tiny_with(model_type: &str, fields: Value) -> Value {
+        let mut config = tiny(model_type);
+        let fields = fields.as_object().unwrap().clone();
+        config.as_object_mut().unwrap().extend(fields);
+        config
+    }
+
     #[test]
     fn unknown_model_type_is_unsupported_and_named() {
         let (kind, detail) = refusal(tiny("mamba"));
@@ -356,21 +392,42 @@ mod tests {
 
     #[test]
     fn qwen3_next_refuses_a_zero_full_attention_interval_by_name() {
-        let mut config = tiny("qwen3_next");
-        let fields = json!({
-            "head_dim": 16, "rope_theta": 1e6, "partial_rotary_factor": 0.25,
-            "max_position_embeddings": 64, "full_attention_interval": 0,
-            "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 0,
-            "num_experts_per_tok": 1, "decoder_sparse_step": 1, "mlp_only_layers": [],
-        });
-        config
-            .as_object_mut()
-            .unwrap()
-            .extend(fields.as_object().unwrap().clone());
+        let config = tiny_with(
+            "qwen3_next",
+            json!({
+                "head_dim": 16, "rope_theta": 1e6, "partial_rotary_factor": 0.25,
+                "max_position_embeddings": 64, "full_attention_interval": 0,
+                "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 0,
+                "num_experts_per_tok": 1, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            }),
+        );
         let (kind, detail) = refusal(config);
         assert_eq!(kind, LoadErrorKind::InvalidWeights);
         assert!(detail.contains("full_attention_interval"), "{detail}");
+    }
+
+    #[test]
+    fn ernie_refuses_an_unknown_router_activation_by_name() {
+        let config = tiny_with(
+            "ernie4_5_moe",
+            json!({
+                "max_position_embeddings": 64, "rope_theta": 1e4, "tie_word_embeddings": true,
+                "moe_num_experts": 4, "moe_gate_act": "relu",
+            }),
+        );
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
+        assert!(detail.contains("`relu`"), "{detail}");
+    }
+
+    #[test]
+    fn lfm2_without_attention_layers_named_is_refused() {
+        let fields = json!({"max_position_embeddings": 64, "norm_eps": 1e-5, "conv_L_cache": 3});
+        let config = tiny_with("lfm2", fields);
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(detail.contains("full_attn_idxs"), "{detail}");
     }
 
     #[test]

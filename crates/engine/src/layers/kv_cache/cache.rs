@@ -3,8 +3,8 @@
 use mlx_rs::Array;
 
 use super::{
-    mask::Mask, quantized::QuantizedCache, rotating::RotatingCache, standard::StandardCache,
-    state::StateCache,
+    chunked::ChunkedCache, mask::Mask, quantized::QuantizedCache, rotating::RotatingCache,
+    standard::StandardCache, state::StateCache,
 };
 use crate::layers::array::Result;
 
@@ -18,6 +18,7 @@ pub enum KvCache {
     Rotating(RotatingCache),
     Quantized(QuantizedCache),
     State(StateCache),
+    Chunked(ChunkedCache),
 }
 
 /// Group size of quantized KV caches (mlx-lm's `kv_group_size` default).
@@ -38,6 +39,11 @@ impl KvCache {
         }
     }
 
+    /// A cache for a layer whose positions attend within chunks of `chunk` (Llama 4).
+    pub fn for_chunk(chunk: i32) -> Self {
+        Self::Chunked(ChunkedCache::new(chunk))
+    }
+
     /// Positions seen so far (the RoPE offset of the next token).
     pub fn offset(&self) -> i32 {
         match self {
@@ -45,6 +51,7 @@ impl KvCache {
             Self::Rotating(c) => c.offset(),
             Self::Quantized(c) => c.offset(),
             Self::State(c) => c.offset(),
+            Self::Chunked(c) => c.offset(),
         }
     }
 
@@ -57,6 +64,7 @@ impl KvCache {
             Self::Standard(_) | Self::Quantized(_) if n > 1 => Ok(Mask::Causal),
             Self::Standard(_) | Self::Quantized(_) => Ok(Mask::None),
             Self::Rotating(c) => c.mask(n),
+            Self::Chunked(c) => Ok(c.mask(n)),
             // mlx-lm's `create_ssm_mask`: none without padding.
             Self::State(_) => Ok(Mask::None),
         }
@@ -68,6 +76,7 @@ impl KvCache {
         match self {
             Self::Standard(c) => c.update_and_fetch(k, v),
             Self::Rotating(c) => c.update_and_fetch(k, v),
+            Self::Chunked(c) => c.update_and_fetch(k, v),
             Self::Quantized(_) => Err(mlx_rs::error::Exception::custom(
                 "a quantized KV cache has no plain keys and values to fetch",
             )),
@@ -109,6 +118,7 @@ impl KvCache {
             Self::Rotating(c) => c.trim(n),
             Self::Quantized(c) => c.trim(n),
             Self::State(c) => c.trim(n),
+            Self::Chunked(c) => c.trim(n),
         }
     }
 
@@ -129,6 +139,7 @@ impl KvCache {
             Self::Rotating(c) => Box::new(c.arrays()),
             Self::Quantized(c) => Box::new(c.arrays()),
             Self::State(c) => Box::new(c.arrays()),
+            Self::Chunked(c) => Box::new(c.arrays()),
         }
     }
 }

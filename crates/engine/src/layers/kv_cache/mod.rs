@@ -5,11 +5,14 @@
 //! ([`QuantizedCache`](quantized::QuantizedCache), `QuantizedKVCache`); sliding-window layers keep
 //! the last `window` positions in a ring ([`RotatingCache`](rotating::RotatingCache),
 //! `RotatingKVCache`, never quantized: mlx-lm cannot quantize it either); linear-attention layers
-//! keep a convolution window and a recurrent state instead ([`StateCache`], `ArraysCache`). All
+//! keep a convolution window and a recurrent state instead ([`StateCache`], `ArraysCache`);
+//! chunked-attention layers keep their chunk's positions ([`ChunkedCache`](chunked::ChunkedCache),
+//! `ChunkedKVCache`). All
 //! mirror mlx-lm's update rules exactly, because the order of keys in the cache and the mask shapes
 //! decide the floating-point sums, and parity is token for token.
 
 mod cache;
+mod chunked;
 mod mask;
 mod padded;
 mod pass;

@@ -76,6 +76,11 @@ impl StandardCache {
         }
     }
 
+    /// Storage holding exactly `offset` positions (a cache cut at the front).
+    pub(super) fn replace(&mut self, keys: Array, values: Array, offset: i32) {
+        (self.keys, self.values, self.offset) = (Some(keys), Some(values), offset);
+    }
+
     /// The whole storage, capacity included (what mlx-lm quantizes when converting).
     pub(super) fn storage(&self) -> Option<(&Array, &Array)> {
         Some((self.keys.as_ref()?, self.values.as_ref()?))

@@ -10,23 +10,27 @@ use crate::{
     layers::mla::LatentAttention,
     layers::moe::SparseMoe,
     layers::parallel::Reduce,
-    layers::{Attention, GatedMlp, Linear, Result, RmsNorm, RotaryAngles},
+    layers::short_conv::ShortConv,
+    layers::{Attention, GatedMlp, Linear, Norm, Result, RmsNorm, RotaryAngles},
 };
 
 pub(super) enum Norms {
     PreNorm {
-        input_layernorm: RmsNorm,
-        post_attention_layernorm: RmsNorm,
+        input_layernorm: Norm,
+        post_attention_layernorm: Norm,
     },
     Sandwich {
-        input_layernorm: RmsNorm,
-        post_attention_layernorm: RmsNorm,
-        pre_feedforward_layernorm: RmsNorm,
-        post_feedforward_layernorm: RmsNorm,
+        input_layernorm: Norm,
+        post_attention_layernorm: Norm,
+        pre_feedforward_layernorm: Norm,
+        post_feedforward_layernorm: Norm,
     },
     PostNorm {
-        post_attention_layernorm: RmsNorm,
-        post_feedforward_layernorm: RmsNorm,
+        post_attention_layernorm: Norm,
+        post_feedforward_layernorm: Norm,
+    },
+    Parallel {
+        input_layernorm: Norm,
     },
 }
 
@@ -92,6 +96,7 @@ pub(super) enum Mixer {
     SelfAttn(Attention),
     LinearAttn(GatedDeltaNet),
     Latent(LatentAttention),
+    ShortConv(ShortConv),
 }
 
 pub(super) struct Block {
@@ -120,7 +125,7 @@ impl Block {
     pub(super) fn attention(&self) -> Option<&Attention> {
         match &self.mixer {
             Mixer::SelfAttn(a) => Some(a),
-            Mixer::LinearAttn(_) | Mixer::Latent(_) => None,
+            Mixer::LinearAttn(_) | Mixer::Latent(_) | Mixer::ShortConv(_) => None,
         }
     }
 
@@ -148,6 +153,12 @@ impl Block {
                 KvCache::State(state) => l.forward(x, state),
                 _ => Err(mlx_rs::error::Exception::custom(
                     "a linear-attention layer needs a state cache",
+                )),
+            }),
+            Mixer::ShortConv(c) => kv.each_sequence(x, |x, cache, _| match cache {
+                KvCache::State(state) => c.forward(x, state),
+                _ => Err(mlx_rs::error::Exception::custom(
+                    "a short-convolution layer needs a state cache",
                 )),
             }),
         };
@@ -199,6 +210,11 @@ impl Block {
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
                 let r = self.mlp_forward(&h, &h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
+            }
+            Norms::Parallel { input_layernorm } => {
+                let h = input_layernorm.forward(x)?;
+                let r = attn(&h)?.add(self.mlp_forward(&h, x)?)?;
+                family.residual(&r, x)
             }
         }
     }

@@ -23,6 +23,12 @@ pub trait Family {
         Ok(h)
     }
 
+    /// Whether the blocks' and the final norms are layer norms (with an offset where the
+    /// checkpoint has one), not RMS norms (Cohere).
+    fn layer_norms(&self) -> bool {
+        false
+    }
+
     /// A residual connection: `x + y`.
     fn residual(&self, x: &Array, y: &Array) -> Result<Array> {
         x.add(y)
@@ -66,6 +72,13 @@ pub trait Family {
         _per_layer_input: Option<&Array>,
     ) -> Result<Array> {
         Ok(out)
+    }
+
+    /// A linear layer's checkpoint name from the shared decoder's (`model.layers.N.mlp.gate_proj`),
+    /// for a family whose checkpoints name parts their own way (adapters name layers as the
+    /// checkpoint does).
+    fn checkpoint_name(&self, ours: String) -> String {
+        ours
     }
 
     /// The family's own linear layers under their checkpoint names.

@@ -15,8 +15,9 @@ use crate::{
     layers::moe::SparseMoe,
     layers::mrope::MRope,
     layers::parallel::Parallel,
+    layers::short_conv::ShortConv,
     layers::weights::Weights,
-    layers::{Attention, GateUp, GatedMlp, Linear, QkNorm, QkNormOver, Qkv, RmsNorm},
+    layers::{Attention, GateUp, GatedMlp, Linear, Norm, QkNorm, QkNormOver, Qkv, RmsNorm},
 };
 
 type LoadResult<T> = std::result::Result<T, EngineError>;
@@ -74,11 +75,12 @@ impl<F: Family> Decoder<F> {
         let per_layer_inputs = family.has_per_layer_inputs();
         let owned = stage(placement.as_ref(), &spec.layers, per_layer_inputs)?;
         let total_layers = spec.layers.len();
-        // Linear-attention layers are a kind of their own (their cache gives no mask).
+        // Layers are of one kind when their caches give the same masks: by window and chunk;
+        // linear-attention and convolution layers are a kind of their own (no mask).
         let kind = |l: &LayerSpec| match l.attention {
-            AttentionKind::Softmax { .. } => Some(l.shape.window),
-            AttentionKind::GatedDelta(_) => None,
-            AttentionKind::Latent(_) => Some(None),
+            AttentionKind::Softmax { .. } => Some((l.shape.window, l.shape.chunk)),
+            AttentionKind::GatedDelta(_) | AttentionKind::ShortConv(_) => None,
+            AttentionKind::Latent(_) => Some((None, None)),
         };
         let own_specs = spec.layers[owned.clone()].iter();
         let (mask_sources, layer_kinds) = mask_kinds(own_specs.map(kind));
@@ -106,7 +108,7 @@ impl<F: Family> Decoder<F> {
             embed_tokens,
             layers,
             mask_sources,
-            norm: norm(&mut weights, "model.norm", spec.rms_norm_eps, &family)?,
+            norm: block_norm(&mut weights, "model.norm", spec.rms_norm_eps, &family)?,
             lm_head: match spec.tie_word_embeddings {
                 true => None,
                 false => Some(weights.linear("lm_head")?),
@@ -161,6 +163,20 @@ pub(super) fn norm(
     Ok(n)
 }
 
+/// A block's or the final norm: RMS, or a layer norm where the family's are
+/// ([`Family::layer_norms`]).
+fn block_norm(
+    weights: &mut Weights,
+    prefix: &str,
+    eps: f32,
+    family: &impl Family,
+) -> LoadResult<Norm> {
+    match family.layer_norms() {
+        true => Ok(Norm::Layer(weights.layer_norm_maybe_offset(prefix, eps)?)),
+        false => Ok(Norm::Rms(norm(weights, prefix, eps, family)?)),
+    }
+}
+
 /// Groups layers by attention window: for each kind, the first layer of that kind; for each
 /// layer, its kind.
 fn mask_kinds<K: PartialEq>(windows: impl IntoIterator<Item = K>) -> (Vec<usize>, Vec<usize>) {
@@ -189,7 +205,7 @@ fn load_block(
     mask_kind: usize,
 ) -> LoadResult<Block> {
     let eps = spec.rms_norm_eps;
-    let mut load_norm = |name: &str| norm(weights, &format!("{p}.{name}"), eps, family);
+    let mut load_norm = |name: &str| block_norm(weights, &format!("{p}.{name}"), eps, family);
     let norms = match spec.norms {
         NormLayout::PreNorm => Norms::PreNorm {
             input_layernorm: load_norm("input_layernorm")?,
@@ -205,8 +221,14 @@ fn load_block(
             post_attention_layernorm: load_norm("post_attention_layernorm")?,
             post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
         },
+        NormLayout::Parallel => Norms::Parallel {
+            input_layernorm: load_norm("input_layernorm")?,
+        },
     };
     let mixer = match &spec.attention {
+        AttentionKind::ShortConv(conv) => {
+            Mixer::ShortConv(ShortConv::load(weights, &format!("{p}.conv"), *conv)?)
+        }
         AttentionKind::GatedDelta(linear) => {
             let prefix = format!("{p}.linear_attn");
             Mixer::LinearAttn(GatedDeltaNet::load(weights, &prefix, linear.clone())?)
@@ -276,6 +298,9 @@ fn load_attention(
     let qk_norm = match spec.qk_norm {
         Some(QkNormOver::Head) if shared => {
             Some(QkNorm::PerHead(load_norm("self_attn.q_norm")?, None))
+        }
+        Some(QkNormOver::Unscaled { eps, after_rope }) => {
+            Some(QkNorm::Unscaled { eps, after_rope })
         }
         Some(over) => Some(QkNorm::new(
             over,

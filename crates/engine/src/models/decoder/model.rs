@@ -14,7 +14,7 @@ use crate::{
     layers::mrope::MRope,
     layers::parallel::Parallel,
     layers::parallel::{self, Placement},
-    layers::{Embedding, Linear, Result, RmsNorm},
+    layers::{Embedding, Linear, Norm, Result},
     models::model::{Facts, Input, LanguageModel, Stage},
 };
 
@@ -26,7 +26,7 @@ pub struct Decoder<F: Family = Llama> {
     /// the first layer of that kind, whose cache gives the kind's mask (mlx-lm's `fa_idx` /
     /// `swa_idx`). All caches of one kind hold the same positions, so one mask serves them all.
     pub(super) mask_sources: Vec<usize>,
-    pub(super) norm: RmsNorm,
+    pub(super) norm: Norm,
     pub(super) lm_head: Option<Linear>,
     pub(super) max_position_embeddings: Option<usize>,
     /// Multimodal RoPE in place of every layer's own (Qwen-VL): positions are given per token.
@@ -53,7 +53,7 @@ impl<F: Family> Decoder<F> {
         let own = self.layers.iter().filter(|l| l.kv_from.is_none());
         let attention = own.filter_map(|l| l.attention()).map(|a| &a.shape);
         attention
-            .filter(|s| s.window.is_none())
+            .filter(|s| s.window.is_none() && s.chunk.is_none())
             .map(|s| s.head_dim)
             .collect()
     }
@@ -111,8 +111,11 @@ impl<F: Family> LanguageModel for Decoder<F> {
 
     fn make_caches(&self) -> Vec<KvCache> {
         let cache = |l: &Block| match &l.mixer {
-            Mixer::SelfAttn(a) => KvCache::for_window(a.shape.window),
-            Mixer::LinearAttn(_) => KvCache::State(StateCache::default()),
+            Mixer::SelfAttn(a) => match a.shape.chunk {
+                Some(chunk) => KvCache::for_chunk(chunk),
+                None => KvCache::for_window(a.shape.window),
+            },
+            Mixer::LinearAttn(_) | Mixer::ShortConv(_) => KvCache::State(StateCache::default()),
             Mixer::Latent(_) => KvCache::for_window(None),
         };
         self.layers
@@ -132,6 +135,7 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 Mixer::SelfAttn(a) => ("self_attn", a.linears_mut()),
                 Mixer::LinearAttn(a) => ("linear_attn", a.linears_mut()),
                 Mixer::Latent(a) => ("self_attn", a.linears_mut()),
+                Mixer::ShortConv(c) => ("conv", c.linears_mut()),
             };
             let p = format!("model.layers.{}", i + self.first_layer);
             out.extend(
@@ -141,6 +145,10 @@ impl<F: Family> LanguageModel for Decoder<F> {
             let mlp = l.mlp.linears_mut().into_iter();
             out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
         }
+        let family = &self.family;
+        let mut out: Vec<_> = (out.into_iter())
+            .map(|(name, linear)| (family.checkpoint_name(name), linear))
+            .collect();
         out.extend(self.family.linears_mut());
         out.extend(self.lm_head.as_mut().map(|h| ("lm_head".to_owned(), h)));
         out

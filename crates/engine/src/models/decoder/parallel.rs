@@ -81,6 +81,7 @@ pub(super) fn shard_block(
     let a = match &mut block.mixer {
         Mixer::SelfAttn(a) => a,
         Mixer::LinearAttn(_) => return Err(refused("linear attention")),
+        Mixer::ShortConv(_) => return Err(refused("short convolutions")),
         Mixer::Latent(_) => return Err(refused("multi-head latent attention")),
     };
     let Mlp::Dense(mlp) = &mut block.mlp else {

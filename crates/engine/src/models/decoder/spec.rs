@@ -10,6 +10,7 @@ use crate::{
     layers::mla::MlaSpec,
     layers::moe::MoeSpec,
     layers::rope::rope_from_config,
+    layers::short_conv::ShortConvSpec,
     layers::{Activation, AttentionShape, QkNormOver, Rope},
 };
 
@@ -133,6 +134,9 @@ pub enum NormLayout {
     /// Only the norms on the sublayers' outputs: `h = x + norm(attn(x)); h + norm(mlp(h))`
     /// (OLMo 2).
     PostNorm,
+    /// One norm feeding attention and MLP side by side: `h = norm(x); attn(h) + mlp(h) + x`
+    /// (Cohere).
+    Parallel,
 }
 
 /// What mixes positions in a layer.
@@ -147,6 +151,9 @@ pub enum AttentionKind {
     /// Multi-head latent attention (`self_attn`, DeepSeek-V3's MLA): a cache of compressed
     /// latents, the layer's `shape`, `rope` and `qk_norm` do not apply (its spec has its own).
     Latent(MlaSpec),
+    /// A gated short convolution with a cache of its last inputs (`conv`, LFM2's other
+    /// layers): the layer's `shape`, `rope` and `qk_norm` do not apply.
+    ShortConv(ShortConvSpec),
 }
 
 /// How one layer of a family is built from its checkpoint.

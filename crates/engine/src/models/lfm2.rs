@@ -1,0 +1,124 @@
+//! LFM2 (Liquid AI): a hybrid of gated short convolutions (`conv`, `layers::short_conv`) and,
+//! at `full_attn_idxs` (or where `layer_types` says `full_attention`), softmax attention with
+//! per-head q/k norms and plain RoPE over whole heads; every layer pre-normed with a SwiGLU MLP
+//! (`feed_forward.w1`/`w3`/`w2`). The final norm is `embedding_norm`; the head is the embedding.
+//! Checkpoints name parts their own way ([`NAMES`]): renamed at load for the shared decoder, and
+//! back for adapters and per-layer quantization.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    error::{EngineError, LoadErrorKind},
+    layers::short_conv::ShortConvSpec,
+    layers::weights::{checkpoint_name, Weights},
+    layers::QkNormOver,
+    models::{
+        decoder::{sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec},
+        model::parse_args,
+    },
+};
+
+/// LFM2's names for the shared decoder's parts: (LFM2's, the decoder's).
+const NAMES: [(&str, &str); 9] = [
+    ("operator_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("feed_forward.w1", "mlp.gate_proj"),
+    ("feed_forward.w3", "mlp.up_proj"),
+    ("feed_forward.w2", "mlp.down_proj"),
+    ("self_attn.out_proj", "self_attn.o_proj"),
+    ("self_attn.q_layernorm", "self_attn.q_norm"),
+    ("self_attn.k_layernorm", "self_attn.k_norm"),
+    ("embedding_norm", "norm"),
+];
+
+/// mlx-lm's lfm2 `ModelArgs` (the fields it reads).
+#[derive(Debug, Deserialize)]
+struct Args {
+    hidden_size: i32,
+    num_hidden_layers: usize,
+    num_attention_heads: i32,
+    num_key_value_heads: Option<i32>,
+    max_position_embeddings: usize,
+    norm_eps: f32,
+    #[serde(rename = "conv_L_cache")]
+    conv_l_cache: i32,
+    #[serde(default = "default_rope_theta")]
+    rope_theta: f32,
+    rope_parameters: Option<Value>,
+    full_attn_idxs: Option<Vec<usize>>,
+    layer_types: Option<Vec<String>>,
+}
+
+fn default_rope_theta() -> f32 {
+    1e6
+}
+
+/// LFM2's own names, given back to the decoder's layers.
+pub struct Lfm2;
+
+impl Family for Lfm2 {
+    fn checkpoint_name(&self, ours: String) -> String {
+        checkpoint_name(&ours, &NAMES)
+    }
+}
+
+pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Lfm2>, EngineError> {
+    let args: Args = parse_args(config)?;
+    // mlx-lm: `rope_parameters.rope_theta` wins over `rope_theta`; nothing else of it is read.
+    let theta = (args.rope_parameters.as_ref())
+        .and_then(|p| p.get("rope_theta"))
+        .and_then(Value::as_f64)
+        .map_or(args.rope_theta, |t| t as f32);
+    let attention_at: Vec<usize> =
+        match (&args.full_attn_idxs, &args.layer_types) {
+            (Some(idxs), _) => idxs.clone(),
+            (None, Some(types)) => (types.iter().enumerate())
+                .filter(|(_, t)| *t == "full_attention")
+                .map(|(i, _)| i)
+                .collect(),
+            (None, None) => return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                "config.json: lfm2 needs `full_attn_idxs` or `layer_types` to say which layers \
+                 attend",
+            )),
+        };
+    let c = CommonArgs {
+        hidden_size: args.hidden_size,
+        num_hidden_layers: args.num_hidden_layers,
+        num_attention_heads: args.num_attention_heads,
+        num_key_value_heads: args.num_key_value_heads,
+        rms_norm_eps: args.norm_eps,
+        rope_scaling: None,
+    };
+    let head_dim = c.default_head_dim();
+    let max_pos = Some(args.max_position_embeddings);
+    let rope = c.rope(head_dim, theta, false, max_pos)?;
+    let conv = ShortConvSpec {
+        kernel: args.conv_l_cache,
+    };
+    let layers = (0..c.num_hidden_layers)
+        .map(|i| {
+            let layer = LayerSpec {
+                qk_norm: Some(QkNormOver::Head),
+                ..c.llama_layer(head_dim, rope.clone())
+            };
+            match attention_at.contains(&i) {
+                true => layer,
+                false => LayerSpec {
+                    attention: AttentionKind::ShortConv(conv),
+                    ..layer
+                },
+            }
+        })
+        .collect();
+    weights.rename_parts(&NAMES);
+    sanitize(&mut weights, true);
+    let spec = DecoderSpec {
+        layers,
+        rms_norm_eps: c.rms_norm_eps,
+        tie_word_embeddings: true,
+        max_position_embeddings: max_pos,
+    };
+    Decoder::load(weights, spec, Lfm2)
+}
