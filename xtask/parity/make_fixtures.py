@@ -491,6 +491,7 @@ WRAPPERS = {
     "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", ["visual"]),
     "kimi_k25": ("KimiK25ForConditionalGeneration", ["vision_tower", "mm_projector"]),
     "llama4": ("Llama4ForConditionalGeneration", ["vision_model", "multi_modal_projector"]),
+    "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", ["visual"]),
 }
 
 
@@ -568,22 +569,24 @@ def write_adapter(model, adapter, out):
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
 
 
-def meta_llama4(weights):
-    """Llama 4 as Meta releases it: the language model under `language_model.` (mlx-lm's names),
-    the experts fused, `experts.gate_up_proj` `(experts, hidden, 2 * moe)` (gate columns, then
-    up) and `experts.down_proj` `(experts, moe, hidden)`, and a tensor per tower, which mlx-lm's
-    sanitize splits, transposes and drops."""
+def fused_columns(weights, stacked, outer):
+    """Experts fused as Meta's Llama 4 and Qwen3-VL-MoE store them: `<p>.<stacked>.gate_proj`
+    and `up_proj` as one `<p>.experts.gate_up_proj` `(experts, hidden, 2 * moe)` (gate columns,
+    then up), `down_proj` as `<p>.experts.down_proj` `(experts, moe, hidden)`, the language
+    model under `language_model.` (mlx-lm's names), and a tensor per tower; mlx-lm's sanitize
+    splits, transposes and drops them."""
     out = {}
+    gate, up, down = (f".{stacked}.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj"))
     for key, value in weights.items():
-        if key.endswith("experts.gate_proj.weight"):
-            prefix = key[: -len("gate_proj.weight")]
-            up = weights[prefix + "up_proj.weight"]
-            out[prefix + "gate_up_proj"] = mx.concatenate([value, up], axis=1).swapaxes(1, 2)
-        elif key.endswith("experts.down_proj.weight"):
-            out[key[: -len(".weight")]] = value.swapaxes(1, 2)
-        elif not key.endswith("experts.up_proj.weight"):
+        if key.endswith(gate):
+            prefix = key[: -len(gate)]
+            fused = mx.concatenate([value, weights[prefix + up]], axis=1)
+            out[prefix + ".experts.gate_up_proj"] = fused.swapaxes(1, 2)
+        elif key.endswith(down):
+            out[key[: -len(down)] + ".experts.down_proj"] = value.swapaxes(1, 2)
+        elif not key.endswith(up):
             out[key] = value
-    for tower in WRAPPERS["llama4"][1]:
+    for tower in WRAPPERS[outer][1]:
         out[f"{tower}.proj.weight"] = mx.random.normal((16, 16))
     return out
 
@@ -730,8 +733,8 @@ def build(spec, out):
         write_adapter(model, adapter, tmp / "adapter")
     if spec.get("openai_experts"):
         weights = openai_experts(model, config)
-    if spec.get("meta_llama4"):
-        weights = meta_llama4(weights)
+    if stacked := spec.get("fused_columns"):
+        weights = fused_columns(weights, stacked, spec["wrap"])
     elif spec.get("wrap") and not spec.get("quantize"):
         weights = hf_multimodal(weights, spec["wrap"])
     if spec.get("hf_mla"):

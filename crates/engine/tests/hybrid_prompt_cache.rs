@@ -71,10 +71,11 @@ fn extends_or_starts_over(dir: &std::path::Path) {
     assert_eq!(other.token_ids, greedy(&mut fresh, &diverging, 8).token_ids);
 }
 
-/// Llama 4's chunked layers keep only their chunk's positions (16 in the tiny fixture): a kept
-/// cache is cut back only to positions it still holds, and answers what a fresh engine answers.
+/// Llama 4's chunked layers keep only their chunk's positions (16 in the tiny fixture): once
+/// they have dropped one, a kept cache is reused only by a prompt that extends it, and answers
+/// what a fresh engine answers.
 #[test]
-fn a_chunked_cache_is_cut_back_only_to_positions_it_holds() {
+fn a_chunked_cache_is_cut_back_only_before_it_drops_a_position() {
     let _mlx = fixtures::mlx_test_lock();
     let Some(dir) = fixtures::vision_fixture("tiny-llama4") else {
         return;
@@ -93,13 +94,22 @@ fn a_chunked_cache_is_cut_back_only_to_positions_it_holds() {
     );
     assert_eq!(next.token_ids, greedy(&mut fresh, &extended, 8).token_ids);
 
-    // The same prompt again: its last position is still held, so all but it is reused.
+    // The same prompt again: its last token would have to be cut from caches that have dropped
+    // positions at the front, so nothing is reused.
     let again = greedy(&mut engine, &extended, 8);
-    assert_eq!(again.usage.cached_tokens, extended.len() - 1);
+    assert_eq!(again.usage.cached_tokens, 0);
     assert_eq!(again.token_ids, next.token_ids);
 
-    // Sharing only the first 20 tokens: the chunked layers no longer hold position 20, so
-    // nothing is reused, and the answer is a fresh engine's.
+    // A short prompt (within one chunk, nothing dropped), then the same again: all but its last
+    // token is reused.
+    let short: Vec<u32> = (200..210).collect();
+    let first = greedy(&mut engine, &short, 3);
+    let same = greedy(&mut engine, &short, 3);
+    assert_eq!(same.usage.cached_tokens, short.len() - 1);
+    assert_eq!(same.token_ids, first.token_ids);
+
+    // Sharing only the first 20 tokens with a kept conversation: nothing is reused, and the
+    // answer is a fresh engine's.
     let diverging: Vec<u32> = [&extended[..20], &[7, 8, 9]].concat();
     let other = greedy(&mut engine, &diverging, 8);
     assert_eq!(other.usage.cached_tokens, 0);

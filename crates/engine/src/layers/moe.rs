@@ -627,12 +627,24 @@ impl SparseMoe {
     }
 }
 
+/// How a checkpoint stores its fused experts (`experts.gate_up_proj`, `experts.down_proj`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedExperts {
+    /// `(experts, 2 * moe, hidden)`, gate rows then up rows, and `(experts, hidden, moe)`: as
+    /// the stacked experts, split (Qwen3.5-MoE, Gemma 4).
+    Rows,
+    /// `(experts, hidden, 2 * moe)`, gate columns then up columns, and `(experts, moe,
+    /// hidden)`: transposed, then split (Llama 4, Qwen3-VL-MoE).
+    Columns,
+}
+
 /// transformers' fused experts as mlx-lm's sanitizes split them: `<p>.experts.gate_up_proj`
-/// `(experts, 2 * moe, hidden)` into `<stacked(p)>.gate_proj.weight` (the first half of the
-/// rows) and `.up_proj.weight`, `<p>.experts.down_proj` renamed `<stacked(p)>.down_proj.weight`
-/// (Qwen3.5-MoE: `<p>.switch_mlp`; Gemma 4: `<p>.experts.switch_glu`).
+/// into `<stacked(p)>.gate_proj.weight` (the first half) and `.up_proj.weight`,
+/// `<p>.experts.down_proj` into `<stacked(p)>.down_proj.weight`, from `layout` (Qwen3.5-MoE:
+/// `<p>.switch_mlp`; Gemma 4: `<p>.experts.switch_glu`; Llama 4: `<p>.experts`).
 pub fn split_fused_experts(
     weights: &mut Weights,
+    layout: FusedExperts,
     stacked: impl Fn(&str) -> String,
 ) -> LoadResult<()> {
     let fused: Vec<String> = weights
@@ -642,14 +654,21 @@ pub fn split_fused_experts(
         .collect();
     for name in fused {
         let target = stacked(name.trim_end_matches(".experts.gate_up_proj"));
-        let gate_up = weights.take(&name)?;
+        let down_name = name.replace("gate_up_proj", "down_proj");
+        let as_stacked = |t: Array, name: &str| match layout {
+            FusedExperts::Rows => Ok(t),
+            FusedExperts::Columns => t
+                .swap_axes(-2, -1)
+                .map_err(|e| invalid(format!("`{name}`: {e}"))),
+        };
+        let gate_up = as_stacked(weights.take(&name)?, &name)?;
         let halves = gate_up
             .split_equal(2, -2)
             .map_err(|e| invalid(format!("`{name}`: {e}")))?;
         for (half, part) in halves.into_iter().zip(["gate_proj", "up_proj"]) {
             weights.insert(format!("{target}.{part}.weight"), half);
         }
-        let down = weights.take(&name.replace("gate_up_proj", "down_proj"))?;
+        let down = as_stacked(weights.take(&down_name)?, &down_name)?;
         weights.insert(format!("{target}.down_proj.weight"), down);
     }
     Ok(())

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    layers::moe::{split_fused_experts, MoeSpec, Routing, PROJECTIONS},
+    layers::moe::{split_fused_experts, FusedExperts, MoeSpec, Routing, PROJECTIONS},
     layers::rope::rope_from_config,
     layers::weights::Weights,
     layers::{self, scalar_like, Activation, AttentionShape, QkNormOver},
@@ -352,7 +352,9 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
             ..LayerSpec::llama(args.rms_norm_eps, shape, rope)
         });
     }
-    split_fused_experts(&mut weights, |layer| format!("{layer}.experts.switch_glu"))?;
+    split_fused_experts(&mut weights, FusedExperts::Rows, |layer| {
+        format!("{layer}.experts.switch_glu")
+    })?;
     sanitize(&mut weights, args.tie_word_embeddings);
     let spec = DecoderSpec {
         layers,

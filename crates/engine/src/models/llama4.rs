@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    layers::moe::{MoeSpec, Routing, Shared, PROJECTIONS},
+    layers::moe::{split_fused_experts, FusedExperts, MoeSpec, Routing, Shared, PROJECTIONS},
     layers::weights::{checkpoint_name, Weights},
     layers::{Activation, QkNormOver, QueryTemperature, TemperatureForm},
     models::{
@@ -136,7 +136,9 @@ pub fn load(config: &Value, mut weights: Weights) -> LoadResult<Decoder<Llama4>>
         })
         .collect::<Vec<LayerSpec>>();
     weights.rename_parts(&NAMES);
-    split_fused_experts(&mut weights)?;
+    split_fused_experts(&mut weights, FusedExperts::Columns, |mlp| {
+        format!("{mlp}.experts")
+    })?;
     sanitize(&mut weights, false);
     let spec = DecoderSpec {
         layers,
@@ -145,34 +147,4 @@ pub fn load(config: &Value, mut weights: Weights) -> LoadResult<Decoder<Llama4>>
         max_position_embeddings: max_pos,
     };
     Decoder::load(weights, spec, Llama4)
-}
-
-/// transformers' fused experts as mlx-lm's sanitize splits them: `experts.gate_up_proj`
-/// `(experts, hidden, 2 * moe)` into `experts.gate_proj.weight` and `experts.up_proj.weight`
-/// `(experts, moe, hidden)` (the first half of the columns, transposed), `experts.down_proj`
-/// `(experts, moe, hidden)` transposed into `experts.down_proj.weight`.
-fn split_fused_experts(weights: &mut Weights) -> LoadResult<()> {
-    let fused: Vec<String> = (weights.names())
-        .filter(|n| n.ends_with(".experts.gate_up_proj"))
-        .cloned()
-        .collect();
-    let invalid = |name: &str, e: mlx_rs::error::Exception| {
-        EngineError::load(LoadErrorKind::InvalidWeights, format!("`{name}`: {e}"))
-    };
-    for name in fused {
-        let experts = name.trim_end_matches(".gate_up_proj");
-        let gate_up = weights
-            .take(&name)?
-            .swap_axes(1, 2)
-            .map_err(|e| invalid(&name, e))?;
-        let halves = gate_up.split_equal(2, 1).map_err(|e| invalid(&name, e))?;
-        for (half, part) in halves.into_iter().zip(["gate_proj", "up_proj"]) {
-            weights.insert(format!("{experts}.{part}.weight"), half);
-        }
-        let down_name = format!("{experts}.down_proj");
-        let down = weights.take(&down_name)?;
-        let down = down.swap_axes(1, 2).map_err(|e| invalid(&down_name, e))?;
-        weights.insert(format!("{experts}.down_proj.weight"), down);
-    }
-    Ok(())
 }

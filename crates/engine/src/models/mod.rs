@@ -84,6 +84,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "qwen3_5_moe",
     "qwen3_moe",
     "qwen3_next",
+    "qwen3_vl_moe",
     "seed_oss",
     "smollm3",
 ];
@@ -99,6 +100,7 @@ pub const TEXT_OF_MULTIMODAL: &[&str] = &[
     "mistral3",
     "qwen3_5",
     "qwen3_5_moe",
+    "qwen3_vl_moe",
 ];
 
 /// Where multimodal checkpoints keep what is not the language model (Hugging Face's layout:
@@ -163,6 +165,11 @@ pub fn build(
             language_model(weights),
         ),
         "llama4" | "qwen3_5" | "qwen3_5_moe" => (None, language_model(weights)),
+        "qwen3_vl_moe" => {
+            let mut weights = language_model(weights);
+            qwen3_moe::split_vl_experts(&mut weights)?;
+            (Some(qwen3_moe::vl_text_config(config)?), weights)
+        }
         _ => (None, weights),
     };
     let config = unwrapped.as_ref().unwrap_or(config);

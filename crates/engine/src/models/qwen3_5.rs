@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::{
     error::EngineError,
     layers::gated_delta::{DeltaProjections, GatedDeltaSpec},
-    layers::moe::{split_fused_experts, MoeSpec},
+    layers::moe::{split_fused_experts, FusedExperts, MoeSpec},
     layers::weights::Weights,
     models::{
         decoder::{sanitize, CommonArgs, Decoder},
@@ -126,7 +126,9 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, 
         .filter(|n| n.contains("conv1d.weight"))
         .any(|n| weights.shape(n).and_then(|s| s.last().copied()) != Some(1));
     drop_mtp(&mut weights);
-    split_fused_experts(&mut weights, |mlp| format!("{mlp}.switch_mlp"))?;
+    split_fused_experts(&mut weights, FusedExperts::Rows, |mlp| {
+        format!("{mlp}.switch_mlp")
+    })?;
     sanitize(&mut weights, args.tie_word_embeddings);
     Decoder::load(weights, spec, Qwen3Next { shift_norms: hf })
 }

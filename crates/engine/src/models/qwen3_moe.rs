@@ -4,11 +4,11 @@
 //! `norm_topk_prob`.
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::{
-    error::EngineError,
-    layers::moe::MoeSpec,
+    error::{EngineError, LoadErrorKind},
+    layers::moe::{split_fused_experts, FusedExperts, MoeSpec},
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
@@ -54,4 +54,44 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
     spec.make_sparse(&moe, args.decoder_sparse_step, &args.mlp_only_layers);
     sanitize(&mut weights, args.tie_word_embeddings);
     Decoder::load(weights, spec, Llama)
+}
+
+/// The `qwen3_moe` config of a Qwen3-VL-MoE checkpoint (`qwen3_vl_moe`), whose language model
+/// mlx-lm's qwen3_vl_moe.py runs alone as Qwen3-MoE: `text_config`, its head tied as the
+/// checkpoint says where the text config does not, and its `rope_scaling` dropped where it only
+/// describes M-RoPE's sections (one position per token gives plain RoPE, which mlx-lm runs).
+pub fn vl_text_config(config: &Value) -> Result<Value, EngineError> {
+    let mut text =
+        (config.get("text_config").filter(|t| t.is_object()).cloned()).ok_or_else(|| {
+            EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                "config.json: qwen3_vl_moe needs a `text_config` object (its language model)",
+            )
+        })?;
+    text["model_type"] = json!("qwen3_moe");
+    if text.get("tie_word_embeddings").is_none() {
+        text["tie_word_embeddings"] = config
+            .get("tie_word_embeddings")
+            .cloned()
+            .unwrap_or(json!(false));
+    }
+    let mrope_only = text.get("rope_scaling").is_some_and(|s| {
+        s.get("mrope_section").is_some()
+            && s.get("rope_type")
+                .and_then(Value::as_str)
+                .unwrap_or("default")
+                == "default"
+    });
+    if mrope_only {
+        text["rope_scaling"] = Value::Null;
+    }
+    Ok(text)
+}
+
+/// A Qwen3-VL-MoE checkpoint's fused experts (`experts.gate_up_proj` `(experts, hidden, 2 *
+/// moe)`, `experts.down_proj`) split into `switch_mlp`, as mlx-lm's qwen3_vl_moe.py does.
+pub fn split_vl_experts(weights: &mut Weights) -> Result<(), EngineError> {
+    split_fused_experts(weights, FusedExperts::Columns, |mlp| {
+        format!("{mlp}.switch_mlp")
+    })
 }

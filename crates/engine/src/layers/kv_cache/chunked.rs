@@ -38,10 +38,16 @@ impl ChunkedCache {
         self.start.max(self.offset() - self.chunk)
     }
 
-    /// Forgets the last `n` positions, possible while they are all still held.
+    /// Forgets the last `n` positions, possible while no position has been dropped at the front
+    /// (as a sliding window's ring only until it wraps): once it has, the positions held sit at
+    /// other places in the keys than a fresh prefill would put them, so a pass after a cut would
+    /// sum in another order than a fresh one (mlx-lm cuts anyway).
     pub fn trim(&mut self, n: i32) -> bool {
         let n = n.max(0);
-        n <= self.kept.offset() && self.kept.trim(n)
+        if n > 0 && self.start > 0 {
+            return false;
+        }
+        self.kept.trim(n)
     }
 
     /// For `n` queries from the current offset: key `j` (from the pass's first held position)

@@ -1,7 +1,7 @@
 //! The caches against mlx-lm's rules, position by position: each stored key is its position,
 //! so what a cache returns says which positions a query attends to, in which order. The expected
-//! sequences and masks are what mlx-lm 0.32.2's `RotatingKVCache` returns for the same updates
-//! (checked in the venv), trims included.
+//! sequences and masks are what mlx-lm 0.32.2's `RotatingKVCache` (and `ChunkedKVCache`, with
+//! llama4.py's chunk mask) returns for the same updates (checked in the venv), trims included.
 
 use mlx_rs::{ops::indexing::IndexOp, Array};
 
@@ -226,4 +226,28 @@ fn padded_cache_writes_masks_and_gives_back_each_row() {
     let lengths: Vec<(usize, Vec<Vec<i32>>)> =
         out.into_iter().map(|(id, c)| (id, stored(&c))).collect();
     assert_eq!(lengths, [(7, stored(&filled(5))), (9, stored(&filled(3)))]);
+}
+
+/// Llama 4's chunked cache, chunk 4: a pass begins by dropping all but the last 4 positions
+/// held (mlx-lm's `ChunkedKVCache.maybe_trim_front`), and each query sees its own chunk of
+/// what is held up to itself.
+#[test]
+fn chunked_cache_keeps_the_last_chunk_and_masks_to_chunks() {
+    let _lock = mlx_test_lock();
+    let mut cache = KvCache::for_chunk(4);
+    assert_eq!(add(&mut cache, 0, 6), [0, 1, 2, 3, 4, 5]);
+    // Two queries (6, 7) over positions 2..8: both in chunk 1 (4..8).
+    assert_eq!(mask_rows(&cache.mask(2).unwrap()), ["..111.", "..1111"]);
+    assert_eq!(add(&mut cache, 6, 2), [2, 3, 4, 5, 6, 7]);
+    // One query (8, chunk 2) over positions 4..9: only itself.
+    assert_eq!(mask_rows(&cache.mask(1).unwrap()), ["....1"]);
+    assert_eq!(add(&mut cache, 8, 1), [4, 5, 6, 7, 8]);
+    assert_eq!(cache.offset(), 9);
+    // Positions were dropped at the front: no longer cut back.
+    assert!(!cache.trim(1));
+    // Nothing dropped yet: cut back as a plain cache.
+    let mut cache = KvCache::for_chunk(4);
+    assert_eq!(add(&mut cache, 0, 3), [0, 1, 2]);
+    assert!(cache.trim(1));
+    assert_eq!(add(&mut cache, 2, 2), [0, 1, 2, 3]);
 }
