@@ -362,6 +362,8 @@ FAMILY_BASE = {
 # mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`); GLM-4.7-Flash's file is a copy of
 # DeepSeek-V3's with other defaults and two epsilons.
 FAMILY_BASE["kimi_k2"] = FAMILY_BASE["deepseek_v3"]
+# MiniMax-M2's checkpoints say `minimax_m2`, which mlx-lm runs as `minimax`.
+FAMILY_BASE["minimax_m2"] = FAMILY_BASE["minimax"]
 # Mistral 4: DeepSeek-V3's sizes; RoPE, YaRN and Llama 4's query scale from `rope_parameters`
 # (an original context of 32, so that the scale steps up within every case's prompt).
 FAMILY_BASE["mistral4"] = {

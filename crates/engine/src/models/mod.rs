@@ -70,6 +70,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "llama4",
     "llama4_text",
     "minimax",
+    "minimax_m2",
     "ministral3",
     "mistral",
     "mistral4",
@@ -204,7 +205,8 @@ pub fn build(
         // `llama4_text` checkpoint of its own is another file in mlx-lm.
         "llama4" => Ok(Box::new(llama4::load(config, weights)?)),
         "llama4_text" => Ok(Box::new(llama4_text::load(config, weights)?)),
-        "minimax" => Ok(Box::new(minimax::load(config, weights)?)),
+        // mlx-lm runs MiniMax-M2's checkpoints (`minimax_m2`) as `minimax` (`MODEL_REMAPPING`).
+        "minimax" | "minimax_m2" => Ok(Box::new(minimax::load(config, weights)?)),
         "ministral3" => Ok(Box::new(ministral3::load(config, weights)?)),
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mistral4" => Ok(Box::new(mistral4::load(config, weights)?)),
