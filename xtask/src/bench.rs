@@ -84,6 +84,9 @@ pub struct Options {
     /// weights built by mlx-lm's classes (`xtask/bench/families.json`), the same comparison.
     #[arg(long)]
     families: bool,
+    /// With --moe or --families: only this model of the file (repeatable).
+    #[arg(long = "only", value_name = "NAME")]
+    pub only: Vec<String>,
     /// Instead: aggregate decode tok/s with several chats at once (`xtask/bench/batch.json`),
     /// the worker (`--max-batch`) beside mlx-lm's `BatchGenerator`.
     #[arg(long)]

@@ -33,8 +33,13 @@ pub fn run(opts: &Options, prompts: &[BenchPrompt], file: &str) -> anyhow::Resul
     .with_context(|| format!("{} is not a valid bench file", path.display()))?;
     let max = opts.max_new_tokens.unwrap_or(file.max_new_tokens);
     let prompts: Vec<BenchPrompt> = prompts.iter().filter(|p| !p.next_turn).cloned().collect();
+    if let Some(name) = (opts.only.iter()).find(|n| !file.models.iter().any(|m| &m.name == *n)) {
+        let names: Vec<&str> = file.models.iter().map(|m| m.name.as_str()).collect();
+        anyhow::bail!("--only {name:?} is not in {}; it has: {}", path.display(), names.join(", "));
+    }
     let fixtures = parity::make_fixtures(&path)?;
-    for model in &file.models {
+    let chosen = |m: &&Model| opts.only.is_empty() || opts.only.contains(&m.name);
+    for model in file.models.iter().filter(chosen) {
         eprintln!("bench: {}", model.name);
         compare(
             opts,
