@@ -123,7 +123,8 @@ fn vision_mix(images: &std::path::Path) -> Vec<GenerateParams> {
 
 /// The real SmolLM2, tiny fixtures of every kind of layer a batch runs row by row (sliding
 /// windows, quantized weights, experts, attention sinks, linear attention, per-layer inputs,
-/// latent attention, short convolutions, layer norms, chunked attention), a quantized KV cache and a vision model: requests sent together answer
+/// latent attention with and without a sparse indexer, short convolutions, layer norms,
+/// chunked attention), a quantized KV cache and a vision model: requests sent together answer
 /// exactly as each does alone.
 #[tokio::test]
 async fn generations_run_together_answer_as_each_does_alone() {
@@ -146,6 +147,7 @@ async fn generations_run_together_answer_as_each_does_alone() {
         "tiny-lfm2",
         "tiny-cohere2",
         "tiny-llama4",
+        "tiny-deepseek-v32",
     ] {
         cases.push((LoadParams::new(fixture(name)), mix()));
     }

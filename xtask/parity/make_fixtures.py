@@ -362,6 +362,26 @@ FAMILY_BASE = {
 # mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`); GLM-4.7-Flash's file is a copy of
 # DeepSeek-V3's with other defaults and two epsilons.
 FAMILY_BASE["kimi_k2"] = FAMILY_BASE["deepseek_v3"]
+# DeepSeek-V3.2: DeepSeek-V3's sizes and an indexer of 4 heads of 32 keeping 24 keys per query
+# (fewer than every case's prompt, so every pass is sparse; the releases keep 2048).
+FAMILY_BASE["deepseek_v32"] = {
+    **FAMILY_BASE["deepseek_v3"],
+    "architectures": ["DeepseekV32ForCausalLM"],
+    "index_n_heads": 4,
+    "index_head_dim": 32,
+    "index_topk": 24,
+}
+# GLM-5 (glm_moe_dsa): the same, every field given, RoPE from `rope_parameters`.
+FAMILY_BASE["glm_moe_dsa"] = {
+    **FAMILY_BASE["deepseek_v32"],
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "moe_layer_freq": 1,
+    "attention_bias": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+}
 # MiniMax-M2's checkpoints say `minimax_m2`, which mlx-lm runs as `minimax`.
 FAMILY_BASE["minimax_m2"] = FAMILY_BASE["minimax"]
 # Mistral 4: DeepSeek-V3's sizes; RoPE, YaRN and Llama 4's query scale from `rope_parameters`

@@ -35,7 +35,11 @@ pub fn run(opts: &Options, prompts: &[BenchPrompt], file: &str) -> anyhow::Resul
     let prompts: Vec<BenchPrompt> = prompts.iter().filter(|p| !p.next_turn).cloned().collect();
     if let Some(name) = (opts.only.iter()).find(|n| !file.models.iter().any(|m| &m.name == *n)) {
         let names: Vec<&str> = file.models.iter().map(|m| m.name.as_str()).collect();
-        anyhow::bail!("--only {name:?} is not in {}; it has: {}", path.display(), names.join(", "));
+        anyhow::bail!(
+            "--only {name:?} is not in {}; it has: {}",
+            path.display(),
+            names.join(", ")
+        );
     }
     let fixtures = parity::make_fixtures(&path)?;
     let chosen = |m: &&Model| opts.only.is_empty() || opts.only.contains(&m.name);

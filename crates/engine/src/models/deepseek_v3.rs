@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    layers::mla::{LatentPrefill, MlaSpec},
+    layers::mla::{IndexerSpec, LatentPrefill, MlaSpec},
     layers::moe::{MoeSpec, Routing},
     layers::rope::rope_from_config,
     layers::weights::Weights,
@@ -49,6 +49,12 @@ struct Args {
     rms_norm_eps: f32,
     rope_theta: f32,
     rope_scaling: Option<Value>,
+    /// DeepSeek sparse attention's indexer (`deepseek_v32`, `glm_moe_dsa`).
+    index_head_dim: Option<i32>,
+    index_n_heads: Option<i32>,
+    index_topk: Option<i32>,
+    #[serde(default)]
+    indexer_rope_interleave: bool,
 }
 
 /// Which of mlx-lm's DeepSeek-V3-shaped files a checkpoint is run as.
@@ -59,6 +65,12 @@ pub enum Variant {
     /// `glm4_moe_lite.py` (GLM-4.7-Flash): other defaults, the latent norms at `rms_norm_eps`
     /// (not 1e-6), and the router's renormalisation adding 1e-20 to its sum.
     Glm4MoeLite,
+    /// `deepseek_v32.py` (DeepSeek-V3.2): DeepSeek-V3 with sparse attention (an indexer per
+    /// layer picking `index_topk` keys per query).
+    DeepseekV32,
+    /// `glm_moe_dsa.py` (GLM-5): `deepseek_v32.py` with every field required, RoPE from
+    /// `rope_parameters` and the indexer's RoPE interleaved by default.
+    GlmMoeDsa,
 }
 
 impl Variant {
@@ -66,12 +78,22 @@ impl Variant {
         match self {
             Self::DeepseekV3 => "deepseek_v3",
             Self::Glm4MoeLite => "glm4_moe_lite",
+            Self::DeepseekV32 => "deepseek_v32",
+            Self::GlmMoeDsa => "glm_moe_dsa",
         }
     }
 
     /// The file's `ModelArgs` defaults.
     fn defaults(self) -> Value {
         match self {
+            Self::DeepseekV32 => {
+                let mut d = Self::DeepseekV3.defaults();
+                let index = json!({"index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048});
+                (d.as_object_mut().expect("an object"))
+                    .extend(index.as_object().expect("an object").clone());
+                d
+            }
+            Self::GlmMoeDsa => json!({"rope_scaling": null, "indexer_rope_interleave": true}),
             Self::DeepseekV3 => json!({
                 "num_hidden_layers": 30, "num_attention_heads": 32, "n_shared_experts": null,
                 "n_routed_experts": null, "routed_scaling_factor": 1.0, "kv_lora_rank": 512,
@@ -102,6 +124,15 @@ pub fn load(
     let mut merged = variant.defaults();
     if let (Some(fields), Some(given)) = (merged.as_object_mut(), config.as_object()) {
         fields.extend(given.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    // glm_moe_dsa.py: `rope_scaling = rope_parameters`, `rope_theta = rope_parameters.rope_theta`.
+    if variant == Variant::GlmMoeDsa {
+        let parameters = merged
+            .get("rope_parameters")
+            .cloned()
+            .unwrap_or(Value::Null);
+        merged["rope_theta"] = parameters.get("rope_theta").cloned().unwrap_or(Value::Null);
+        merged["rope_scaling"] = parameters;
     }
     let args: Args = parse_args(&merged)?;
     let family = variant.name();
@@ -144,12 +175,27 @@ pub fn load(
         v_head_dim: args.v_head_dim,
         scale: score_scale(&args),
         norm_eps: match variant {
-            Variant::DeepseekV3 => 1e-6,
             Variant::Glm4MoeLite => args.rms_norm_eps,
+            _ => 1e-6,
         },
         temperature: None,
         prefill: LatentPrefill::RotaryScores,
         rope: rope.clone(),
+        indexer: match (args.index_n_heads, args.index_head_dim, args.index_topk) {
+            (Some(n_heads), Some(head_dim), Some(topk)) => Some(IndexerSpec {
+                n_heads,
+                head_dim,
+                topk,
+                rope: rope_from_config(
+                    args.qk_rope_head_dim,
+                    args.rope_theta,
+                    args.indexer_rope_interleave,
+                    scaling,
+                    max_pos,
+                )?,
+            }),
+            _ => None,
+        },
     };
     let n = args.num_hidden_layers;
     let head_dim = args.qk_nope_head_dim + args.qk_rope_head_dim;

@@ -100,6 +100,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         norm_eps: 1e-6,
         temperature: Some(temperature),
         prefill: LatentPrefill::Concatenated,
+        indexer: None,
     };
     let heads = args.num_attention_heads;
     let shape = AttentionShape::new(heads, heads, q_head_dim, q_head_dim as f64);

@@ -54,6 +54,7 @@ use crate::{
 pub const ARCHITECTURES: &[&str] = &[
     "cohere2",
     "deepseek_v3",
+    "deepseek_v32",
     "ernie4_5",
     "ernie4_5_moe",
     "exaone4",
@@ -62,6 +63,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "gemma4_text",
     "glm4_moe",
     "glm4_moe_lite",
+    "glm_moe_dsa",
     "gpt_oss",
     "kimi_k2",
     "kimi_k25",
@@ -185,6 +187,16 @@ pub fn build(
             config,
             weights,
             deepseek_v3::Variant::DeepseekV3,
+        )?)),
+        "deepseek_v32" => Ok(Box::new(deepseek_v3::load(
+            config,
+            weights,
+            deepseek_v3::Variant::DeepseekV32,
+        )?)),
+        "glm_moe_dsa" => Ok(Box::new(deepseek_v3::load(
+            config,
+            weights,
+            deepseek_v3::Variant::GlmMoeDsa,
         )?)),
         "glm4_moe_lite" => Ok(Box::new(deepseek_v3::load(
             config,

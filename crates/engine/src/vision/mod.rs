@@ -113,12 +113,12 @@ mod tests {
 
     #[test]
     fn an_unknown_vision_family_is_unsupported_and_named() {
-        let config = json!({"model_type": "qwen3_vl_moe", "vision_config": {"depth": 2}});
+        let config = json!({"model_type": "kimi_vl", "vision_config": {"depth": 2}});
         let mut weights = Weights::from_tensors(Default::default(), &config);
         match split(Path::new("."), &config, &mut weights) {
             Err(EngineError::Load { kind, detail }) => {
                 assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-                assert!(detail.contains("`qwen3_vl_moe`"), "{detail}");
+                assert!(detail.contains("`kimi_vl`"), "{detail}");
                 assert!(
                     detail.contains("gemma3"),
                     "lists what is supported: {detail}"

@@ -19,6 +19,9 @@ pub enum KvCache {
     Quantized(QuantizedCache),
     State(StateCache),
     Chunked(ChunkedCache),
+    /// Two caches a layer updates itself, in step (mlx-lm's `CacheList`): DeepSeek sparse
+    /// attention's latents and its indexer's keys. The first gives the offset and the mask.
+    Pair(Box<[KvCache; 2]>),
 }
 
 /// Group size of quantized KV caches (mlx-lm's `kv_group_size` default).
@@ -44,9 +47,15 @@ impl KvCache {
         Self::Chunked(ChunkedCache::new(chunk))
     }
 
+    /// Two standard caches in step ([`KvCache::Pair`]).
+    pub fn pair() -> Self {
+        Self::Pair(Box::new([Self::default(), Self::default()]))
+    }
+
     /// Positions seen so far (the RoPE offset of the next token).
     pub fn offset(&self) -> i32 {
         match self {
+            Self::Pair(p) => p[0].offset(),
             Self::Standard(c) => c.offset(),
             Self::Rotating(c) => c.offset(),
             Self::Quantized(c) => c.offset(),
@@ -65,6 +74,7 @@ impl KvCache {
             Self::Standard(_) | Self::Quantized(_) => Ok(Mask::None),
             Self::Rotating(c) => c.mask(n),
             Self::Chunked(c) => Ok(c.mask(n)),
+            Self::Pair(p) => p[0].mask(n),
             // mlx-lm's `create_ssm_mask`: none without padding.
             Self::State(_) => Ok(Mask::None),
         }
@@ -82,6 +92,9 @@ impl KvCache {
             )),
             Self::State(_) => Err(mlx_rs::error::Exception::custom(
                 "a linear-attention layer's cache holds no keys and values",
+            )),
+            Self::Pair(_) => Err(mlx_rs::error::Exception::custom(
+                "a pair of caches is updated one by one by its layer",
             )),
         }
     }
@@ -119,6 +132,7 @@ impl KvCache {
             Self::Quantized(c) => c.trim(n),
             Self::State(c) => c.trim(n),
             Self::Chunked(c) => c.trim(n),
+            Self::Pair(p) => p.iter_mut().all(|c| c.trim(n)),
         }
     }
 
@@ -140,6 +154,7 @@ impl KvCache {
             Self::Quantized(c) => Box::new(c.arrays()),
             Self::State(c) => Box::new(c.arrays()),
             Self::Chunked(c) => Box::new(c.arrays()),
+            Self::Pair(p) => Box::new(p.iter().flat_map(|c| c.arrays())),
         }
     }
 }

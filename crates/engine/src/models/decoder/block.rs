@@ -92,6 +92,8 @@ impl Mlp {
 
 /// A block's attention: over a KV cache, linear with a recurrent state, or over a cache of
 /// latents.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Mixer {
     SelfAttn(Attention),
     LinearAttn(GatedDeltaNet),

@@ -11,7 +11,7 @@ use super::{
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::gated_delta::GatedDeltaNet,
-    layers::mla::{LatentAttention, LatentQuery, MlaSpec, MultiLinear},
+    layers::mla::{Indexer, LatentAttention, LatentQuery, MlaSpec, MultiLinear},
     layers::moe::SparseMoe,
     layers::mrope::MRope,
     layers::parallel::Parallel,
@@ -372,6 +372,23 @@ fn load_latent(
             linear: weights.linear(&at("unembed_out"))?,
         },
         o_proj: weights.linear(&at("o_proj"))?,
+        indexer: match &mla.indexer {
+            Some(spec) if mla.q_lora_rank.is_some() => Some(Indexer {
+                spec: spec.clone(),
+                wq_b: weights.linear(&at("indexer.wq_b"))?,
+                wk: weights.linear(&at("indexer.wk"))?,
+                // mlx-lm's `nn.LayerNorm(head_dim)`: eps 1e-5, with an offset.
+                k_norm: weights.layer_norm(&at("indexer.k_norm"), 1e-5)?,
+                weights_proj: weights.linear(&at("indexer.weights_proj"))?,
+            }),
+            Some(_) => {
+                return Err(EngineError::load(
+                    LoadErrorKind::InvalidWeights,
+                    "config.json: sparse attention's indexer reads compressed queries:                      `q_lora_rank` must be set",
+                ))
+            }
+            None => None,
+        },
     };
     check_latent_shapes(&attention, p)?;
     Ok(attention)

@@ -116,6 +116,7 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 None => KvCache::for_window(a.shape.window),
             },
             Mixer::LinearAttn(_) | Mixer::ShortConv(_) => KvCache::State(StateCache::default()),
+            Mixer::Latent(a) if a.indexer.is_some() => KvCache::pair(),
             Mixer::Latent(_) => KvCache::for_window(None),
         };
         self.layers
