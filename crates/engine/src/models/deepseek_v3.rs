@@ -142,6 +142,15 @@ pub fn load(
             format!("{family}: {detail}"),
         ))
     };
+    let index = [args.index_n_heads, args.index_head_dim, args.index_topk];
+    if index.iter().any(|n| n.is_some_and(|n| n < 1)) {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!(
+                "config.json: {family}'s index_n_heads, index_head_dim and index_topk must be                  at least 1"
+            ),
+        ));
+    }
     if args.topk_method != "noaux_tc" {
         return unsupported(format!(
             "topk_method `{}` is not supported (mlx-lm runs `noaux_tc` only)",

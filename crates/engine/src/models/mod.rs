@@ -443,6 +443,14 @@ mod tests {
     }
 
     #[test]
+    fn sparse_attention_refuses_an_empty_index_by_name() {
+        let config = tiny_with("deepseek_v32", json!({"index_topk": 0}));
+        let (kind, detail) = refusal(config);
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(detail.contains("index_topk"), "{detail}");
+    }
+
+    #[test]
     fn lfm2_without_attention_layers_named_is_refused() {
         let fields = json!({"max_position_embeddings": 64, "norm_eps": 1e-5, "conv_L_cache": 3});
         let config = tiny_with("lfm2", fields);
