@@ -34,9 +34,14 @@ pub struct Weights {
 /// `name` (ours, a dotted path) with each part `parts` renamed given back its checkpoint name:
 /// `parts` is (checkpoint's, ours), as [`Weights::rename_parts`] took it.
 pub fn checkpoint_name(name: &str, parts: &[(&'static str, &'static str)]) -> String {
+    replace_parts(name, parts.iter().map(|&(theirs, ours)| (ours, theirs)))
+}
+
+/// `name` with each dotted part `from` replaced by `to`, at its first place.
+fn replace_parts<'a>(name: &str, parts: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     let mut dotted = format!(".{name}.");
-    for (theirs, ours) in parts {
-        dotted = dotted.replacen(&format!(".{ours}."), &format!(".{theirs}."), 1);
+    for (from, to) in parts {
+        dotted = dotted.replacen(&format!(".{from}."), &format!(".{to}."), 1);
     }
     dotted[1..dotted.len() - 1].to_owned()
 }
@@ -261,16 +266,18 @@ impl Weights {
     pub fn rename_parts(&mut self, parts: &[(&'static str, &'static str)]) {
         let names: Vec<String> = self.tensors.keys().cloned().collect();
         for name in names {
-            let mut dotted = format!(".{name}");
-            for (theirs, ours) in parts {
-                dotted = dotted.replacen(&format!(".{theirs}."), &format!(".{ours}."), 1);
-            }
-            if dotted[1..] != name {
+            let renamed = replace_parts(&name, parts.iter().copied());
+            if renamed != name {
                 let tensor = self.tensors.remove(&name).expect("listed above");
-                self.tensors.insert(dotted[1..].to_owned(), tensor);
+                self.tensors.insert(renamed, tensor);
             }
         }
         self.renamed.extend_from_slice(parts);
+    }
+
+    /// The parts [`Weights::rename_parts`] renamed, (checkpoint's, ours).
+    pub fn renamed_parts(&self) -> &[(&'static str, &'static str)] {
+        &self.renamed
     }
 
     /// Moves the tensors under `prefix` into their own `Weights`, without the prefix (a

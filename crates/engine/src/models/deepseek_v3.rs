@@ -21,7 +21,7 @@ use crate::{
     layers::AttentionShape,
     models::{
         decoder::{sanitize, AttentionKind, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
-        model::parse_args,
+        model::{parse_args, text_config_as},
     },
 };
 
@@ -252,18 +252,7 @@ pub fn load(
 /// Kimi K2.5's language model (`kimi_k25`, its vision tower not built, as mlx-lm's
 /// `kimi_k25.py` runs it): `text_config` as a DeepSeek-V3 whatever its `model_type`.
 pub fn kimi_k25_text_config(config: &Value) -> Result<Value, EngineError> {
-    let mut text = config
-        .get("text_config")
-        .filter(|t| t.is_object())
-        .cloned()
-        .ok_or_else(|| {
-            EngineError::load(
-                LoadErrorKind::InvalidWeights,
-                "config.json: kimi_k25 needs a `text_config` object (its language model)",
-            )
-        })?;
-    text["model_type"] = json!("deepseek_v3");
-    Ok(text)
+    text_config_as(config, "kimi_k25", "deepseek_v3")
 }
 
 /// `q_head_dim^-0.5`, times `(0.1 mscale_all_dim ln(factor) + 1)^2` when `rope_scaling` gives

@@ -2,8 +2,8 @@
 //! at `full_attn_idxs` (or where `layer_types` says `full_attention`), softmax attention with
 //! per-head q/k norms and plain RoPE over whole heads; every layer pre-normed with a SwiGLU MLP
 //! (`feed_forward.w1`/`w3`/`w2`). The final norm is `embedding_norm`; the head is the embedding.
-//! Checkpoints name parts their own way ([`NAMES`]): renamed at load for the shared decoder, and
-//! back for adapters and per-layer quantization.
+//! Checkpoints name parts their own way ([`NAMES`]): renamed at load for the shared decoder
+//! (`Weights::rename_parts`, which keeps their names for per-layer quantization and adapters).
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -11,10 +11,10 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::short_conv::ShortConvSpec,
-    layers::weights::{checkpoint_name, Weights},
+    layers::weights::Weights,
     layers::QkNormOver,
     models::{
-        decoder::{sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec},
+        decoder::{sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama},
         model::parse_args,
     },
 };
@@ -54,16 +54,7 @@ fn default_rope_theta() -> f32 {
     1e6
 }
 
-/// LFM2's own names, given back to the decoder's layers.
-pub struct Lfm2;
-
-impl Family for Lfm2 {
-    fn checkpoint_name(&self, ours: String) -> String {
-        checkpoint_name(&ours, &NAMES)
-    }
-}
-
-pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Lfm2>, EngineError> {
+pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
     // mlx-lm: `rope_parameters.rope_theta` wins over `rope_theta`; nothing else of it is read.
     let theta = (args.rope_parameters.as_ref())
@@ -120,5 +111,5 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Lfm2>, Engin
         tie_word_embeddings: true,
         max_position_embeddings: max_pos,
     };
-    Decoder::load(weights, spec, Lfm2)
+    Decoder::load(weights, spec, Llama)
 }

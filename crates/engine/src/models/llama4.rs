@@ -16,10 +16,10 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::moe::{split_fused_experts, FusedExperts, MoeSpec, Routing, Shared, PROJECTIONS},
-    layers::weights::{checkpoint_name, Weights},
+    layers::weights::Weights,
     layers::{Activation, QkNormOver, QueryTemperature, TemperatureForm},
     models::{
-        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, Family, LayerSpec, MlpSpec},
+        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
         model::parse_args,
     },
 };
@@ -64,16 +64,7 @@ fn default_attn_scale() -> f32 {
     0.1
 }
 
-/// Llama 4's own names, given back to the decoder's layers.
-pub struct Llama4;
-
-impl Family for Llama4 {
-    fn checkpoint_name(&self, ours: String) -> String {
-        checkpoint_name(&ours, &NAMES)
-    }
-}
-
-pub fn load(config: &Value, mut weights: Weights) -> LoadResult<Decoder<Llama4>> {
+pub fn load(config: &Value, mut weights: Weights) -> LoadResult<Decoder> {
     let text = config.get("text_config").ok_or_else(|| {
         EngineError::load(
             LoadErrorKind::InvalidWeights,
@@ -146,5 +137,5 @@ pub fn load(config: &Value, mut weights: Weights) -> LoadResult<Decoder<Llama4>>
         tie_word_embeddings: false,
         max_position_embeddings: max_pos,
     };
-    Decoder::load(weights, spec, Llama4)
+    Decoder::load(weights, spec, Llama)
 }

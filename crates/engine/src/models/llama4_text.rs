@@ -9,10 +9,10 @@ use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    layers::weights::{checkpoint_name, Weights},
+    layers::weights::Weights,
     layers::QkNormOver,
     models::{
-        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, Family},
+        decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, Llama},
         model::parse_args,
     },
 };
@@ -32,16 +32,7 @@ struct Args {
     use_qk_norm: bool,
 }
 
-/// The checkpoint's own names, given back to the decoder's layers.
-pub struct Llama4Text;
-
-impl Family for Llama4Text {
-    fn checkpoint_name(&self, ours: String) -> String {
-        checkpoint_name(&ours, &NAMES)
-    }
-}
-
-pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Llama4Text>, EngineError> {
+pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
     let c = &args.common;
     let n = c.num_hidden_layers;
@@ -79,5 +70,5 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Llama4Text>,
         tie_word_embeddings: args.tie_word_embeddings,
         max_position_embeddings: None,
     };
-    Decoder::load(weights, spec, Llama4Text)
+    Decoder::load(weights, spec, Llama)
 }

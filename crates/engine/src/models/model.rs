@@ -130,3 +130,21 @@ pub(crate) fn parse_args<T: serde::de::DeserializeOwned>(
     serde_json::from_value(config.clone())
         .map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, format!("config.json: {e}")))
 }
+
+/// A multimodal checkpoint's language-model config: its `text_config` object (which `outer`
+/// must have), run as `model_type` whatever its own says.
+pub(crate) fn text_config_as(
+    config: &Value,
+    outer: &str,
+    model_type: &str,
+) -> std::result::Result<Value, EngineError> {
+    let text = config.get("text_config").filter(|t| t.is_object());
+    let mut text = text.cloned().ok_or_else(|| {
+        EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("config.json: {outer} needs a `text_config` object (its language model)"),
+        )
+    })?;
+    text["model_type"] = Value::from(model_type);
+    Ok(text)
+}

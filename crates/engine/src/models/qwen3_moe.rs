@@ -7,13 +7,13 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::{
-    error::{EngineError, LoadErrorKind},
+    error::EngineError,
     layers::moe::{split_fused_experts, FusedExperts, MoeSpec},
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
         decoder::{sanitize, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama},
-        model::parse_args,
+        model::{parse_args, text_config_as},
     },
 };
 
@@ -61,14 +61,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
 /// checkpoint says where the text config does not, and its `rope_scaling` dropped where it only
 /// describes M-RoPE's sections (one position per token gives plain RoPE, which mlx-lm runs).
 pub fn vl_text_config(config: &Value) -> Result<Value, EngineError> {
-    let mut text =
-        (config.get("text_config").filter(|t| t.is_object()).cloned()).ok_or_else(|| {
-            EngineError::load(
-                LoadErrorKind::InvalidWeights,
-                "config.json: qwen3_vl_moe needs a `text_config` object (its language model)",
-            )
-        })?;
-    text["model_type"] = json!("qwen3_moe");
+    let mut text = text_config_as(config, "qwen3_vl_moe", "qwen3_moe")?;
     if text.get("tie_word_embeddings").is_none() {
         text["tie_word_embeddings"] = config
             .get("tie_word_embeddings")

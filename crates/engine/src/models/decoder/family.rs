@@ -74,13 +74,6 @@ pub trait Family {
         Ok(out)
     }
 
-    /// A linear layer's checkpoint name from the shared decoder's (`model.layers.N.mlp.gate_proj`),
-    /// for a family whose checkpoints name parts their own way (adapters name layers as the
-    /// checkpoint does).
-    fn checkpoint_name(&self, ours: String) -> String {
-        ours
-    }
-
     /// The family's own linear layers under their checkpoint names.
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         Vec::new()

@@ -72,6 +72,7 @@ impl<F: Family> Decoder<F> {
     /// Builds the model from Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
     pub fn load(mut weights: Weights, spec: DecoderSpec, mut family: F) -> LoadResult<Self> {
         let placement = weights.take_placement();
+        let renamed = weights.renamed_parts().to_vec();
         let per_layer_inputs = family.has_per_layer_inputs();
         let owned = stage(placement.as_ref(), &spec.layers, per_layer_inputs)?;
         let total_layers = spec.layers.len();
@@ -118,6 +119,7 @@ impl<F: Family> Decoder<F> {
             family,
             mrope: None,
             placement,
+            renamed,
             first_layer: owned.start,
             total_layers,
         };

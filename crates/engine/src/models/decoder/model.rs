@@ -14,6 +14,7 @@ use crate::{
     layers::mrope::MRope,
     layers::parallel::Parallel,
     layers::parallel::{self, Placement},
+    layers::weights::checkpoint_name,
     layers::{Embedding, Linear, Norm, Result},
     models::model::{Facts, Input, LanguageModel, Stage},
 };
@@ -37,6 +38,11 @@ pub struct Decoder<F: Family = Llama> {
     pub(super) first_layer: usize,
     /// The checkpoint's layer count (more than `layers` holds on a pipeline's stage).
     pub(super) total_layers: usize,
+    /// Parts the checkpoint names its own way, (checkpoint's, ours) ([`Weights::rename_parts`]):
+    /// linear layers are named back for adapters.
+    ///
+    /// [`Weights::rename_parts`]: crate::layers::weights::Weights::rename_parts
+    pub(super) renamed: Vec<(&'static str, &'static str)>,
     /// Under tensor parallel, the group an untied head's vocabulary is split over: each rank
     /// computes its rows' logits, gathered after.
     pub(super) vocab_split: Option<Rc<Group>>,
@@ -146,13 +152,12 @@ impl<F: Family> LanguageModel for Decoder<F> {
             let mlp = l.mlp.linears_mut().into_iter();
             out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
         }
-        let family = &self.family;
-        let mut out: Vec<_> = (out.into_iter())
-            .map(|(name, linear)| (family.checkpoint_name(name), linear))
-            .collect();
         out.extend(self.family.linears_mut());
         out.extend(self.lm_head.as_mut().map(|h| ("lm_head".to_owned(), h)));
-        out
+        let renamed = &self.renamed;
+        (out.into_iter())
+            .map(|(name, linear)| (checkpoint_name(&name, renamed), linear))
+            .collect()
     }
 
     fn stage(&self) -> Option<Stage<'_>> {
