@@ -283,6 +283,82 @@ FAMILY_BASE = {
         "rope_theta": 1000000.0,
         "layer_types": ["conv", "conv", "full_attention", "conv"],
     },
+    # LFM2-8B-A1B's layout scaled down: LFM2's layers, the MLP of layer 0 dense, of the others
+    # 4 experts (top 2) chosen by sigmoid scores plus an expert bias (zero at init: the cases
+    # "draw" it), renormalised and scaled.
+    "lfm2_moe": {
+        "architectures": ["Lfm2MoeForCausalLM"],
+        "num_hidden_layers": 4,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "moe_intermediate_size": 64,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "use_expert_bias": True,
+        "num_dense_layers": 1,
+        "routed_scaling_factor": 1.5,
+        "rope_theta": 1000000.0,
+        "layer_types": ["conv", "conv", "full_attention", "conv"],
+    },
+    # Nemotron-H's layout scaled down: one-sublayer blocks, Mamba2 (8 heads of 16 in 2 groups,
+    # state 16, 4 taps), a ReLU² MLP, attention without positions, experts (4, top 2, in 2
+    # groups of which the best 1 is used, a shared expert, a correction bias the cases draw).
+    # Time steps clipped to [0, inf], written as Python writes it (`Infinity`).
+    "nemotron_h": {
+        "architectures": ["NemotronHForCausalLM"],
+        "head_dim": 16,
+        "attention_bias": False,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 16,
+        "mamba_proj_bias": False,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-5,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "hybrid_override_pattern": "M-M*EM",
+        "moe_intermediate_size": 64,
+        "moe_shared_expert_intermediate_size": 64,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "time_step_limit": [0.0, float("inf")],
+        "tie_word_embeddings": False,
+    },
+    # Granite 4.0-H's layout scaled down: Mamba2 layers (8 heads of 16 in 2 groups, state 16,
+    # 4 taps; one norm over every head) around one attention layer without positions (Granite
+    # 4.0-H's `nope`); 4 experts (top 2) plus a shared MLP; Granite's multipliers.
+    "granitemoehybrid": {
+        "architectures": ["GraniteMoeHybridForCausalLM"],
+        "num_hidden_layers": 4,
+        "layer_types": ["mamba", "mamba", "attention", "mamba"],
+        "intermediate_size": 64,
+        "shared_intermediate_size": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_n_groups": 2,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "attention_bias": False,
+        "embedding_multiplier": 12.0,
+        "attention_multiplier": 0.0625,
+        "residual_multiplier": 0.5,
+        "logits_scaling": 4.0,
+        "position_embedding_type": "nope",
+        "rope_theta": 10000.0,
+    },
     # Llama 4 (Scout's text config, scaled down; run under the `llama4` wrapper): layers 0-2
     # chunked (16 positions, shorter than most prompts) with Llama 3 RoPE and q/k norms, layer 3
     # global without RoPE, its query temperature stepping every 16 positions (Scout: 8192);
@@ -630,6 +706,25 @@ def unstack_experts(weights, names):
     return out
 
 
+def granite_hf(weights):
+    """Granite 4.0 hybrids as Hugging Face stores them: the experts' gate and up projections
+    fused as `block_sparse_moe.input_linear` `(experts, 2 * moe, hidden)` (gate rows, then up),
+    down as `output_linear`; a dense model's MLP as `shared_mlp.input_linear` / `output_linear`.
+    mlx-lm's sanitize splits them again."""
+    out = dict(weights)
+    for key in [k for k in weights if k.endswith("switch_mlp.gate_proj.weight")]:
+        moe = key.removesuffix(".switch_mlp.gate_proj.weight")
+        up = out.pop(f"{moe}.switch_mlp.up_proj.weight")
+        out[f"{moe}.input_linear.weight"] = mx.concatenate([out.pop(key), up], axis=1)
+        out[f"{moe}.output_linear.weight"] = out.pop(f"{moe}.switch_mlp.down_proj.weight")
+    for key in [k for k in weights if k.endswith(".mlp.gate_proj.weight")]:
+        layer = key.removesuffix(".mlp.gate_proj.weight")
+        up = out.pop(f"{layer}.mlp.up_proj.weight")
+        out[f"{layer}.shared_mlp.input_linear.weight"] = mx.concatenate([out.pop(key), up], axis=0)
+        out[f"{layer}.shared_mlp.output_linear.weight"] = out.pop(f"{layer}.mlp.down_proj.weight")
+    return out
+
+
 def interleave(a, b, axis):
     """Rows (or entries) of a and b alternating along `axis`: a[0], b[0], a[1], ..."""
     pairs = mx.stack([a, b], axis=axis + 1 if axis >= 0 else axis)
@@ -698,6 +793,9 @@ def build(spec, out):
     unscaled = ["norm"] + spec.get("unscaled", [])
     # A wrapped model's language model is under `language_model.`.
     layers = "language_model.model.layers." if spec.get("wrap") else "model.layers."
+    # Nemotron-H keeps its model under `backbone`.
+    if any(k.startswith("backbone.") for k, _ in tree_flatten(model.parameters())):
+        layers = "backbone.layers."
     model.update(
         tree_map_with_path(
             lambda path, p: p * scale
@@ -761,8 +859,14 @@ def build(spec, out):
         weights = hf_multimodal(weights, spec["wrap"])
     if spec.get("hf_mla"):
         weights = hf_mla(weights)
+    if spec.get("granite_hf"):
+        weights = granite_hf(weights)
     if (names := spec.get("hf_experts")) is not None:
         weights = unstack_experts(weights, names)
+    # Parts Hugging Face names otherwise than the reference's modules (LFM2-MoE's dense
+    # `feed_forward.w1`, which mlx-lm's sanitize renames `gate_proj`).
+    for ours, theirs in spec.get("hf_names", {}).items():
+        weights = {k.replace(ours, theirs): v for k, v in weights.items()}
     # Convolutions as Hugging Face stores them, `(channels, 1, kernel)` (Qwen3.5: mlx-lm then
     # also shifts the norms; LFM2's `conv.conv`).
     if spec.get("hf_conv1d"):

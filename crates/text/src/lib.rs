@@ -6,6 +6,7 @@ mod chat_template;
 mod detokenizer;
 mod messages;
 mod model_files;
+pub mod python_json;
 mod stop;
 mod template_functions;
 mod tokenizer;

@@ -88,7 +88,7 @@ fn read_json(path: &Path) -> Result<Option<Value>, TokenizerError> {
         return Ok(None);
     }
     let text = std::fs::read_to_string(path).map_err(|e| io_error(path, e))?;
-    serde_json::from_str(&text)
+    crate::python_json::parse_python_json(&text)
         .map(Some)
         .map_err(|source| TokenizerError::InvalidJson {
             path: path.to_path_buf(),

@@ -33,6 +33,8 @@ pub enum Activation {
     /// `limit`, the up projection clipped to `[-limit, limit]` and shifted by one:
     /// `(clip(up) + 1) * (g * sigmoid(alpha * g))` with `g = min(gate, limit)`.
     ClampedSilu { alpha: f32, limit: f32 },
+    /// `relu(x)²`: ungated, `down(relu(up(x))²)` (Nemotron-H's MLPs and experts).
+    Relu2,
 }
 
 impl Activation {
@@ -54,8 +56,24 @@ impl Activation {
                 let glu = gate.multiply(ops::sigmoid(c(alpha)?.multiply(&gate)?)?)?;
                 up.add(c(1.0)?)?.multiply(glu)
             }
+            Self::Relu2 => relu2(gate)?.multiply(up),
         }
     }
+
+    /// `act(x)` of an ungated MLP (`down(act(up(x)))`); only [`Activation::Relu2`] is one.
+    pub fn ungated(self, x: &Array) -> Result<Array> {
+        match self {
+            Self::Relu2 => relu2(x),
+            other => Err(Exception::custom(format!(
+                "{other:?} is a gated activation"
+            ))),
+        }
+    }
+}
+
+/// `max(x, 0)²` (MLX's `nn.relu2`).
+pub fn relu2(x: &Array) -> Result<Array> {
+    ops::square(ops::maximum(x, scalar_like(0.0, x)?)?)
 }
 
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, in mlx's operation order, constants in

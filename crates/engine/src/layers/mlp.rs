@@ -4,14 +4,17 @@ use mlx_rs::Array;
 
 use crate::layers::{activation::Activation, array::Result, linear::Linear};
 
-/// The up projections of a gated MLP: separate matrices, or one fused `[gate; up]` (Phi-3).
+/// The up projections of an MLP: separate matrices, one fused `[gate; up]` (Phi-3), or no gate
+/// (Nemotron-H: `down(act(up(x)))`).
 #[derive(Debug)]
 pub enum GateUp {
     Split { gate_proj: Linear, up_proj: Linear },
     Fused { gate_up_proj: Linear },
+    Ungated { up_proj: Linear },
 }
 
-/// `down(act(gate(x)) * up(x))`, the MLP of every architecture here.
+/// `down(act(gate(x)) * up(x))`, the MLP of almost every architecture here (or, ungated,
+/// `down(act(up(x)))`).
 #[derive(Debug)]
 pub struct GatedMlp {
     pub gate_up: GateUp,
@@ -29,6 +32,7 @@ impl GatedMlp {
                 let parts = gate_up_proj.forward(x)?.split_equal(2, -1)?;
                 self.activation.gated(&parts[0], &parts[1])?
             }
+            GateUp::Ungated { up_proj } => self.activation.ungated(&up_proj.forward(x)?)?,
         };
         self.down_proj.forward(&h)
     }
@@ -40,6 +44,7 @@ impl GatedMlp {
                 vec![("gate_proj", gate_proj), ("up_proj", up_proj)]
             }
             GateUp::Fused { gate_up_proj } => vec![("gate_up_proj", gate_up_proj)],
+            GateUp::Ungated { up_proj } => vec![("up_proj", up_proj)],
         };
         out.push(("down_proj", &mut self.down_proj));
         out

@@ -13,6 +13,7 @@ pub mod gated_delta;
 pub mod kv_cache;
 pub mod linear;
 pub mod lora;
+pub mod mamba2;
 pub mod mla;
 pub mod mlp;
 pub mod moe;

@@ -11,8 +11,8 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     layers::weights::Weights,
     layers::{
-        activation::Activation, array::Result, linear::Linear, mlp::GateUp, mlp::GatedMlp,
-        quantized::Quantized,
+        activation::Activation, array::scalar_like, array::Result, linear::Linear, mlp::GateUp,
+        mlp::GatedMlp, quantized::Quantized,
     },
 };
 
@@ -65,6 +65,15 @@ pub enum Routing {
     /// uncorrected scores weigh them, renormalised whatever k (the sum plus 1e-20), in the
     /// input's dtype.
     BiasedSigmoid,
+    /// LFM2-MoE's: sigmoid scores in the input's dtype, plus the layer's `expert_bias` (in
+    /// float32, where `expert_bias`) choose the experts (`argpartition(s, -k)[-k:]`); the
+    /// uncorrected scores weigh them, renormalised when `norm_topk_prob` (the sum plus 1e-6),
+    /// times `scaling`.
+    SigmoidBiasChooses {
+        expert_bias: bool,
+        norm_topk_prob: bool,
+        scaling: f32,
+    },
     /// Llama 4's: the top k logits (`argpartition(-l, k - 1)[:k]`, k = 1); their sigmoid
     /// (float32, cast to the input's dtype) scales the input the chosen expert takes, whose
     /// output is not weighed again.
@@ -85,6 +94,9 @@ pub enum Shared {
     Plain,
     /// `shared_expert`, added as it is (Llama 4).
     Single,
+    /// `shared_expert`, its gate and up projections fused as `gate_up_proj` (gate rows, then
+    /// up), added as it is (Granite's `shared_mlp`, renamed).
+    Fused,
 }
 
 /// The experts' projections as most Hugging Face checkpoints name them.
@@ -101,7 +113,8 @@ pub struct MoeSpec {
     /// The stacked experts' name under the layer: mlx-lm's `switch_mlp`, or GPT-OSS's
     /// `experts`.
     pub stacked: &'static str,
-    /// The experts' gated activation: SwiGLU, or GPT-OSS's clamped one.
+    /// The experts' activation: SwiGLU, GPT-OSS's clamped one, or, ungated (no `gate_proj`;
+    /// the shared expert's neither), Nemotron-H's `relu(x)²`.
     pub activation: Activation,
     pub num_experts: i32,
     pub top_k: i32,
@@ -233,10 +246,11 @@ impl SwitchLinear {
     }
 }
 
-/// The experts: `down(act(gate(x), up(x)))` per chosen expert (mlx-lm's `SwitchGLU`).
+/// The experts: `down(act(gate(x), up(x)))` per chosen expert (mlx-lm's `SwitchGLU`), or
+/// without a gate `down(act(up(x)))` (its `SwitchMLP`).
 #[derive(Debug)]
 pub struct SwitchGlu {
-    pub gate_proj: SwitchLinear,
+    pub gate_proj: Option<SwitchLinear>,
     pub up_proj: SwitchLinear,
     pub down_proj: SwitchLinear,
     pub activation: Activation,
@@ -267,8 +281,13 @@ impl SwitchGlu {
 
     fn experts(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         let up = self.up_proj.forward(x, indices, sorted)?;
-        let gate = self.gate_proj.forward(x, indices, sorted)?;
-        let h = self.activation.gated(&gate, &up)?;
+        let h = match &self.gate_proj {
+            Some(gate) => {
+                let gate = gate.forward(x, indices, sorted)?;
+                self.activation.gated(&gate, &up)?
+            }
+            None => self.activation.ungated(&up)?,
+        };
         self.down_proj.forward(&h, indices, sorted)
     }
 }
@@ -285,21 +304,42 @@ pub struct SharedExpert {
 }
 
 impl SharedExpert {
-    fn load(weights: &mut Weights, prefix: &str, kind: Shared) -> LoadResult<Option<Self>> {
+    fn load(
+        weights: &mut Weights,
+        prefix: &str,
+        kind: Shared,
+        activation: Activation,
+    ) -> LoadResult<Option<Self>> {
         let name = match kind {
             Shared::None => return Ok(None),
             Shared::Gated => "shared_expert",
             Shared::Plain => "shared_experts",
-            Shared::Single => "shared_expert",
+            Shared::Single | Shared::Fused => "shared_expert",
         };
         let mut linear = |part: &str| weights.linear(&format!("{prefix}.{name}.{part}"));
-        let mlp = GatedMlp {
-            gate_up: GateUp::Split {
-                gate_proj: linear("gate_proj")?,
-                up_proj: linear("up_proj")?,
+        let mlp = match activation {
+            Activation::Relu2 => GatedMlp {
+                gate_up: GateUp::Ungated {
+                    up_proj: linear("up_proj")?,
+                },
+                down_proj: linear("down_proj")?,
+                activation,
             },
-            down_proj: linear("down_proj")?,
-            activation: Activation::Silu,
+            _ if kind == Shared::Fused => GatedMlp {
+                gate_up: GateUp::Fused {
+                    gate_up_proj: linear("gate_up_proj")?,
+                },
+                down_proj: linear("down_proj")?,
+                activation: Activation::Silu,
+            },
+            _ => GatedMlp {
+                gate_up: GateUp::Split {
+                    gate_proj: linear("gate_proj")?,
+                    up_proj: linear("up_proj")?,
+                },
+                down_proj: linear("down_proj")?,
+                activation: Activation::Silu,
+            },
         };
         let gate = match kind {
             Shared::Gated => Some(weights.linear(&format!("{prefix}.shared_expert_gate"))?),
@@ -327,7 +367,8 @@ pub struct SparseMoe {
     pub top_k: i32,
     pub routing: Routing,
     /// The router's (or the layer's) `e_score_correction_bias` (`(E,)`), for
-    /// [`Routing::GroupedSigmoid`] and [`Routing::BiasedSigmoid`].
+    /// [`Routing::GroupedSigmoid`] and [`Routing::BiasedSigmoid`]; the layer's `expert_bias`
+    /// for [`Routing::SigmoidBiasChooses`].
     correction_bias: Option<Array>,
     /// The router's input norm weight and per-expert scales, for [`Routing::ScaledNormTopK`].
     router_scales: Option<Box<(Array, Array)>>,
@@ -354,20 +395,24 @@ impl SparseMoe {
                 spec.num_experts,
             )
         };
+        let gated = spec.activation != Activation::Relu2;
         let switch_mlp = SwitchGlu {
-            gate_proj: switch("gate_proj", gate)?,
+            gate_proj: match gated {
+                true => Some(switch("gate_proj", gate)?),
+                false => None,
+            },
             up_proj: switch("up_proj", up)?,
             down_proj: switch("down_proj", down)?,
             activation: spec.activation,
         };
         let gate = weights.linear(&format!("{prefix}.{}", spec.router))?;
         // MLX's gathers do not check bounds: every expert index the router gives must exist.
-        let projections = [
-            &switch_mlp.gate_proj,
-            &switch_mlp.up_proj,
-            &switch_mlp.down_proj,
-        ];
-        if gate.weight.dim(0) != experts || projections.iter().any(|p| p.0.weight.dim(0) != experts)
+        let projections = [&switch_mlp.up_proj, &switch_mlp.down_proj];
+        let projections = projections.into_iter().chain(&switch_mlp.gate_proj);
+        if gate.weight.dim(0) != experts
+            || projections
+                .into_iter()
+                .any(|p| p.0.weight.dim(0) != experts)
         {
             return Err(invalid(format!(
                 "`{prefix}`: the router and experts do not hold the {experts} experts config.json \
@@ -379,7 +424,8 @@ impl SparseMoe {
                 "config.json: {k} experts per token; this router takes 1 (as mlx-lm's llama4.py)"
             )));
         }
-        let shared_expert = SharedExpert::load(weights, prefix, spec.shared)?.map(Box::new);
+        let shared_expert =
+            SharedExpert::load(weights, prefix, spec.shared, spec.activation)?.map(Box::new);
         if let Routing::GroupedSigmoid {
             n_group,
             topk_group,
@@ -404,6 +450,16 @@ impl SparseMoe {
                     Routing::BiasedSigmoid => format!("{prefix}.e_score_correction_bias"),
                     _ => format!("{prefix}.{}.e_score_correction_bias", spec.router),
                 };
+                let bias = weights.take(&name)?;
+                if bias.shape() != [experts] {
+                    return Err(invalid(format!("`{name}` is not one score per expert")));
+                }
+                Some(bias)
+            }
+            Routing::SigmoidBiasChooses {
+                expert_bias: true, ..
+            } => {
+                let name = format!("{prefix}.expert_bias");
                 let bias = weights.take(&name)?;
                 if bias.shape() != [experts] {
                     return Err(invalid(format!("`{name}` is not one score per expert")));
@@ -579,6 +635,26 @@ impl SparseMoe {
                 let sum = scores.sum_axis(-1, true)?.add(Array::from_f32(1e-20))?;
                 Ok((indices, scores.divide(sum)?))
             }
+            Routing::SigmoidBiasChooses {
+                norm_topk_prob,
+                scaling,
+                ..
+            } => {
+                let probs = ops::sigmoid(logits)?;
+                let indices = match &self.correction_bias {
+                    Some(bias) => last_k(&probs.as_dtype(Dtype::Float32)?.add(bias)?, k)?,
+                    None => last_k(&probs, k)?,
+                };
+                let scores = probs.take_along_axis(&indices, -1)?;
+                let scores = match norm_topk_prob {
+                    true => {
+                        let sum = scores.sum_axis(-1, true)?;
+                        scores.divide(sum.add(scalar_like(1e-6, &scores)?)?)?
+                    }
+                    false => scores,
+                };
+                Ok((indices, scores.multiply(scalar_like(scaling, &scores)?)?))
+            }
             Routing::GroupedSoftmax {
                 n_group,
                 topk_group,
@@ -606,11 +682,12 @@ impl SparseMoe {
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let (router, stacked) = self.names;
         let s = &mut self.switch_mlp;
-        let mut out = vec![
-            (format!("{stacked}.gate_proj"), &mut s.gate_proj.0),
-            (format!("{stacked}.up_proj"), &mut s.up_proj.0),
-            (format!("{stacked}.down_proj"), &mut s.down_proj.0),
-        ];
+        let mut out = vec![];
+        if let Some(gate) = &mut s.gate_proj {
+            out.push((format!("{stacked}.gate_proj"), &mut gate.0));
+        }
+        out.push((format!("{stacked}.up_proj"), &mut s.up_proj.0));
+        out.push((format!("{stacked}.down_proj"), &mut s.down_proj.0));
         // GLM-4-MoE's router is a plain matrix in mlx-lm (`MoEGate`), never quantized.
         if !matches!(self.routing, Routing::GroupedSigmoid { .. }) {
             out.insert(0, (router.to_owned(), &mut self.gate));

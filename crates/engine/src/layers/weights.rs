@@ -28,13 +28,16 @@ pub struct Weights {
     placement: Option<Placement>,
     /// Name parts renamed by [`Weights::rename_parts`], (checkpoint's, ours): per-layer
     /// quantization overrides name layers as the checkpoint does.
-    renamed: Vec<(&'static str, &'static str)>,
+    renamed: Vec<(String, String)>,
 }
 
 /// `name` (ours, a dotted path) with each part `parts` renamed given back its checkpoint name:
 /// `parts` is (checkpoint's, ours), as [`Weights::rename_parts`] took it.
-pub fn checkpoint_name(name: &str, parts: &[(&'static str, &'static str)]) -> String {
-    replace_parts(name, parts.iter().map(|&(theirs, ours)| (ours, theirs)))
+pub fn checkpoint_name(name: &str, parts: &[(String, String)]) -> String {
+    let back = parts
+        .iter()
+        .map(|(theirs, ours)| (ours.as_str(), theirs.as_str()));
+    replace_parts(name, back)
 }
 
 /// `name` with each dotted part `from` replaced by `to`, at its first place.
@@ -263,7 +266,16 @@ impl Weights {
     /// Renames the dotted parts of every tensor's name that a checkpoint names its own way,
     /// each (checkpoint's, ours) at its first place in a name (`feed_forward.w1` ->
     /// `mlp.gate_proj`), so that the shared decoder finds them.
-    pub fn rename_parts(&mut self, parts: &[(&'static str, &'static str)]) {
+    pub fn rename_parts(&mut self, parts: &[(&str, &str)]) {
+        self.sanitize_parts(parts);
+        let owned = parts.iter().map(|(a, b)| (a.to_string(), b.to_string()));
+        self.renamed.extend(owned);
+    }
+
+    /// Renames parts as [`Weights::rename_parts`] does, where the reference's `sanitize` renames
+    /// them too: the new names are the checkpoint's from then on (for per-layer quantization
+    /// and adapters), so no record is kept.
+    pub fn sanitize_parts(&mut self, parts: &[(&str, &str)]) {
         let names: Vec<String> = self.tensors.keys().cloned().collect();
         for name in names {
             let renamed = replace_parts(&name, parts.iter().copied());
@@ -272,11 +284,10 @@ impl Weights {
                 self.tensors.insert(renamed, tensor);
             }
         }
-        self.renamed.extend_from_slice(parts);
     }
 
     /// The parts [`Weights::rename_parts`] renamed, (checkpoint's, ours).
-    pub fn renamed_parts(&self) -> &[(&'static str, &'static str)] {
+    pub fn renamed_parts(&self) -> &[(String, String)] {
         &self.renamed
     }
 
@@ -392,6 +403,7 @@ mod tests {
             ("embedding_norm", "norm"),
         ];
         weights.rename_parts(&parts);
+        let parts = weights.renamed_parts().to_vec();
         let linear = weights.linear("model.layers.0.mlp.gate_proj").unwrap();
         let q = linear.quantized.expect("quantized");
         assert_eq!((q.group_size, q.bits), (32, 8));

@@ -4,17 +4,25 @@
 //! (`feed_forward.w1`/`w3`/`w2`). The final norm is `embedding_norm`; the head is the embedding.
 //! Checkpoints name parts their own way ([`NAMES`]): renamed at load for the shared decoder
 //! (`Weights::rename_parts`, which keeps their names for per-layer quantization and adapters).
+//!
+//! LFM2-MoE (`lfm2_moe`, mlx-lm's `lfm2_moe.py`): the same layers, the MLP after the first
+//! `num_dense_layers` a mixture of experts routed by sigmoid scores, chosen with the layer's
+//! `expert_bias` ([`Routing::SigmoidBiasChooses`]); mlx-lm's sanitize names `w1`/`w3`/`w2`
+//! `gate_proj`/`up_proj`/`down_proj` (in the experts too), so those are its modules' names.
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
+    layers::moe::{MoeSpec, Routing, PROJECTIONS},
     layers::short_conv::ShortConvSpec,
     layers::weights::Weights,
     layers::QkNormOver,
     models::{
-        decoder::{sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama},
+        decoder::{
+            sanitize, AttentionKind, CommonArgs, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec,
+        },
         model::parse_args,
     },
 };
@@ -31,6 +39,22 @@ const NAMES: [(&str, &str); 9] = [
     ("self_attn.k_layernorm", "self_attn.k_norm"),
     ("embedding_norm", "norm"),
 ];
+
+/// LFM2-MoE's: as [`NAMES`], the MLP's projections under mlx-lm's names
+/// ([`MOE_SANITIZED`]).
+const MOE_NAMES: [(&str, &str); 7] = [
+    ("operator_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("feed_forward", "mlp"),
+    ("self_attn.out_proj", "self_attn.o_proj"),
+    ("self_attn.q_layernorm", "self_attn.q_norm"),
+    ("self_attn.k_layernorm", "self_attn.k_norm"),
+    ("embedding_norm", "norm"),
+];
+
+/// What mlx-lm's `lfm2_moe` sanitize renames, dense MLPs and experts alike.
+const MOE_SANITIZED: [(&str, &str); 3] =
+    [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")];
 
 /// mlx-lm's lfm2 `ModelArgs` (the fields it reads).
 #[derive(Debug, Deserialize)]
@@ -50,12 +74,33 @@ struct Args {
     layer_types: Option<Vec<String>>,
 }
 
+/// What `lfm2_moe`'s `ModelArgs` adds.
+#[derive(Debug, Deserialize)]
+struct MoeArgs {
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    norm_topk_prob: bool,
+    use_expert_bias: bool,
+    num_dense_layers: usize,
+    #[serde(default = "default_scaling")]
+    routed_scaling_factor: f32,
+}
+
+fn default_scaling() -> f32 {
+    1.0
+}
+
 fn default_rope_theta() -> f32 {
     1e6
 }
 
-pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
+/// `lfm2` (`moe` false) or `lfm2_moe`.
+pub fn load(config: &Value, mut weights: Weights, moe: bool) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
+    let experts = match moe {
+        true => Some(parse_args::<MoeArgs>(config)?),
+        false => None,
+    };
     // mlx-lm: `rope_parameters.rope_theta` wins over `rope_theta`; nothing else of it is read.
     let theta = (args.rope_parameters.as_ref())
         .and_then(|p| p.get("rope_theta"))
@@ -94,6 +139,13 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
                 qk_norm: Some(QkNormOver::Head),
                 ..c.llama_layer(head_dim, rope.clone())
             };
+            let layer = match &experts {
+                Some(m) if i >= m.num_dense_layers => LayerSpec {
+                    mlp: MlpSpec::Moe(moe_spec(m)),
+                    ..layer
+                },
+                _ => layer,
+            };
             match attention_at.contains(&i) {
                 true => layer,
                 false => LayerSpec {
@@ -103,7 +155,13 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             }
         })
         .collect();
-    weights.rename_parts(&NAMES);
+    match moe {
+        true => {
+            weights.sanitize_parts(&MOE_SANITIZED);
+            weights.rename_parts(&MOE_NAMES);
+        }
+        false => weights.rename_parts(&NAMES),
+    }
     sanitize(&mut weights, true);
     let spec = DecoderSpec {
         layers,
@@ -112,4 +170,20 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         max_position_embeddings: max_pos,
     };
     Decoder::load(weights, spec, Llama)
+}
+
+/// An LFM2-MoE layer's experts: `feed_forward.gate` and `switch_mlp` (renamed `mlp`).
+fn moe_spec(m: &MoeArgs) -> MoeSpec {
+    let routing = Routing::SigmoidBiasChooses {
+        expert_bias: m.use_expert_bias,
+        norm_topk_prob: m.norm_topk_prob,
+        scaling: m.routed_scaling_factor,
+    };
+    MoeSpec::switch_glu(
+        "mlp",
+        m.num_experts,
+        m.num_experts_per_tok,
+        routing,
+        PROJECTIONS,
+    )
 }

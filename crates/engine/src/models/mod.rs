@@ -14,6 +14,7 @@ mod gemma4;
 mod gemma4_text;
 mod glm4_moe;
 mod gpt_oss;
+mod granitemoehybrid;
 mod lfm2;
 mod llama;
 mod llama4;
@@ -25,6 +26,7 @@ mod mistral3;
 mod mistral4;
 mod mixtral;
 mod model;
+mod nemotron_h;
 mod olmo2;
 mod olmo3;
 mod olmoe;
@@ -65,9 +67,11 @@ pub const ARCHITECTURES: &[&str] = &[
     "glm4_moe_lite",
     "glm_moe_dsa",
     "gpt_oss",
+    "granitemoehybrid",
     "kimi_k2",
     "kimi_k25",
     "lfm2",
+    "lfm2_moe",
     "llama",
     "llama4",
     "llama4_text",
@@ -77,6 +81,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "mistral",
     "mistral4",
     "mixtral",
+    "nemotron_h",
     "olmo2",
     "olmo3",
     "olmoe",
@@ -211,7 +216,9 @@ pub fn build(
         "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
         "glm4_moe" => Ok(Box::new(glm4_moe::load(config, weights)?)),
         "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),
-        "lfm2" => Ok(Box::new(lfm2::load(config, weights)?)),
+        "granitemoehybrid" => Ok(Box::new(granitemoehybrid::load(config, weights)?)),
+        "lfm2" => Ok(Box::new(lfm2::load(config, weights, false)?)),
+        "lfm2_moe" => Ok(Box::new(lfm2::load(config, weights, true)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
         // Its own text config (`text_config`, model_type llama4_text) is read there: a
         // `llama4_text` checkpoint of its own is another file in mlx-lm.
@@ -223,6 +230,7 @@ pub fn build(
         "mistral" => Ok(Box::new(mistral::load(config, weights)?)),
         "mistral4" => Ok(Box::new(mistral4::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
+        "nemotron_h" => Ok(Box::new(nemotron_h::load(config, weights)?)),
         "olmo2" => Ok(Box::new(olmo2::load(config, weights)?)),
         "olmo3" => Ok(Box::new(olmo3::load(config, weights)?)),
         "olmoe" => Ok(Box::new(olmoe::load(config, weights)?)),
@@ -278,7 +286,9 @@ fn check_sizes(config: &Value, weights: &Weights) -> std::result::Result<(), Eng
         }
     }
     let field = |key: &str| config.get(key).and_then(Value::as_u64);
-    let held = weights.count_indexed("model.layers.") as u64;
+    // Nemotron-H keeps its model under `backbone.`.
+    let held = ["model.layers.", "backbone.layers."].map(|p| weights.count_indexed(p));
+    let held = held.into_iter().max().unwrap_or(0) as u64;
     if let Some(asked) = field("num_hidden_layers").filter(|&n| n > held) {
         return refuse(format!(
             "config.json's num_hidden_layers is {asked} but the weights hold {held} layers \

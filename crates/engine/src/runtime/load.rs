@@ -434,7 +434,7 @@ fn read_config(dir: &Path) -> Result<Value, EngineError> {
     let text = std::fs::read_to_string(&file).map_err(|e| {
         EngineError::load(LoadErrorKind::NotFound, format!("{}: {e}", file.display()))
     })?;
-    serde_json::from_str(&text).map_err(|e| {
+    text::python_json::parse_python_json(&text).map_err(|e| {
         EngineError::load(
             LoadErrorKind::InvalidWeights,
             format!("{}: {e}", file.display()),

@@ -7,6 +7,7 @@ use super::family::Family;
 use crate::{
     layers::gated_delta::GatedDeltaNet,
     layers::kv_cache::{KvCache, LayerKv, SharedKv},
+    layers::mamba2::Mamba2,
     layers::mla::LatentAttention,
     layers::moe::SparseMoe,
     layers::parallel::Reduce,
@@ -32,6 +33,9 @@ pub(super) enum Norms {
     Parallel {
         input_layernorm: Norm,
     },
+    Single {
+        norm: Norm,
+    },
 }
 
 /// A block's MLP.
@@ -39,6 +43,8 @@ pub(super) enum Norms {
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Mlp {
     Dense(GatedMlp),
+    /// A mixer-only block's.
+    None,
     /// Under its checkpoint name (`mlp`, Mixtral's `block_sparse_moe`).
     Moe(SparseMoe, &'static str),
     DenseAndMoe(Box<DenseAndMoe>),
@@ -59,6 +65,7 @@ impl Mlp {
     pub(super) fn forward(&self, x: &Array, block_input: &Array) -> Result<Array> {
         match self {
             Mlp::Dense(mlp) => mlp.forward(x),
+            Mlp::None => Err(mlx_rs::error::Exception::custom("this block has no MLP")),
             Mlp::Moe(moe, _) => moe.forward(x),
             Mlp::DenseAndMoe(m) => {
                 let dense = m.post_dense.forward(&m.dense.forward(x)?)?;
@@ -77,6 +84,7 @@ impl Mlp {
         }
         match self {
             Mlp::Dense(mlp) => dense(mlp),
+            Mlp::None => vec![],
             Mlp::Moe(moe, name) => {
                 let named = moe.linears_mut().into_iter();
                 named.map(|(n, l)| (format!("{name}.{n}"), l)).collect()
@@ -99,6 +107,9 @@ pub(super) enum Mixer {
     LinearAttn(GatedDeltaNet),
     Latent(LatentAttention),
     ShortConv(ShortConv),
+    Mamba2(Mamba2),
+    /// An MLP-only block's: its cache counts positions.
+    None,
 }
 
 pub(super) struct Block {
@@ -127,7 +138,7 @@ impl Block {
     pub(super) fn attention(&self) -> Option<&Attention> {
         match &self.mixer {
             Mixer::SelfAttn(a) => Some(a),
-            Mixer::LinearAttn(_) | Mixer::Latent(_) | Mixer::ShortConv(_) => None,
+            _ => None,
         }
     }
 
@@ -161,6 +172,22 @@ impl Block {
                 KvCache::State(state) => c.forward(x, state),
                 _ => Err(mlx_rs::error::Exception::custom(
                     "a short-convolution layer needs a state cache",
+                )),
+            }),
+            Mixer::Mamba2(m) => kv.each_sequence(x, |x, cache, _| match cache {
+                KvCache::State(state) => m.forward(x, state),
+                _ => Err(mlx_rs::error::Exception::custom(
+                    "a Mamba2 layer needs a state cache",
+                )),
+            }),
+            // The MLP is the block's sublayer (`Norms::Single`); the cache counts positions.
+            Mixer::None => kv.each_sequence(x, |x, cache, _| match cache {
+                KvCache::State(state) => {
+                    state.advance(x.dim(1));
+                    Ok(x.clone())
+                }
+                _ => Err(mlx_rs::error::Exception::custom(
+                    "an MLP-only layer needs a state cache",
                 )),
             }),
         };
@@ -217,6 +244,17 @@ impl Block {
                 let h = input_layernorm.forward(x)?;
                 let r = attn(&h)?.add(self.mlp_forward(&h, x)?)?;
                 family.residual(&r, x)
+            }
+            Norms::Single { norm } => {
+                let h = norm.forward(x)?;
+                let r = match &self.mixer {
+                    Mixer::None => {
+                        attn(&h)?;
+                        self.mlp_forward(&h, x)?
+                    }
+                    _ => attn(&h)?,
+                };
+                family.residual(x, &r)
             }
         }
     }

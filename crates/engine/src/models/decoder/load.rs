@@ -11,6 +11,7 @@ use super::{
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::gated_delta::GatedDeltaNet,
+    layers::mamba2::Mamba2,
     layers::mla::{Indexer, LatentAttention, LatentQuery, MlaSpec, MultiLinear},
     layers::moe::SparseMoe,
     layers::mrope::MRope,
@@ -80,7 +81,10 @@ impl<F: Family> Decoder<F> {
         // linear-attention and convolution layers are a kind of their own (no mask).
         let kind = |l: &LayerSpec| match l.attention {
             AttentionKind::Softmax { .. } => Some((l.shape.window, l.shape.chunk)),
-            AttentionKind::GatedDelta(_) | AttentionKind::ShortConv(_) => None,
+            AttentionKind::GatedDelta(_)
+            | AttentionKind::ShortConv(_)
+            | AttentionKind::Mamba2(_)
+            | AttentionKind::None => None,
             AttentionKind::Latent(_) => Some((None, None)),
         };
         let own_specs = spec.layers[owned.clone()].iter();
@@ -226,6 +230,9 @@ fn load_block(
         NormLayout::Parallel => Norms::Parallel {
             input_layernorm: load_norm("input_layernorm")?,
         },
+        NormLayout::Single => Norms::Single {
+            norm: load_norm("norm")?,
+        },
     };
     let mixer = match &spec.attention {
         AttentionKind::ShortConv(conv) => {
@@ -239,7 +246,28 @@ fn load_block(
             Mixer::SelfAttn(load_attention(weights, p, &spec, *output_gate, family)?)
         }
         AttentionKind::Latent(mla) => Mixer::Latent(load_latent(weights, p, mla, family)?),
+        AttentionKind::Mamba2(m) => {
+            Mixer::Mamba2(Mamba2::load(weights, &format!("{p}.mamba"), m.clone())?)
+        }
+        AttentionKind::None => Mixer::None,
     };
+    let single = spec.norms == NormLayout::Single;
+    let mixes = !matches!(spec.attention, AttentionKind::None);
+    let has_mlp = !matches!(spec.mlp, MlpSpec::None);
+    // One sublayer: a mixer or an MLP; otherwise both.
+    let fits = match single {
+        true => mixes != has_mlp,
+        false => mixes && has_mlp,
+    };
+    if !fits {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!(
+                "`{p}`: a block of one sublayer needs a mixer or an MLP (not both), any other \
+                 block both"
+            ),
+        ));
+    }
     let mut dense_mlp = || -> LoadResult<GatedMlp> {
         let mut linear = |name: &str| weights.linear(&format!("{p}.{name}"));
         let gate_up = match spec.fused {
@@ -259,6 +287,17 @@ fn load_block(
     };
     let mlp = match &spec.mlp {
         MlpSpec::Dense => Mlp::Dense(dense_mlp()?),
+        MlpSpec::Ungated => {
+            let mut linear = |name: &str| weights.linear(&format!("{p}.mlp.{name}"));
+            Mlp::Dense(GatedMlp {
+                gate_up: GateUp::Ungated {
+                    up_proj: linear("up_proj")?,
+                },
+                down_proj: linear("down_proj")?,
+                activation: spec.activation,
+            })
+        }
+        MlpSpec::None => Mlp::None,
         MlpSpec::Moe(moe) => {
             let layer = SparseMoe::load(weights, &format!("{p}.{}", moe.name), moe)?;
             Mlp::Moe(layer, moe.name)
@@ -498,6 +537,9 @@ fn check_shapes<'a>(block: &'a Block, p: &str, hidden: i32) -> LoadResult<()> {
             GateUp::Fused { gate_up_proj } => {
                 expected.push(("mlp.gate_up_proj", gate_up_proj, (2 * intermediate, hidden)))
             }
+            GateUp::Ungated { up_proj } => {
+                expected.push(("mlp.up_proj", up_proj, (intermediate, hidden)))
+            }
         }
         expected.push(("mlp.down_proj", &mlp.down_proj, (hidden, intermediate)));
     };
@@ -505,13 +547,16 @@ fn check_shapes<'a>(block: &'a Block, p: &str, hidden: i32) -> LoadResult<()> {
     // hidden state (`dims` of a stacked projection: experts x inputs).
     let moe = |moe: &'a SparseMoe, name: &'a str, expected: &mut Vec<_>| {
         let switch = &moe.switch_mlp;
-        let experts = switch.gate_proj.0.weight.dim(0);
+        let experts = switch.up_proj.0.weight.dim(0);
         expected.push((name, &moe.gate, (experts, hidden)));
-        expected.push((name, &switch.gate_proj.0, (experts, hidden)));
+        if let Some(gate) = &switch.gate_proj {
+            expected.push((name, &gate.0, (experts, hidden)));
+        }
         expected.push((name, &switch.up_proj.0, (experts, hidden)));
     };
     match &block.mlp {
         Mlp::Dense(mlp) => dense(mlp, &mut expected),
+        Mlp::None => {}
         Mlp::Moe(m, name) => moe(m, name, &mut expected),
         Mlp::DenseAndMoe(m) => {
             dense(&m.dense, &mut expected);

@@ -42,7 +42,7 @@ pub struct Decoder<F: Family = Llama> {
     /// linear layers are named back for adapters.
     ///
     /// [`Weights::rename_parts`]: crate::layers::weights::Weights::rename_parts
-    pub(super) renamed: Vec<(&'static str, &'static str)>,
+    pub(super) renamed: Vec<(String, String)>,
     /// Under tensor parallel, the group an untied head's vocabulary is split over: each rank
     /// computes its rows' logits, gathered after.
     pub(super) vocab_split: Option<Rc<Group>>,
@@ -121,7 +121,9 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 Some(chunk) => KvCache::for_chunk(chunk),
                 None => KvCache::for_window(a.shape.window),
             },
-            Mixer::LinearAttn(_) | Mixer::ShortConv(_) => KvCache::State(StateCache::default()),
+            Mixer::LinearAttn(_) | Mixer::ShortConv(_) | Mixer::Mamba2(_) | Mixer::None => {
+                KvCache::State(StateCache::default())
+            }
             Mixer::Latent(a) if a.indexer.is_some() => KvCache::pair(),
             Mixer::Latent(_) => KvCache::for_window(None),
         };
@@ -143,6 +145,8 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 Mixer::LinearAttn(a) => ("linear_attn", a.linears_mut()),
                 Mixer::Latent(a) => ("self_attn", a.linears_mut()),
                 Mixer::ShortConv(c) => ("conv", c.linears_mut()),
+                Mixer::Mamba2(m) => ("mamba", m.linears_mut()),
+                Mixer::None => ("", vec![]),
             };
             let p = format!("model.layers.{}", i + self.first_layer);
             out.extend(

@@ -7,6 +7,7 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::gated_delta::GatedDeltaSpec,
+    layers::mamba2::Mamba2Spec,
     layers::mla::MlaSpec,
     layers::moe::MoeSpec,
     layers::rope::rope_from_config,
@@ -137,6 +138,9 @@ pub enum NormLayout {
     /// One norm feeding attention and MLP side by side: `h = norm(x); attn(h) + mlp(h) + x`
     /// (Cohere).
     Parallel,
+    /// One norm (`norm`) before the block's one sublayer, its mixer or (where it has none) its
+    /// MLP: `x + sublayer(norm(x))` (Nemotron-H).
+    Single,
 }
 
 /// What mixes positions in a layer.
@@ -154,6 +158,12 @@ pub enum AttentionKind {
     /// A gated short convolution with a cache of its last inputs (`conv`, LFM2's other
     /// layers): the layer's `shape`, `rope` and `qk_norm` do not apply.
     ShortConv(ShortConvSpec),
+    /// A Mamba2 state-space layer with its convolution window and state cached (`mamba`,
+    /// Nemotron-H's and Granite 4.0's): the layer's `shape`, `rope` and `qk_norm` do not apply.
+    Mamba2(Mamba2Spec),
+    /// No mixer: an MLP-only block (Nemotron-H's; with [`NormLayout::Single`]). Its cache only
+    /// counts positions.
+    None,
 }
 
 /// How one layer of a family is built from its checkpoint.
@@ -190,6 +200,10 @@ pub struct LayerSpec {
 pub enum MlpSpec {
     /// `mlp.{gate,up,down}_proj` (or fused `gate_up_proj`).
     Dense,
+    /// `mlp.{up,down}_proj`, no gate: `down(act(up(x)))` (Nemotron-H, with `relu(x)²`).
+    Ungated,
+    /// No MLP: a mixer-only block (Nemotron-H's; with [`NormLayout::Single`]).
+    None,
     /// Router and experts ([`crate::layers::moe`]).
     Moe(MoeSpec),
     /// A dense MLP (`mlp`) and router and experts (named from the block) side by side, each
