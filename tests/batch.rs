@@ -124,7 +124,8 @@ fn vision_mix(images: &std::path::Path) -> Vec<GenerateParams> {
 /// The real SmolLM2, tiny fixtures of every kind of layer a batch runs row by row (sliding
 /// windows, quantized weights, experts, attention sinks, linear attention, per-layer inputs,
 /// latent attention with and without a sparse indexer, short convolutions, layer norms,
-/// chunked attention), a quantized KV cache and a vision model: requests sent together answer
+/// chunked attention, Mamba2 state-space layers in one-sublayer blocks and beside experts), a
+/// quantized KV cache and a vision model: requests sent together answer
 /// exactly as each does alone.
 #[tokio::test]
 async fn generations_run_together_answer_as_each_does_alone() {
@@ -148,6 +149,9 @@ async fn generations_run_together_answer_as_each_does_alone() {
         "tiny-cohere2",
         "tiny-llama4",
         "tiny-deepseek-v32",
+        "tiny-nemotron-h",
+        "tiny-granite-hybrid",
+        "tiny-falcon-h1",
     ] {
         cases.push((LoadParams::new(fixture(name)), mix()));
     }

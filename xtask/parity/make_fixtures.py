@@ -359,6 +359,36 @@ FAMILY_BASE = {
         "position_embedding_type": "nope",
         "rope_theta": 10000.0,
     },
+    # Falcon-H1's layout scaled down: three layers of Mamba2 (8 heads of 16 in 2 groups, state
+    # 16, 4 taps) beside attention (4 heads of 16, 2 KV heads), Falcon-H1-0.5B's multipliers
+    # (mlx-lm's defaults).
+    "falcon_h1": {
+        "architectures": ["FalconH1ForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 16,
+        "mamba_d_ssm": 128,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_n_groups": 2,
+        "mamba_d_conv": 4,
+        "rope_theta": 100000000000.0,
+    },
+    # Mamba2 alone (Mamba-Codestral's layout scaled down): two blocks of 8 heads of 16 in 2
+    # groups, state 16, 4 taps.
+    "mamba2": {
+        "architectures": ["Mamba2ForCausalLM"],
+        "num_heads": 8,
+        "head_dim": 16,
+        "state_size": 16,
+        "layer_norm_epsilon": 1e-5,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_limit": [0.0, float("inf")],
+        "time_step_rank": "auto",
+    },
     # Llama 4 (Scout's text config, scaled down; run under the `llama4` wrapper): layers 0-2
     # chunked (16 positions, shorter than most prompts) with Llama 3 RoPE and q/k norms, layer 3
     # global without RoPE, its query temperature stepping every 16 positions (Scout: 8192);

@@ -1,7 +1,7 @@
-//! The prompt cache on hybrid models (the tiny Qwen3-Next and LFM2 parity fixtures, which
-//! `cargo xtask test` builds before the tests, or `cargo xtask parity --model tiny-qwen3-next
-//! --model tiny-lfm2`), in-process and greedy: their linear-attention layers' recurrent states
-//! and short convolutions' windows cannot forget positions, so a kept cache is reused only by a
+//! The prompt cache on hybrid models (the tiny Qwen3-Next, LFM2, Nemotron-H, Granite 4.0-H and
+//! Falcon-H1 parity fixtures, which `cargo xtask test` builds before the tests, or `cargo xtask parity
+//! --model tiny-qwen3-next` and so on), in-process and greedy: their linear-attention layers'
+//! recurrent states, short convolutions' windows and Mamba2 states cannot forget positions, so a kept cache is reused only by a
 //! prompt that extends the tokens it holds, and then answers what a fresh engine answers. And on
 //! Llama 4's chunked layers (`tiny-llama4`), which forget all but their chunk's positions.
 
@@ -31,7 +31,14 @@ fn greedy(engine: &mut Engine, tokens: &[u32], max_new_tokens: usize) -> Complet
 #[test]
 fn a_recurrent_state_is_reused_by_a_prompt_that_extends_it_and_answers_the_same() {
     let _mlx = fixtures::mlx_test_lock();
-    for name in ["tiny-qwen3-next", "tiny-lfm2"] {
+    let names = [
+        "tiny-qwen3-next",
+        "tiny-lfm2",
+        "tiny-nemotron-h",
+        "tiny-granite-hybrid",
+        "tiny-falcon-h1",
+    ];
+    for name in names {
         if let Some(dir) = fixtures::vision_fixture(name) {
             extends_or_starts_over(&dir);
         }

@@ -29,12 +29,16 @@ type LoadResult<T> = std::result::Result<T, EngineError>;
 /// Positions per chunk of the scan (mlx-lm's `step`).
 const SCAN_STEP: i32 = 256;
 
-/// How the gated norm normalises: per group of heads with the weight applied after
-/// (Nemotron-H's `MambaRMSNormGated`), or over every head at once (Granite's).
+/// How the output is gated and normalised: `silu(gate) * y` RMS-normed per group of heads with
+/// the weight applied after (Nemotron-H's `MambaRMSNormGated`) or over every head at once
+/// (Granite's; Falcon-H1's with `mamba_rms_norm`); normed first, then gated (Falcon-H1's
+/// `mamba_norm_before_gate`); or gated only (Falcon-H1's default, no `norm` weight).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GatedNorm {
     PerGroup,
     Whole,
+    WholeThenGate,
+    GateOnly,
 }
 
 /// A Mamba2 layer's sizes, from config.json.
@@ -49,6 +53,9 @@ pub struct Mamba2Spec {
     pub norm: GatedNorm,
     /// Time steps are clipped to `[min, max]` after their softplus.
     pub time_step_limit: (f32, f32),
+    /// The skip connection `D` in its stored dtype (Falcon-H1), not the input's (so a float32
+    /// `D` makes a float32 output).
+    pub d_as_stored: bool,
 }
 
 impl Mamba2Spec {
@@ -70,7 +77,8 @@ pub struct Mamba2 {
     dt_bias: Array,
     a_log: Array,
     d: Array,
-    norm_weight: Array,
+    /// `None` for [`GatedNorm::GateOnly`].
+    norm_weight: Option<Array>,
     out_proj: Linear,
     spec: Mamba2Spec,
 }
@@ -114,7 +122,10 @@ impl Mamba2 {
         let dt_bias = per_head("dt_bias", weights.take(&p("dt_bias"))?)?;
         let a_log = per_head("A_log", weights.take(&p("A_log"))?)?;
         let d = per_head("D", weights.take(&p("D"))?)?;
-        let norm_weight = weights.take(&p("norm.weight"))?;
+        let norm_weight = match s.norm {
+            GatedNorm::GateOnly => None,
+            _ => Some(weights.take(&p("norm.weight"))?),
+        };
         let layer = Self {
             in_proj,
             conv_weight,
@@ -135,6 +146,7 @@ impl Mamba2 {
     fn check_shapes(&self, prefix: &str) -> LoadResult<()> {
         let s = &self.spec;
         let (inner, conv_dim) = (s.inner(), s.conv_dim());
+        let norm = self.norm_weight.as_ref().map_or(inner, |w| w.dim(-1));
         let checks = [
             (
                 "in_proj",
@@ -142,7 +154,7 @@ impl Mamba2 {
                 inner + conv_dim + s.num_heads,
             ),
             ("out_proj", self.out_proj.dims().1, inner),
-            ("norm.weight", self.norm_weight.dim(-1), inner),
+            ("norm.weight", norm, inner),
         ];
         for (name, got, want) in checks {
             if got != want {
@@ -198,7 +210,10 @@ impl Mamba2 {
         let hidden = hidden.reshape(&[b, len, s.num_heads, s.head_dim])?;
         let b_mix = b_mix.reshape(&[b, len, s.n_groups, s.state_size])?;
         let c_mix = c_mix.reshape(&[b, len, s.n_groups, s.state_size])?;
-        let d = self.d.as_dtype(hidden.dtype())?;
+        let d = match s.d_as_stored {
+            true => self.d.clone(),
+            false => self.d.as_dtype(hidden.dtype())?,
+        };
         let scan = Scan {
             a_log: &self.a_log,
             dt_bias: &self.dt_bias,
@@ -213,22 +228,26 @@ impl Mamba2 {
         self.out_proj.forward(&self.gated_norm(&y, &gate)?)
     }
 
-    /// `silu(gate) * y`, RMS-normed per group (weight after) or whole (weight in the norm).
+    /// The output gated and normed as [`GatedNorm`] says.
     fn gated_norm(&self, y: &Array, gate: &Array) -> Result<Array> {
         let s = &self.spec;
-        let h = gate.multiply(ops::sigmoid(gate)?)?.multiply(y)?;
+        let gated = |y: &Array| gate.multiply(ops::sigmoid(gate)?)?.multiply(y);
+        let weight = self.norm_weight.as_ref();
         match s.norm {
-            GatedNorm::Whole => fast::rms_norm(&h, Some(&self.norm_weight), s.norm_eps),
+            GatedNorm::GateOnly => gated(y),
+            GatedNorm::Whole => fast::rms_norm(&gated(y)?, weight, s.norm_eps),
+            GatedNorm::WholeThenGate => gated(&fast::rms_norm(y, weight, s.norm_eps)?),
             GatedNorm::PerGroup => {
                 let group = s.inner() / s.n_groups;
-                let grouped = ops::unflatten(&h, -1, &[-1, group])?;
+                let grouped = ops::unflatten(&gated(y)?, -1, &[-1, group])?;
                 let normed = fast::rms_norm(&grouped, None, s.norm_eps)?;
-                self.norm_weight.multiply(normed.flatten(-2, -1)?)
+                let weight = weight.expect("loaded for this norm");
+                weight.multiply(normed.flatten(-2, -1)?)
             }
         }
     }
 
-    /// The linear layers under their checkpoint names (relative to `mixer.`).
+    /// The linear layers under their checkpoint names (relative to `mamba.`).
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         vec![
             ("in_proj", &mut self.in_proj),

@@ -124,6 +124,10 @@ pub struct MoeSpec {
     pub expert_names: [&'static str; 3],
     /// Also a dense SwiGLU expert every token goes through.
     pub shared: Shared,
+    /// The experts run in a smaller width: the input projected down (`fc1_latent_proj`), their
+    /// weighed sum back up (`fc2_latent_proj`); router and shared expert take the input as it
+    /// is (Nemotron 3 Super's latent MoE).
+    pub latent: bool,
 }
 
 impl MoeSpec {
@@ -175,6 +179,7 @@ impl MoeSpec {
             routing,
             expert_names,
             shared: Shared::None,
+            latent: false,
         }
     }
 }
@@ -373,6 +378,8 @@ pub struct SparseMoe {
     /// The router's input norm weight and per-expert scales, for [`Routing::ScaledNormTopK`].
     router_scales: Option<Box<(Array, Array)>>,
     pub shared_expert: Option<Box<SharedExpert>>,
+    /// [`MoeSpec::latent`]'s projections, down and up.
+    latent: Option<Box<(Linear, Linear)>>,
 }
 
 impl SparseMoe {
@@ -488,7 +495,15 @@ impl SparseMoe {
             }
             _ => None,
         };
+        let latent = match spec.latent {
+            true => Some(Box::new((
+                weights.linear(&format!("{prefix}.fc1_latent_proj"))?,
+                weights.linear(&format!("{prefix}.fc2_latent_proj"))?,
+            ))),
+            false => None,
+        };
         Ok(Self {
+            latent,
             gate,
             names: (spec.router, spec.stacked),
             switch_mlp,
@@ -529,7 +544,11 @@ impl SparseMoe {
                 .squeeze_axes(&[-2])?;
             return self.add_shared(y, x);
         }
-        let y = self.switch_mlp.forward(x, &indices)?;
+        let experts_input = match &self.latent {
+            Some(l) => l.0.forward(x)?,
+            None => x.clone(),
+        };
+        let y = self.switch_mlp.forward(&experts_input, &indices)?;
         // Qwen3-MoE casts back to `y`'s dtype; elsewhere it is already that dtype, but for
         // Gemma 4, whose weights may take another dtype from its per-expert scales (mlx-lm
         // does not cast there).
@@ -537,6 +556,10 @@ impl SparseMoe {
         let y = match self.routing {
             Routing::ScaledNormTopK { .. } => weighed,
             _ => weighed.as_dtype(y.dtype())?,
+        };
+        let y = match &self.latent {
+            Some(l) => l.1.forward(&y)?,
+            None => y,
         };
         self.add_shared(y, x)
     }
@@ -691,6 +714,11 @@ impl SparseMoe {
         // GLM-4-MoE's router is a plain matrix in mlx-lm (`MoEGate`), never quantized.
         if !matches!(self.routing, Routing::GroupedSigmoid { .. }) {
             out.insert(0, (router.to_owned(), &mut self.gate));
+        }
+        if let Some(latent) = &mut self.latent {
+            let (down, up) = &mut **latent;
+            out.push(("fc1_latent_proj".to_owned(), down));
+            out.push(("fc2_latent_proj".to_owned(), up));
         }
         if let Some(shared) = &mut self.shared_expert {
             if let Some(gate) = &mut shared.gate {

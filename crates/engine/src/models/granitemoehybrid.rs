@@ -135,6 +135,7 @@ fn mamba_spec(args: &Args) -> Result<Option<Mamba2Spec>, EngineError> {
         norm_eps: args.common.rms_norm_eps,
         norm: GatedNorm::Whole,
         time_step_limit,
+        d_as_stored: false,
     }))
 }
 

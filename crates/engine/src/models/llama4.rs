@@ -105,6 +105,7 @@ pub fn load(config: &Value, mut weights: Weights) -> LoadResult<Decoder> {
         routing: Routing::SigmoidScalesInput,
         expert_names: PROJECTIONS,
         shared: Shared::Single,
+        latent: false,
     };
     let layers = (0..c.num_hidden_layers)
         .map(|i| {

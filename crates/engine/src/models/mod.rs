@@ -9,6 +9,7 @@ mod decoder;
 mod deepseek_v3;
 mod ernie4_5;
 mod exaone4;
+mod falcon_h1;
 mod gemma3_text;
 mod gemma4;
 mod gemma4_text;
@@ -19,6 +20,7 @@ mod lfm2;
 mod llama;
 mod llama4;
 mod llama4_text;
+mod mamba2;
 mod minimax;
 mod ministral3;
 mod mistral;
@@ -60,6 +62,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "ernie4_5",
     "ernie4_5_moe",
     "exaone4",
+    "falcon_h1",
     "gemma3_text",
     "gemma4",
     "gemma4_text",
@@ -75,6 +78,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "llama",
     "llama4",
     "llama4_text",
+    "mamba2",
     "minimax",
     "minimax_m2",
     "ministral3",
@@ -212,6 +216,7 @@ pub fn build(
         "ernie4_5" => Ok(Box::new(ernie4_5::load(config, weights, false)?)),
         "ernie4_5_moe" => Ok(Box::new(ernie4_5::load(config, weights, true)?)),
         "exaone4" => Ok(Box::new(exaone4::load(config, weights)?)),
+        "falcon_h1" => Ok(Box::new(falcon_h1::load(config, weights)?)),
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
         "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
         "glm4_moe" => Ok(Box::new(glm4_moe::load(config, weights)?)),
@@ -224,6 +229,7 @@ pub fn build(
         // `llama4_text` checkpoint of its own is another file in mlx-lm.
         "llama4" => Ok(Box::new(llama4::load(config, weights)?)),
         "llama4_text" => Ok(Box::new(llama4_text::load(config, weights)?)),
+        "mamba2" => Ok(Box::new(mamba2::load(config, weights)?)),
         // mlx-lm runs MiniMax-M2's checkpoints (`minimax_m2`) as `minimax` (`MODEL_REMAPPING`).
         "minimax" | "minimax_m2" => Ok(Box::new(minimax::load(config, weights)?)),
         "ministral3" => Ok(Box::new(ministral3::load(config, weights)?)),
@@ -467,6 +473,32 @@ mod tests {
         let (kind, detail) = refusal(config);
         assert_eq!(kind, LoadErrorKind::InvalidWeights);
         assert!(detail.contains("full_attn_idxs"), "{detail}");
+    }
+
+    /// Nemotron-H's names (`backbone`, `embeddings`, `mixer`) reach the Mamba2 layer, which
+    /// refuses groups that do not divide its heads before reading a tensor of its own.
+    #[test]
+    fn a_mamba2_layer_whose_groups_do_not_divide_its_heads_is_refused() {
+        let _lock = fixtures::mlx_test_lock();
+        let fields = json!({
+            "num_key_value_heads": 2, "mamba_num_heads": 6, "mamba_head_dim": 16,
+            "ssm_state_size": 16, "conv_kernel": 4, "n_groups": 4,
+            "layer_norm_epsilon": 1e-5, "hybrid_override_pattern": "M",
+        });
+        let tensor = |shape: &[i32]| Array::zeros::<f32>(shape).unwrap();
+        let tensors = [
+            ("backbone.embeddings.weight", tensor(&[16, 64])),
+            ("backbone.layers.0.norm.weight", tensor(&[64])),
+            ("backbone.norm_f.weight", tensor(&[64])),
+            ("lm_head.weight", tensor(&[16, 64])),
+        ];
+        let tensors = tensors
+            .map(|(n, t)| (n.to_owned(), t))
+            .into_iter()
+            .collect();
+        let (kind, detail) = refusal_with(tiny_with("nemotron_h", fields), tensors);
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(detail.contains("6 Mamba2 heads in 4 groups"), "{detail}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! state-space layer (`M`, `layers::mamba2`, norm per group), attention without positions
 //! (`*`), a `relu(x)²` MLP (`-`) or a mixture of `relu(x)²` experts (`E`: DeepSeek's grouped
 //! sigmoid router with a correction bias, a shared expert, optionally run in a smaller latent
-//! width), as `hybrid_override_pattern` (or `layers_block_type`) lists them.
+//! width: Nemotron 3 Super's `moe_latent_size`), as `hybrid_override_pattern` (or `layers_block_type`) lists them.
 //!
 //! Checkpoints keep every block's sublayer under `mixer` and the model under `backbone`
 //! (`embeddings`, `norm_f`): renamed at load for the shared decoder, the names recorded
@@ -61,6 +61,7 @@ struct Args {
     topk_group: Option<i32>,
     norm_topk_prob: Option<bool>,
     routed_scaling_factor: Option<f32>,
+    moe_latent_size: Option<i32>,
 }
 
 /// A block's one sublayer.
@@ -188,6 +189,7 @@ fn moe_spec(args: &Args) -> Result<MoeSpec, EngineError> {
     };
     Ok(MoeSpec {
         activation: Activation::Relu2,
+        latent: args.moe_latent_size.is_some(),
         ..MoeSpec::deepseek(experts, top_k, routing, args.n_shared_experts.is_some())
     })
 }
@@ -210,6 +212,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         norm_eps: eps,
         norm: GatedNorm::PerGroup,
         time_step_limit: time_step_limit(&args)?,
+        d_as_stored: false,
     };
     let experts = match blocks.contains(&Block::Experts) {
         true => Some(moe_spec(&args)?),

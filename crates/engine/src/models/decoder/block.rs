@@ -108,6 +108,8 @@ pub(super) enum Mixer {
     Latent(LatentAttention),
     ShortConv(ShortConv),
     Mamba2(Mamba2),
+    /// Attention and Mamba2 side by side (Falcon-H1).
+    AttentionAndMamba(Box<(Attention, Mamba2)>),
     /// An MLP-only block's: its cache counts positions.
     None,
 }
@@ -151,45 +153,73 @@ impl Block {
         angles: Option<&RotaryAngles>,
     ) -> Result<(Array, Option<SharedKv>)> {
         let mut kept = None;
-        let attn = |x: &Array| match &self.mixer {
-            Mixer::SelfAttn(a) => {
-                let shared = matches!(kv, LayerKv::Shared(..));
-                let (out, k) = a.forward(x, kv, angles, self.shares_kv)?;
-                kept = k;
-                match (&self.tensor, shared) {
-                    (Some(t), false) => t.attention.apply(out),
-                    _ => Ok(out),
+        let attn = |x: &Array| -> Result<(Array, Option<Array>)> {
+            let one = match &self.mixer {
+                Mixer::SelfAttn(a) => {
+                    let shared = matches!(kv, LayerKv::Shared(..));
+                    let (out, k) = a.forward(x, kv, angles, self.shares_kv)?;
+                    kept = k;
+                    match (&self.tensor, shared) {
+                        (Some(t), false) => t.attention.apply(out),
+                        _ => Ok(out),
+                    }
                 }
-            }
-            Mixer::Latent(l) => kv.each_sequence(x, |x, cache, mask| l.forward(x, cache, mask)),
-            Mixer::LinearAttn(l) => kv.each_sequence(x, |x, cache, _| match cache {
-                KvCache::State(state) => l.forward(x, state),
-                _ => Err(mlx_rs::error::Exception::custom(
-                    "a linear-attention layer needs a state cache",
-                )),
-            }),
-            Mixer::ShortConv(c) => kv.each_sequence(x, |x, cache, _| match cache {
-                KvCache::State(state) => c.forward(x, state),
-                _ => Err(mlx_rs::error::Exception::custom(
-                    "a short-convolution layer needs a state cache",
-                )),
-            }),
-            Mixer::Mamba2(m) => kv.each_sequence(x, |x, cache, _| match cache {
-                KvCache::State(state) => m.forward(x, state),
-                _ => Err(mlx_rs::error::Exception::custom(
-                    "a Mamba2 layer needs a state cache",
-                )),
-            }),
-            // The MLP is the block's sublayer (`Norms::Single`); the cache counts positions.
-            Mixer::None => kv.each_sequence(x, |x, cache, _| match cache {
-                KvCache::State(state) => {
-                    state.advance(x.dim(1));
-                    Ok(x.clone())
+                Mixer::Latent(l) => kv.each_sequence(x, |x, cache, mask| l.forward(x, cache, mask)),
+                Mixer::LinearAttn(l) => kv.each_sequence(x, |x, cache, _| match cache {
+                    KvCache::State(state) => l.forward(x, state),
+                    _ => Err(mlx_rs::error::Exception::custom(
+                        "a linear-attention layer needs a state cache",
+                    )),
+                }),
+                Mixer::ShortConv(c) => kv.each_sequence(x, |x, cache, _| match cache {
+                    KvCache::State(state) => c.forward(x, state),
+                    _ => Err(mlx_rs::error::Exception::custom(
+                        "a short-convolution layer needs a state cache",
+                    )),
+                }),
+                Mixer::Mamba2(m) => kv.each_sequence(x, |x, cache, _| match cache {
+                    KvCache::State(state) => m.forward(x, state),
+                    _ => Err(mlx_rs::error::Exception::custom(
+                        "a Mamba2 layer needs a state cache",
+                    )),
+                }),
+                // Both mixers' outputs side by side along the features (each sequence's rows are
+                // joined back as one array), split again below: `x + mamba + attn` in that order.
+                Mixer::AttentionAndMamba(both) => {
+                    let (attention, mamba) = &**both;
+                    let joined = kv.each_sequence(x, |x, cache, mask| match cache {
+                        KvCache::Pair(pair) => {
+                            let [kv, state] = &mut **pair;
+                            let KvCache::State(state) = state else {
+                                return Err(mlx_rs::error::Exception::custom(
+                                    "a Mamba2 layer needs a state cache",
+                                ));
+                            };
+                            let m = mamba.forward(x, state)?;
+                            let (a, _) =
+                                attention.forward(x, LayerKv::Cache(kv, mask), None, false)?;
+                            mlx_rs::ops::concatenate(&[m, a], -1)
+                        }
+                        _ => Err(mlx_rs::error::Exception::custom(
+                            "attention beside a Mamba2 layer needs a pair of caches",
+                        )),
+                    })?;
+                    let mut halves = joined.split_equal(2, -1)?.into_iter();
+                    let mamba_out = halves.next().expect("two halves");
+                    return Ok((mamba_out, halves.next()));
                 }
-                _ => Err(mlx_rs::error::Exception::custom(
-                    "an MLP-only layer needs a state cache",
-                )),
-            }),
+                // The MLP is the block's sublayer (`Norms::Single`); the cache counts positions.
+                Mixer::None => kv.each_sequence(x, |x, cache, _| match cache {
+                    KvCache::State(state) => {
+                        state.advance(x.dim(1));
+                        Ok(x.clone())
+                    }
+                    _ => Err(mlx_rs::error::Exception::custom(
+                        "an MLP-only layer needs a state cache",
+                    )),
+                }),
+            };
+            Ok((one?, None))
         };
         Ok((self.sublayers(family, x, attn)?, kept))
     }
@@ -209,14 +239,27 @@ impl Block {
         &self,
         family: &impl Family,
         x: &Array,
-        attn: impl FnOnce(&Array) -> Result<Array>,
+        attn: impl FnOnce(&Array) -> Result<(Array, Option<Array>)>,
     ) -> Result<Array> {
+        // A second mixer's output is added after the first's residual (`x + mamba + attn`,
+        // Falcon-H1, pre-normed); no other layout has one.
+        let one = |(out, second): (Array, Option<Array>)| match second {
+            None => Ok(out),
+            Some(_) => Err(mlx_rs::error::Exception::custom(
+                "two mixers side by side need pre-norm blocks",
+            )),
+        };
         match &self.norms {
             Norms::PreNorm {
                 input_layernorm,
                 post_attention_layernorm,
             } => {
-                let h = family.residual(x, &attn(&input_layernorm.forward(x)?)?)?;
+                let (r, second) = attn(&input_layernorm.forward(x)?)?;
+                let h = family.residual(x, &r)?;
+                let h = match second {
+                    Some(s) => h.add(s)?,
+                    None => h,
+                };
                 let r = self.mlp_forward(&post_attention_layernorm.forward(&h)?, &h)?;
                 family.residual(&h, &r)
             }
@@ -226,7 +269,7 @@ impl Block {
                 pre_feedforward_layernorm,
                 post_feedforward_layernorm,
             } => {
-                let r = attn(&input_layernorm.forward(x)?)?;
+                let r = one(attn(&input_layernorm.forward(x)?)?)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
                 let r = self.mlp_forward(&pre_feedforward_layernorm.forward(&h)?, &h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
@@ -235,24 +278,24 @@ impl Block {
                 post_attention_layernorm,
                 post_feedforward_layernorm,
             } => {
-                let r = attn(x)?;
+                let r = one(attn(x)?)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
                 let r = self.mlp_forward(&h, &h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }
             Norms::Parallel { input_layernorm } => {
                 let h = input_layernorm.forward(x)?;
-                let r = attn(&h)?.add(self.mlp_forward(&h, x)?)?;
+                let r = one(attn(&h)?)?.add(self.mlp_forward(&h, x)?)?;
                 family.residual(&r, x)
             }
             Norms::Single { norm } => {
                 let h = norm.forward(x)?;
                 let r = match &self.mixer {
                     Mixer::None => {
-                        attn(&h)?;
+                        one(attn(&h)?)?;
                         self.mlp_forward(&h, x)?
                     }
-                    _ => attn(&h)?,
+                    _ => one(attn(&h)?)?,
                 };
                 family.residual(x, &r)
             }

@@ -81,6 +81,7 @@ impl<F: Family> Decoder<F> {
         // linear-attention and convolution layers are a kind of their own (no mask).
         let kind = |l: &LayerSpec| match l.attention {
             AttentionKind::Softmax { .. } => Some((l.shape.window, l.shape.chunk)),
+            AttentionKind::SoftmaxAndMamba2(_) => Some((l.shape.window, l.shape.chunk)),
             AttentionKind::GatedDelta(_)
             | AttentionKind::ShortConv(_)
             | AttentionKind::Mamba2(_)
@@ -249,8 +250,21 @@ fn load_block(
         AttentionKind::Mamba2(m) => {
             Mixer::Mamba2(Mamba2::load(weights, &format!("{p}.mamba"), m.clone())?)
         }
+        AttentionKind::SoftmaxAndMamba2(m) => {
+            let attention = load_attention(weights, p, &spec, false, family)?;
+            let mamba = Mamba2::load(weights, &format!("{p}.mamba"), m.clone())?;
+            Mixer::AttentionAndMamba(Box::new((attention, mamba)))
+        }
         AttentionKind::None => Mixer::None,
     };
+    if matches!(spec.attention, AttentionKind::SoftmaxAndMamba2(_))
+        && spec.norms != NormLayout::PreNorm
+    {
+        return Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("`{p}`: attention beside a Mamba2 layer needs a pre-norm block"),
+        ));
+    }
     let single = spec.norms == NormLayout::Single;
     let mixes = !matches!(spec.attention, AttentionKind::None);
     let has_mlp = !matches!(spec.mlp, MlpSpec::None);

@@ -125,6 +125,11 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 KvCache::State(StateCache::default())
             }
             Mixer::Latent(a) if a.indexer.is_some() => KvCache::pair(),
+            // Keys and values first: they give the offset and the mask.
+            Mixer::AttentionAndMamba(both) => KvCache::Pair(Box::new([
+                KvCache::for_window(both.0.shape.window),
+                KvCache::State(StateCache::default()),
+            ])),
             Mixer::Latent(_) => KvCache::for_window(None),
         };
         self.layers
@@ -146,6 +151,14 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 Mixer::Latent(a) => ("self_attn", a.linears_mut()),
                 Mixer::ShortConv(c) => ("conv", c.linears_mut()),
                 Mixer::Mamba2(m) => ("mamba", m.linears_mut()),
+                Mixer::AttentionAndMamba(both) => {
+                    let (attention, mamba) = &mut **both;
+                    let p = format!("model.layers.{}", i + self.first_layer);
+                    let named = (attention.linears_mut().into_iter())
+                        .map(|(n, l)| (format!("{p}.self_attn.{n}"), l));
+                    out.extend(named.collect::<Vec<_>>());
+                    ("mamba", mamba.linears_mut())
+                }
                 Mixer::None => ("", vec![]),
             };
             let p = format!("model.layers.{}", i + self.first_layer);

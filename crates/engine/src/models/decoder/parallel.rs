@@ -82,7 +82,9 @@ pub(super) fn shard_block(
         Mixer::SelfAttn(a) => a,
         Mixer::LinearAttn(_) => return Err(refused("linear attention")),
         Mixer::ShortConv(_) => return Err(refused("short convolutions")),
-        Mixer::Mamba2(_) => return Err(refused("a Mamba2 state-space layer")),
+        Mixer::Mamba2(_) | Mixer::AttentionAndMamba(_) => {
+            return Err(refused("a Mamba2 state-space layer"))
+        }
         Mixer::None => return Err(refused("no attention")),
         Mixer::Latent(_) => return Err(refused("multi-head latent attention")),
     };

@@ -161,6 +161,10 @@ pub enum AttentionKind {
     /// A Mamba2 state-space layer with its convolution window and state cached (`mamba`,
     /// Nemotron-H's and Granite 4.0's): the layer's `shape`, `rope` and `qk_norm` do not apply.
     Mamba2(Mamba2Spec),
+    /// Softmax attention (`self_attn`, as [`AttentionKind::Softmax`] without an output gate)
+    /// and a Mamba2 layer (`mamba`) side by side on one norm, `x + mamba + attn` (Falcon-H1);
+    /// their caches go together ([`KvCache::Pair`](crate::layers::kv_cache::KvCache::Pair)).
+    SoftmaxAndMamba2(Mamba2Spec),
     /// No mixer: an MLP-only block (Nemotron-H's; with [`NormLayout::Single`]). Its cache only
     /// counts positions.
     None,
