@@ -222,15 +222,7 @@ impl GatedDeltaNet {
         };
         let z = z.reshape(&[b, len, nv, dv])?;
 
-        let window = s.conv_kernel - 1;
-        let conv_state = match cache.conv.take() {
-            Some(c) => c,
-            None => ops::zeros_dtype(&[b, window, s.conv_dim()], x.dtype())?,
-        };
-        let conv_input = ops::concatenate(&[conv_state, mixed], 1)?;
-        let total = conv_input.dim(1);
-        cache.conv = Some(conv_input.index((.., total - window.., ..)));
-        let conv = ops::conv1d(&conv_input, &self.conv1d, 1, 0, 1, s.conv_dim())?;
+        let conv = cache.convolve(&mixed, &self.conv1d, None)?;
         let conv = conv.multiply(ops::sigmoid(&conv)?)?;
 
         let key_dim = s.key_dim();

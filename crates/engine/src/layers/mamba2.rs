@@ -17,6 +17,9 @@ use mlx_rs::{
     Array, Dtype,
 };
 
+use serde_json::Value;
+use text::python_json::python_float;
+
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::kv_cache::StateCache,
@@ -56,6 +59,22 @@ pub struct Mamba2Spec {
     /// The skip connection `D` in its stored dtype (Falcon-H1), not the input's (so a float32
     /// `D` makes a float32 output).
     pub d_as_stored: bool,
+}
+
+/// config.json's `time_step_limit` (`[min, max]`, Python's `Infinity` allowed; `default` when
+/// absent), as every Mamba2 family reads it.
+pub fn time_step_limit(given: Option<&[Value]>, default: (f32, f32)) -> LoadResult<(f32, f32)> {
+    let Some(limit) = given else {
+        return Ok(default);
+    };
+    let values: Option<Vec<f64>> = limit.iter().map(python_float).collect();
+    match values.as_deref() {
+        Some(&[lo, hi]) if lo <= hi => Ok((lo as f32, hi as f32)),
+        _ => Err(EngineError::load(
+            LoadErrorKind::InvalidWeights,
+            format!("config.json: `time_step_limit` is {limit:?}, not [min, max]"),
+        )),
+    }
 }
 
 impl Mamba2Spec {
@@ -190,19 +209,7 @@ impl Mamba2 {
         let [gate, conv_input, dt] =
             three(projected.split_at_indices(&[inner, inner + conv_dim], -1)?);
 
-        let window = s.conv_kernel - 1;
-        let conv_state = match cache.conv.take() {
-            Some(c) => c,
-            None => ops::zeros_dtype(&[b, window, conv_dim], conv_input.dtype())?,
-        };
-        let padded = ops::concatenate(&[conv_state, conv_input], 1)?;
-        let total = padded.dim(1);
-        cache.conv = Some(padded.index((.., total - window.., ..)));
-        let conv = ops::conv1d(&padded, &self.conv_weight, 1, 0, 1, conv_dim)?;
-        let conv = match &self.conv_bias {
-            Some(bias) => conv.add(bias)?,
-            None => conv,
-        };
+        let conv = cache.convolve(&conv_input, &self.conv_weight, self.conv_bias.as_ref())?;
         let conv = conv.multiply(ops::sigmoid(&conv)?)?;
 
         let mixing = s.n_groups * s.state_size;

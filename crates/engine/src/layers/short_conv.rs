@@ -4,7 +4,7 @@
 //! `ArraysCache(size=1)`); the result gated by `C` and projected out. No attention, no
 //! positions: like the gated delta-net's, its cache summarises every position seen.
 
-use mlx_rs::{ops, ops::indexing::IndexOp, Array};
+use mlx_rs::Array;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
@@ -29,7 +29,6 @@ pub struct ShortConv {
     /// `(hidden,)`, with `conv_bias`.
     bias: Option<Array>,
     out_proj: Linear,
-    kernel: i32,
 }
 
 impl ShortConv {
@@ -67,7 +66,6 @@ impl ShortConv {
             weight,
             bias,
             out_proj,
-            kernel: spec.kernel,
         })
     }
 
@@ -79,21 +77,8 @@ impl ShortConv {
         let mut next = || parts.next().expect("split gives three parts");
         let (b, c, x_part) = (next(), next(), next());
         let bx = b.multiply(&x_part)?;
-        let window = self.kernel - 1;
-        let channels = bx.dim(-1);
-        let state = match cache.conv.take() {
-            Some(state) => state,
-            None => ops::zeros_dtype(&[bx.dim(0), window, channels], bx.dtype())?,
-        };
-        let input = ops::concatenate(&[state, bx], 1)?;
-        let total = input.dim(1);
-        cache.conv = Some(input.index((.., total - window.., ..)));
+        let conv = cache.convolve(&bx, &self.weight, self.bias.as_ref())?;
         cache.advance(x.dim(1));
-        let conv = ops::conv1d(&input, &self.weight, 1, 0, 1, channels)?;
-        let conv = match &self.bias {
-            Some(bias) => conv.add(bias)?,
-            None => conv,
-        };
         self.out_proj.forward(&c.multiply(&conv)?)
     }
 

@@ -14,11 +14,10 @@
 use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::Value;
-use text::python_json::python_float;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    layers::mamba2::{GatedNorm, Mamba2Spec},
+    layers::mamba2::{self, GatedNorm, Mamba2Spec},
     layers::moe::{split_fused_experts, FusedExperts, MoeSpec, Routing, Shared, PROJECTIONS},
     layers::weights::Weights,
     layers::{self, scalar_like, Activation},
@@ -115,17 +114,8 @@ fn mamba_spec(args: &Args) -> Result<Option<Mamba2Spec>, EngineError> {
     let need = |v: Option<i32>, field: &str| {
         v.ok_or_else(|| invalid(format!("config.json: Mamba2 layers need `{field}`")))
     };
-    let time_step_limit = match &args.time_step_limit {
-        None => (0.001, 100.0),
-        Some(limit) => match limit.iter().map(python_float).collect::<Option<Vec<f64>>>() {
-            Some(v) if v.len() == 2 && v[0] <= v[1] => (v[0] as f32, v[1] as f32),
-            _ => {
-                return Err(invalid(format!(
-                    "config.json: `time_step_limit` is {limit:?}, not [min, max]"
-                )))
-            }
-        },
-    };
+    let given = args.time_step_limit.as_deref();
+    let time_step_limit = mamba2::time_step_limit(given, (0.001, 100.0))?;
     Ok(Some(Mamba2Spec {
         num_heads: need(args.mamba_n_heads, "mamba_n_heads")?,
         head_dim: need(args.mamba_d_head, "mamba_d_head")?,

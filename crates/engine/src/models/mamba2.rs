@@ -6,17 +6,14 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use text::python_json::python_float;
 
 use crate::{
-    error::{EngineError, LoadErrorKind},
-    layers::mamba2::{GatedNorm, Mamba2Spec},
+    error::EngineError,
+    layers::mamba2::{self, GatedNorm, Mamba2Spec},
     layers::weights::Weights,
     layers::{Activation, AttentionShape},
     models::{
-        decoder::{
-            sanitize, AttentionKind, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec, NormLayout,
-        },
+        decoder::{sanitize, AttentionKind, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
         model::parse_args,
     },
 };
@@ -56,18 +53,8 @@ fn default_max_position() -> usize {
 
 pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError> {
     let args: Args = parse_args(config)?;
-    let limit = (args.time_step_limit.iter().map(python_float))
-        .collect::<Option<Vec<f64>>>()
-        .filter(|v| v.len() == 2 && v[0] <= v[1])
-        .ok_or_else(|| {
-            EngineError::load(
-                LoadErrorKind::InvalidWeights,
-                format!(
-                    "config.json: `time_step_limit` is {:?}, not [min, max]",
-                    args.time_step_limit
-                ),
-            )
-        })?;
+    // Required here: mlx-lm's `ModelArgs` has no default.
+    let limit = mamba2::time_step_limit(Some(&args.time_step_limit), (0.0, 0.0))?;
     let mamba = Mamba2Spec {
         num_heads: args.num_heads,
         head_dim: args.head_dim,
@@ -76,26 +63,19 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         conv_kernel: args.conv_kernel,
         norm_eps: args.layer_norm_epsilon,
         norm: GatedNorm::Whole,
-        time_step_limit: (limit[0] as f32, limit[1] as f32),
+        time_step_limit: limit,
         d_as_stored: true,
     };
     // No attention: the shape is never read.
     let shape = AttentionShape::new(1, 1, args.hidden_size, args.hidden_size as f64);
-    let layer = LayerSpec {
-        attention: AttentionKind::Mamba2(mamba),
-        fused: false,
-        qk_norm: None,
-        norms: NormLayout::Single,
-        activation: Activation::Silu,
-        mlp: MlpSpec::None,
-        rms_norm_eps: BLOCK_NORM_EPS,
+    let attention = AttentionKind::Mamba2(mamba);
+    let layer = LayerSpec::single(
+        BLOCK_NORM_EPS,
         shape,
-        rope: None,
-        sinks: false,
-        values_from_keys: false,
-        v_norm: false,
-        kv_from: None,
-    };
+        attention,
+        MlpSpec::None,
+        Activation::Silu,
+    );
     weights.rename_parts(&NAMES);
     sanitize(&mut weights, args.tie_word_embeddings);
     let spec = DecoderSpec {

@@ -12,16 +12,15 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use text::python_json::python_float;
 
 use crate::{
     error::{EngineError, LoadErrorKind},
-    layers::mamba2::{GatedNorm, Mamba2Spec},
+    layers::mamba2::{self, GatedNorm, Mamba2Spec},
     layers::moe::{MoeSpec, Routing},
     layers::weights::Weights,
     layers::{Activation, AttentionShape},
     models::{
-        decoder::{AttentionKind, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec, NormLayout},
+        decoder::{AttentionKind, Decoder, DecoderSpec, LayerSpec, Llama, MlpSpec},
         model::parse_args,
     },
 };
@@ -153,22 +152,9 @@ fn blocks(args: &Args) -> Result<Vec<Block>, EngineError> {
         .collect()
 }
 
-/// `time_step_limit` (`[min, max]`, Python's `Infinity` allowed), `(0, inf)` when absent.
+/// `time_step_limit`, `(0, inf)` when absent.
 fn time_step_limit(args: &Args) -> Result<(f32, f32), EngineError> {
-    let Some(limit) = &args.time_step_limit else {
-        return Ok((0.0, f32::INFINITY));
-    };
-    match limit
-        .iter()
-        .map(python_float)
-        .collect::<Option<Vec<f64>>>()
-        .as_deref()
-    {
-        Some(&[lo, hi]) if lo <= hi => Ok((lo as f32, hi as f32)),
-        _ => Err(invalid(format!(
-            "config.json: `time_step_limit` is {limit:?}, not [min, max]"
-        ))),
-    }
+    mamba2::time_step_limit(args.time_step_limit.as_deref(), (0.0, f32::INFINITY))
 }
 
 fn moe_spec(args: &Args) -> Result<MoeSpec, EngineError> {
@@ -229,21 +215,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
                     MlpSpec::Moe(experts.clone().expect("made where a block has experts")),
                 ),
             };
-            LayerSpec {
-                attention,
-                fused: false,
-                qk_norm: None,
-                norms: NormLayout::Single,
-                activation: Activation::Relu2,
-                mlp,
-                rms_norm_eps: eps,
-                shape: shape.clone(),
-                rope: None,
-                sinks: false,
-                values_from_keys: false,
-                v_norm: false,
-                kv_from: None,
-            }
+            LayerSpec::single(eps, shape.clone(), attention, mlp, Activation::Relu2)
         })
         .collect();
     weights.drop_prefixed("mtp.");

@@ -6,7 +6,7 @@ use mlx_rs::Array;
 use super::family::Family;
 use crate::{
     layers::gated_delta::GatedDeltaNet,
-    layers::kv_cache::{KvCache, LayerKv, SharedKv},
+    layers::kv_cache::{KvCache, LayerKv, SharedKv, StateCache},
     layers::mamba2::Mamba2,
     layers::mla::LatentAttention,
     layers::moe::SparseMoe,
@@ -114,6 +114,16 @@ pub(super) enum Mixer {
     None,
 }
 
+/// A recurrent layer's cache (every layer without keys and values has one).
+fn state(cache: &mut KvCache) -> Result<&mut StateCache> {
+    match cache {
+        KvCache::State(state) => Ok(state),
+        _ => Err(mlx_rs::error::Exception::custom(
+            "a recurrent or MLP-only layer needs a state cache",
+        )),
+    }
+}
+
 pub(super) struct Block {
     pub(super) mixer: Mixer,
     pub(super) mlp: Mlp,
@@ -165,37 +175,21 @@ impl Block {
                     }
                 }
                 Mixer::Latent(l) => kv.each_sequence(x, |x, cache, mask| l.forward(x, cache, mask)),
-                Mixer::LinearAttn(l) => kv.each_sequence(x, |x, cache, _| match cache {
-                    KvCache::State(state) => l.forward(x, state),
-                    _ => Err(mlx_rs::error::Exception::custom(
-                        "a linear-attention layer needs a state cache",
-                    )),
-                }),
-                Mixer::ShortConv(c) => kv.each_sequence(x, |x, cache, _| match cache {
-                    KvCache::State(state) => c.forward(x, state),
-                    _ => Err(mlx_rs::error::Exception::custom(
-                        "a short-convolution layer needs a state cache",
-                    )),
-                }),
-                Mixer::Mamba2(m) => kv.each_sequence(x, |x, cache, _| match cache {
-                    KvCache::State(state) => m.forward(x, state),
-                    _ => Err(mlx_rs::error::Exception::custom(
-                        "a Mamba2 layer needs a state cache",
-                    )),
-                }),
+                Mixer::LinearAttn(l) => {
+                    kv.each_sequence(x, |x, cache, _| l.forward(x, state(cache)?))
+                }
+                Mixer::ShortConv(c) => {
+                    kv.each_sequence(x, |x, cache, _| c.forward(x, state(cache)?))
+                }
+                Mixer::Mamba2(m) => kv.each_sequence(x, |x, cache, _| m.forward(x, state(cache)?)),
                 // Both mixers' outputs side by side along the features (each sequence's rows are
                 // joined back as one array), split again below: `x + mamba + attn` in that order.
                 Mixer::AttentionAndMamba(both) => {
                     let (attention, mamba) = &**both;
                     let joined = kv.each_sequence(x, |x, cache, mask| match cache {
                         KvCache::Pair(pair) => {
-                            let [kv, state] = &mut **pair;
-                            let KvCache::State(state) = state else {
-                                return Err(mlx_rs::error::Exception::custom(
-                                    "a Mamba2 layer needs a state cache",
-                                ));
-                            };
-                            let m = mamba.forward(x, state)?;
+                            let [kv, recurrent] = &mut **pair;
+                            let m = mamba.forward(x, state(recurrent)?)?;
                             let (a, _) =
                                 attention.forward(x, LayerKv::Cache(kv, mask), None, false)?;
                             mlx_rs::ops::concatenate(&[m, a], -1)
@@ -209,14 +203,9 @@ impl Block {
                     return Ok((mamba_out, halves.next()));
                 }
                 // The MLP is the block's sublayer (`Norms::Single`); the cache counts positions.
-                Mixer::None => kv.each_sequence(x, |x, cache, _| match cache {
-                    KvCache::State(state) => {
-                        state.advance(x.dim(1));
-                        Ok(x.clone())
-                    }
-                    _ => Err(mlx_rs::error::Exception::custom(
-                        "an MLP-only layer needs a state cache",
-                    )),
+                Mixer::None => kv.each_sequence(x, |x, cache, _| {
+                    state(cache)?.advance(x.dim(1));
+                    Ok(x.clone())
                 }),
             };
             Ok((one?, None))

@@ -236,6 +236,33 @@ impl LayerSpec {
             kv_from: None,
         }
     }
+
+    /// A block of one sublayer ([`NormLayout::Single`]), `attention` or `mlp` (the other
+    /// [`AttentionKind::None`] / [`MlpSpec::None`]), without positions; `shape` is read by
+    /// softmax attention only (Nemotron-H, Mamba2).
+    pub fn single(
+        rms_norm_eps: f32,
+        shape: AttentionShape,
+        attention: AttentionKind,
+        mlp: MlpSpec,
+        activation: Activation,
+    ) -> Self {
+        Self {
+            attention,
+            fused: false,
+            qk_norm: None,
+            norms: NormLayout::Single,
+            activation,
+            mlp,
+            rms_norm_eps,
+            shape,
+            rope: None,
+            sinks: false,
+            values_from_keys: false,
+            v_norm: false,
+            kv_from: None,
+        }
+    }
 }
 
 /// The model-level choices.
