@@ -152,6 +152,7 @@ async fn generations_run_together_answer_as_each_does_alone() {
         "tiny-nemotron-h",
         "tiny-granite-hybrid",
         "tiny-falcon-h1",
+        "tiny-kimi-linear",
     ] {
         cases.push((LoadParams::new(fixture(name)), mix()));
     }

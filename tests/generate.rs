@@ -253,18 +253,18 @@ async fn bad_requests_fail_with_their_codes_and_the_resident_model_stays_usable(
         e.data_as::<LoadFailedData>().unwrap().kind,
         LoadErrorKind::NotFound
     );
-    let mamba = tiny_model(&TinyLlama {
-        model_type: "mamba".into(),
+    let rwkv = tiny_model(&TinyLlama {
+        model_type: "rwkv7".into(),
         ..TinyLlama::default()
     });
     let e = rpc_error(
-        w.call::<Load>(&LoadParams::new(model_id(mamba.path())))
+        w.call::<Load>(&LoadParams::new(model_id(rwkv.path())))
             .await,
         ErrorCode::LoadFailed,
     );
     let data: LoadFailedData = e.data_as().unwrap();
     assert_eq!(data.kind, LoadErrorKind::UnsupportedArchitecture);
-    assert!(data.detail.contains("mamba"), "{}", data.detail);
+    assert!(data.detail.contains("rwkv7"), "{}", data.detail);
     // kv_bits quantizes heads in groups of 64 features; the tiny model's heads have 16: it
     // loads with a plain cache and says why; its greedy text is the plain cache's.
     let plain = within(w.generate(&greedy("hi", 6)).unwrap().finish())

@@ -74,7 +74,7 @@ async fn the_dispatcher_survives_a_storm_of_almost_valid_lines() {
         ..Default::default()
     });
     let unsupported = tiny_model(&TinyLlama {
-        model_type: "mamba".into(),
+        model_type: "rwkv7".into(),
         ..Default::default()
     });
     let broken = tiny_model(&TinyLlama::default());

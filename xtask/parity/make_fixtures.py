@@ -302,6 +302,33 @@ FAMILY_BASE = {
         "rope_theta": 1000000.0,
         "layer_types": ["conv", "conv", "full_attention", "conv"],
     },
+    # Kimi Linear's layout scaled down: KDA in layers 1, 2 and 4 (counted from 1; 4 heads of
+    # 16, 4 taps), latent attention without positions in layer 3 (unrotated rotary features);
+    # the MLP of layer 0 dense, of the others 4 experts (top 2, in 2 groups of which the best 1
+    # is used) plus a shared expert, routed by sigmoid scores and a correction bias the cases
+    # draw, renormalised and scaled.
+    "kimi_linear": {
+        "architectures": ["KimiLinearForCausalLM"],
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 4,
+        "head_dim": 16,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "mla_use_nope": True,
+        "linear_attn_config": {"kda_layers": [1, 2, 4], "full_attn_layers": [3], "num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4},
+        "model_max_length": 4096,
+        "num_experts": 4,
+        "num_experts_per_token": 2,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "num_expert_group": 2,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.446,
+        "tie_word_embeddings": False,
+    },
     # Nemotron-H's layout scaled down: one-sublayer blocks, Mamba2 (8 heads of 16 in 2 groups,
     # state 16, 4 taps), a ReLU² MLP, attention without positions, experts (4, top 2, in 2
     # groups of which the best 1 is used, a shared expert, a correction bias the cases draw).
@@ -389,6 +416,16 @@ FAMILY_BASE = {
         "time_step_limit": [0.0, float("inf")],
         "time_step_rank": "auto",
     },
+    # Mamba (the first) scaled down: two blocks of 128 channels, state 16, 4 taps, a time-step
+    # rank of `ceil(64 / 16)` = 4.
+    "mamba": {
+        "architectures": ["MambaForCausalLM"],
+        "state_size": 16,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": "auto",
+    },
     # Llama 4 (Scout's text config, scaled down; run under the `llama4` wrapper): layers 0-2
     # chunked (16 positions, shorter than most prompts) with Llama 3 RoPE and q/k norms, layer 3
     # global without RoPE, its query temperature stepping every 16 positions (Scout: 8192);
@@ -465,6 +502,8 @@ FAMILY_BASE = {
         },
     },
 }
+# mlx-lm runs Falcon Mamba as Mamba, with the time steps, B and C RMS-normalised.
+FAMILY_BASE["falcon_mamba"] = {**FAMILY_BASE["mamba"], "architectures": ["FalconMambaForCausalLM"]}
 # mlx-lm runs Kimi K2 as DeepSeek-V3 (`MODEL_REMAPPING`); GLM-4.7-Flash's file is a copy of
 # DeepSeek-V3's with other defaults and two epsilons.
 FAMILY_BASE["kimi_k2"] = FAMILY_BASE["deepseek_v3"]
@@ -862,6 +901,9 @@ def build(spec, out):
 
         def predicate(path, module):
             if not hasattr(module, "to_quantized"):
+                return False
+            # mlx_lm.convert leaves float what does not split into groups (Mamba's `dt_proj`).
+            if module.weight.shape[-1] % q["group_size"] != 0:
                 return False
             if path not in overrides and model_predicate is not None:
                 params = model_predicate(path, module)

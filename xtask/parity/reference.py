@@ -1,6 +1,7 @@
 """Greedy reference tokens from mlx-lm, for `cargo xtask parity`.
 
-Usage: python reference.py < REQUEST_JSON > RESULT_JSON
+Usage: python reference.py < REQUESTS > RESULTS (one JSON request per line, one result line
+each, in order: `cargo xtask parity` keeps one process for every model of a run).
 
 Request: {"model_dir": str, "adapter_dir": str?, "kv_bits": int?, "chat_template": str?,
           "max_new_tokens": int,
@@ -17,6 +18,7 @@ Prompt ids come from the Hugging Face tokenizer's chat template (as mlx-lm's ser
 `generate_step`, stopping before the first EOS token as `stream_generate` does.
 """
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -72,7 +74,12 @@ def greedy(model, tokenizer, ids, max_new_tokens, kv_bits=None):
 
 
 def main():
-    request = json.load(sys.stdin)
+    for line in sys.stdin:
+        if line.strip():
+            answer(json.loads(line))
+
+
+def answer(request):
     group = None
     if request.get("parallel") == "tensor":
         from mlx_lm.utils import sharded_load
@@ -89,7 +96,11 @@ def main():
         tokens = greedy(model, tokenizer, ids, request["max_new_tokens"], request.get("kv_bits"))
         results.append({"name": case["name"], "prompt_ids": ids, "tokens": tokens})
     if group is None or group.rank() == 0:
-        json.dump({"blas": blas_libraries(), "cases": results}, sys.stdout)
+        print(json.dumps({"blas": blas_libraries(), "cases": results}), flush=True)
+    # The next request's model must not share memory with this one's.
+    del model, tokenizer
+    gc.collect()
+    mx.clear_cache()
 
 
 if __name__ == "__main__":

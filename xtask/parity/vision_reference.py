@@ -1,6 +1,7 @@
 """Greedy reference tokens from mlx-vlm, for `cargo xtask parity`'s vision models.
 
-Usage: python vision_reference.py < REQUEST_JSON > RESULT_JSON
+Usage: python vision_reference.py < REQUESTS > RESULTS (one JSON request per line, one result
+line each, as reference.py).
 
 Request: {"model_dir": str, "max_new_tokens": int,
           "cases": [{"name": str, "messages": [...]}]}
@@ -22,6 +23,7 @@ the template wrote (Gemma 3: mlx-vlm's processor has no chat template of its own
 engine do, so the duplicate is dropped here and both sides generate from the same prompt.
 """
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -83,7 +85,12 @@ def image_processor_ignoring_text_kwargs(processor):
 
 
 def main():
-    request = json.load(sys.stdin)
+    for line in sys.stdin:
+        if line.strip():
+            answer(json.loads(line))
+
+
+def answer(request):
     model, processor = load(request["model_dir"])
     image_processor_ignoring_text_kwargs(processor)
     tokenizer = getattr(processor, "tokenizer", processor)
@@ -125,7 +132,11 @@ def main():
                 break
             tokens.append(int(token))
         results.append({"name": case["name"], "prompt_ids": ids, "tokens": tokens})
-    json.dump({"blas": blas_libraries(), "cases": results}, sys.stdout)
+    print(json.dumps({"blas": blas_libraries(), "cases": results}), flush=True)
+    # The next request's model must not share memory with this one's.
+    del model, processor, tokenizer
+    gc.collect()
+    mx.clear_cache()
 
 
 if __name__ == "__main__":

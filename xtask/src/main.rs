@@ -151,7 +151,12 @@ pub fn target_dir() -> PathBuf {
 /// `cargo` (the one running xtask), in the workspace root.
 pub fn cargo() -> Command {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    command.current_dir(workspace_root());
+    // `cargo xtask` runs us with xtask's CARGO_MANIFEST_DIR set; ring's build script tracks that
+    // variable, so passing it on made every build alternate with a plain `cargo build`,
+    // rebuilding ring and all above it (mlx-sys, mlx-rs, the engine) each time.
+    command
+        .current_dir(workspace_root())
+        .env_remove("CARGO_MANIFEST_DIR");
     command
 }
 

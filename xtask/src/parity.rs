@@ -16,9 +16,11 @@
 //! file's `vision_cases` (messages with image parts): `make_vision_fixtures.py` builds them with
 //! mlx-vlm's classes (and the case images), `vision_reference.py` answers for mlx-vlm.
 
-use std::io::Write;
+use std::collections::{hash_map::Entry, HashMap};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -173,6 +175,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let vision_cases = with_image_paths(&file.vision_cases, &fixtures.join("images"));
 
     let engine = engine_example()?;
+    // One reference process per script for the whole run (Python and mlx-lm start once).
+    let mut references = HashMap::new();
     let mut rows = Vec::new();
     let mut not_split = Vec::new();
     for spec in selected {
@@ -212,24 +216,59 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             "max_new_tokens": max_new_tokens,
             "cases": cases,
         });
-        let reference = match (opts.parallel.as_deref(), opts.ranks) {
+        // A fixture with a "gguf" spec: the worker loads (imports) its `.gguf`, mlx-lm the
+        // checkpoint it was written from.
+        let mut ours_request = request.clone();
+        if spec.fixture.as_ref().and_then(|f| f.get("gguf")).is_some() {
+            ours_request["model_dir"] = json!(dir.join(format!("{}.gguf", spec.name)));
+        }
+        ours_request["parallel"] = json!(opts.parallel);
+        let started = Instant::now();
+        let (reference, ours) = match (opts.parallel.as_deref(), opts.ranks) {
+            // One process a side: both at once. Most fixtures are tiny, so each side keeps
+            // about one core busy; side by side, the run takes about half as long on two.
+            (_, 1) => {
+                let reference = match references.entry(script) {
+                    Entry::Occupied(e) => e.into_mut(),
+                    Entry::Vacant(e) => e.insert(Reference::start(&python, script)?),
+                };
+                reference.send(&request)?;
+                let ours = Side::start(&mut Command::new(&engine), &ours_request)?;
+                (
+                    reference.receive(&dir, cases.len())?,
+                    ours.finish(&dir, cases.len())?,
+                )
+            }
             // Against mlx-lm's own tensor parallelism where its model has it (`shard`);
             // else against one process.
-            (Some("tensor"), ranks) if ranks > 1 => {
+            (Some("tensor"), ranks) => {
                 let mut split = request.clone();
                 split["parallel"] = json!("tensor");
                 reference_command(&python, script)?;
                 let command = |_: usize| reference_command(&python, script).expect("checked");
-                match answer_as_group(command, ranks, &split, &dir, cases.len()) {
+                let reference = match answer_as_group(command, ranks, &split, &dir, cases.len()) {
                     Ok(answer) => answer,
                     Err(e) => {
                         println!("reference for {}: mlx-lm in one process ({e:#})", spec.name);
                         reference(&python, script, &request, &dir, cases.len())?
                     }
-                }
+                };
+                let command = |_: usize| Command::new(&engine);
+                let ours = answer_as_group(command, ranks, &ours_request, &dir, cases.len())?;
+                (reference, ours)
             }
-            _ => reference(&python, script, &request, &dir, cases.len())?,
+            (_, ranks) => {
+                let reference = reference(&python, script, &request, &dir, cases.len())?;
+                let command = |_: usize| Command::new(&engine);
+                let ours = answer_as_group(command, ranks, &ours_request, &dir, cases.len())?;
+                (reference, ours)
+            }
         };
+        eprintln!(
+            "parity: {}: {:.1} s",
+            spec.name,
+            started.elapsed().as_secs_f64()
+        );
         if cfg!(target_os = "linux") && !reference.blas.iter().any(|b| b.contains("openblas")) {
             bail!(
                 "mlx-lm did not load {} (its BLAS: {:?})",
@@ -237,25 +276,6 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 reference.blas
             );
         }
-        // A fixture with a "gguf" spec: the worker loads (imports) its `.gguf`, mlx-lm the
-        // checkpoint it was written from.
-        let ours_request = match spec.fixture.as_ref().and_then(|f| f.get("gguf")) {
-            Some(_) => {
-                let mut request = request.clone();
-                request["model_dir"] = json!(dir.join(format!("{}.gguf", spec.name)));
-                request
-            }
-            None => request.clone(),
-        };
-        let mut ours_request = ours_request;
-        ours_request["parallel"] = json!(opts.parallel);
-        let ours = match opts.ranks {
-            1 => answer(&mut Command::new(&engine), &ours_request, &dir, cases.len())?,
-            n => {
-                let command = |_: usize| Command::new(&engine);
-                answer_as_group(command, n, &ours_request, &dir, cases.len())?
-            }
-        };
         if let Some(reason) = ours.refused {
             not_split.push((spec.name.clone(), reason));
             continue;
@@ -431,29 +451,112 @@ fn answer(
     dir: &Path,
     cases: usize,
 ) -> anyhow::Result<Answer> {
-    let what = format!("{:?}", command.get_program());
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {what}"))?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(request.to_string().as_bytes())
-        .with_context(|| format!("writing to {what}"))?;
-    let out = child
-        .wait_with_output()
-        .with_context(|| format!("waiting for {what}"))?;
-    if !out.status.success() {
-        bail!(
-            "{what} failed on {} ({}); see its output above",
-            dir.display(),
-            out.status
-        );
+    Side::start(command, request)?.finish(dir, cases)
+}
+
+/// One side, started with its request on stdin.
+struct Side {
+    child: Child,
+    what: String,
+}
+
+impl Side {
+    fn start(command: &mut Command, request: &Value) -> anyhow::Result<Side> {
+        let what = format!("{:?}", command.get_program());
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {what}"))?;
+        // Both sides read their whole request before they answer: no deadlock.
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(request.to_string().as_bytes())
+            .with_context(|| format!("writing to {what}"))?;
+        Ok(Side { child, what })
     }
-    let answer: Answer = serde_json::from_slice(&out.stdout)
+
+    /// Waits for its answer to the `cases` cases of the model at `dir`.
+    fn finish(self, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
+        let what = self.what;
+        let out = self
+            .child
+            .wait_with_output()
+            .with_context(|| format!("waiting for {what}"))?;
+        if !out.status.success() {
+            bail!(
+                "{what} failed on {} ({}); see its output above",
+                dir.display(),
+                out.status
+            );
+        }
+        checked(&out.stdout, &what, cases)
+    }
+}
+
+/// A reference process answering one request per line (`reference.py`, `vision_reference.py`),
+/// kept for every model of a run.
+struct Reference {
+    child: Child,
+    /// Closed (taken) when the run is over: the process then ends.
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    what: String,
+}
+
+impl Reference {
+    fn start(python: &Path, script: &str) -> anyhow::Result<Reference> {
+        let what = format!("{script} under {}", python.display());
+        let mut child = reference_command(python, script)?
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {what}"))?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        Ok(Reference {
+            child,
+            stdin,
+            stdout,
+            what,
+        })
+    }
+
+    fn send(&mut self, request: &Value) -> anyhow::Result<()> {
+        let stdin = self.stdin.as_mut().expect("open until dropped");
+        writeln!(stdin, "{request}")
+            .and_then(|()| stdin.flush())
+            .with_context(|| format!("writing to {}", self.what))
+    }
+
+    /// The answer to the last request sent, for the `cases` cases of the model at `dir`.
+    fn receive(&mut self, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
+        let mut line = String::new();
+        let read = self.stdout.read_line(&mut line);
+        if read.is_err() || line.is_empty() {
+            let status = self.child.wait();
+            bail!(
+                "{} ended on {} ({status:?}); see its output above",
+                self.what,
+                dir.display()
+            );
+        }
+        checked(line.as_bytes(), &self.what, cases)
+    }
+}
+
+impl Drop for Reference {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// A side's answer from its output, which must hold `cases` cases (or a refusal).
+fn checked(output: &[u8], what: &str, cases: usize) -> anyhow::Result<Answer> {
+    let answer: Answer = serde_json::from_slice(output)
         .with_context(|| format!("{what} printed no valid answer"))?;
     if answer.cases.len() != cases && answer.refused.is_none() {
         bail!(

@@ -37,6 +37,8 @@ fn a_recurrent_state_is_reused_by_a_prompt_that_extends_it_and_answers_the_same(
         "tiny-nemotron-h",
         "tiny-granite-hybrid",
         "tiny-falcon-h1",
+        "tiny-kimi-linear",
+        "tiny-mamba",
     ];
     for name in names {
         if let Some(dir) = fixtures::vision_fixture(name) {

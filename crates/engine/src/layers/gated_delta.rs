@@ -18,7 +18,12 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     layers::kv_cache::StateCache,
     layers::weights::Weights,
-    layers::{array::scalar_like, array::Result, linear::Linear, norm::RmsNorm},
+    layers::{
+        array::scalar_like,
+        array::Result,
+        linear::{check_dims, Linear},
+        norm::RmsNorm,
+    },
 };
 
 type LoadResult<T> = std::result::Result<T, EngineError>;
@@ -167,21 +172,11 @@ impl GatedDeltaNet {
                 expected.push(("in_proj_a", in_proj_a, (s.num_v_heads, hidden)));
             }
         }
-        for (name, linear, (out, inputs)) in expected {
-            let (o, i) = linear.dims();
-            if (o, i) != (out, inputs) {
-                return Err(EngineError::load(
-                    LoadErrorKind::InvalidWeights,
-                    format!(
-                        "`{prefix}.{name}` is {o}x{i} but config.json implies {out}x{inputs} \
-                         ({} key heads of {}, {} value heads of {}): config.json does not \
-                         describe these weights",
-                        s.num_k_heads, s.head_k_dim, s.num_v_heads, s.head_v_dim
-                    ),
-                ));
-            }
-        }
-        Ok(())
+        let sizes = format!(
+            "{} key heads of {}, {} value heads of {}",
+            s.num_k_heads, s.head_k_dim, s.num_v_heads, s.head_v_dim
+        );
+        check_dims(prefix, &expected, &sizes)
     }
 
     /// `(B, S, hidden)` -> `(B, S, hidden)`, carrying the convolution window and the state in
@@ -293,7 +288,7 @@ fn three(parts: Vec<Array>) -> [Array; 3] {
 
 /// mlx-lm's `normalize_qk`: q and k L2-normalised (as RMS norms with the eps scaled to match),
 /// the readout scale `dk^-0.5` folded into q. Python's float arithmetic, in f64, rounded once.
-fn normalize_qk(q: &Array, k: &Array, dk: i32) -> Result<(Array, Array)> {
+pub(crate) fn normalize_qk(q: &Array, k: &Array, dk: i32) -> Result<(Array, Array)> {
     let inv_scale = (dk as f64).powf(-0.5);
     let eps = (1e-6 * inv_scale.powi(2)) as f32;
     let q = scalar_like(inv_scale.powi(2) as f32, q)?.multiply(fast::rms_norm(q, None, eps)?)?;
@@ -301,9 +296,9 @@ fn normalize_qk(q: &Array, k: &Array, dk: i32) -> Result<(Array, Array)> {
     Ok((q, k))
 }
 
-/// The per-token, per-head decay `exp(-exp(A_log) * softplus(a + dt_bias))` (mlx-lm's
-/// `compute_g`), in f32.
-fn decay(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
+/// The per-token decay `exp(-exp(A_log) * softplus(a + dt_bias))` (mlx-lm's `compute_g`), in
+/// f32: per head, or (Kimi's) per head and key feature.
+pub(crate) fn decay(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
     let x = a.add(dt_bias)?;
     let softplus = ops::logaddexp(&x, scalar_like(0.0, &x)?)?;
     let rate = ops::exp(a_log.as_dtype(Dtype::Float32)?)?.negative()?;
@@ -311,9 +306,10 @@ fn decay(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
 }
 
 /// The gated delta rule over `T` tokens, one step at a time (mlx-lm's `gated_delta_ops`):
-/// q, k `(B, T, Hk, Dk)`, v `(B, T, Hv, Dv)`, g and beta `(B, T, Hv)`, state
-/// `(B, Hv, Dv, Dk)`. Returns y `(B, T, Hv, Dv)` in q's dtype and the new state.
-fn recurrence(
+/// q, k `(B, T, Hk, Dk)`, v `(B, T, Hv, Dv)`, beta `(B, T, Hv)`, g `(B, T, Hv)` (a decay per
+/// head) or `(B, T, Hv, Dk)` (per key feature, Kimi's), state `(B, Hv, Dv, Dk)`. Returns y
+/// `(B, T, Hv, Dv)` in q's dtype and the new state.
+pub(crate) fn recurrence(
     q: Array,
     k: Array,
     v: &Array,
@@ -333,7 +329,11 @@ fn recurrence(
     for t in 0..q.dim(1) {
         let (qt, kt) = (q.index((.., t)), k.index((.., t)).expand_dims(-2)?);
         let (vt, gt, bt) = (v.index((.., t)), g.index((.., t)), beta.index((.., t)));
-        state = state.multiply(gt.expand_dims(-1)?.expand_dims(-1)?)?;
+        let gt = match g.ndim() {
+            4 => gt.expand_dims(-2)?,
+            _ => gt.expand_dims(-1)?.expand_dims(-1)?,
+        };
+        state = state.multiply(gt)?;
         let kv_mem = state.multiply(&kt)?.sum_axis(-1, false)?;
         let delta = vt.subtract(&kv_mem)?.multiply(bt.expand_dims(-1)?)?;
         state = state.add(kt.multiply(delta.expand_dims(-1)?)?)?;

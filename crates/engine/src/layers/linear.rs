@@ -5,7 +5,7 @@ use mlx_rs::{ops, Array};
 use std::rc::Rc;
 
 use crate::{
-    error::EngineError,
+    error::{EngineError, LoadErrorKind},
     layers::{
         array::Result,
         distributed::Group,
@@ -14,6 +14,29 @@ use crate::{
         quantized::Quantized,
     },
 };
+
+/// Refuses the first of `expected` (a layer's name under `prefix`, the layer, the `(out, in)`
+/// config.json implies) of another size: it would fail, or compute garbage, mid-forward.
+/// `sizes` says which of config.json's sizes imply them.
+pub fn check_dims(
+    prefix: &str,
+    expected: &[(&str, &Linear, (i32, i32))],
+    sizes: &str,
+) -> std::result::Result<(), EngineError> {
+    for &(name, linear, (out, inputs)) in expected {
+        let (o, i) = linear.dims();
+        if (o, i) != (out, inputs) {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!(
+                    "`{prefix}.{name}` is {o}x{i} but config.json implies {out}x{inputs} \
+                     ({sizes}): config.json does not describe these weights"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// `y = x W^T (+ b)`, with `W` dense or quantized.
 #[derive(Debug)]

@@ -37,8 +37,9 @@ pub struct MlaSpec {
     /// Multiplies scores (and the rotary scores); `q_head_dim^-0.5`, times YaRN's
     /// `mscale_all_dim` correction squared where the checkpoint's RoPE scaling asks.
     pub scale: f32,
-    /// RoPE over the `qk_rope_head_dim` features.
-    pub rope: Rope,
+    /// RoPE over the `qk_rope_head_dim` features; `None`: those features attend unrotated
+    /// (Kimi Linear's MLA, which has no positional encoding).
+    pub rope: Option<Rope>,
     /// The epsilon of the query and latent norms (`q_a_layernorm`, `kv_a_layernorm`).
     pub norm_eps: f32,
     /// Llama 4's query scale by position (Mistral 4), on both query parts after RoPE.
@@ -229,8 +230,10 @@ impl LatentAttention {
             .transpose_axes(&[0, 2, 1, 3])?;
         let latent = self.kv_a_layernorm.forward(&compressed)?;
         let offset = cache.offset();
-        let q_pe = s.rope.forward(&q_pe, offset)?;
-        let k_pe = s.rope.forward(&k_pe, offset)?;
+        let (q_pe, k_pe) = match &s.rope {
+            Some(rope) => (rope.forward(&q_pe, offset)?, rope.forward(&k_pe, offset)?),
+            None => (q_pe, k_pe),
+        };
         let (q_nope, q_pe) = match &s.temperature {
             Some(t) => (t.apply(&q_nope, offset)?, t.apply(&q_pe, offset)?),
             None => (q_nope, q_pe),

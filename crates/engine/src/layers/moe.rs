@@ -48,6 +48,16 @@ pub enum Routing {
         scaling: f32,
         sum_epsilon: Option<f32>,
     },
+    /// Kimi Linear's: as [`Routing::GroupedSigmoid`], but the sigmoid (or, `softmax`, a
+    /// precise softmax) in the router's dtype, the layer's `e_score_correction_bias` cast to
+    /// it, the renormalising sum plus 1e-20.
+    KimiGrouped {
+        softmax: bool,
+        n_group: i32,
+        topk_group: i32,
+        norm_topk_prob: bool,
+        scaling: f32,
+    },
     /// Mistral 4's: softmax scores (float32) choose the experts within the best `topk_group` of
     /// `n_group` groups as [`Routing::GroupedSigmoid`] does (no correction bias) and weigh them,
     /// renormalised when `norm_topk_prob` (whatever k; the sum plus 1e-20), times `scaling`.
@@ -438,6 +448,11 @@ impl SparseMoe {
             topk_group,
             ..
         }
+        | Routing::KimiGrouped {
+            n_group,
+            topk_group,
+            ..
+        }
         | Routing::GroupedSoftmax {
             n_group,
             topk_group,
@@ -452,9 +467,13 @@ impl SparseMoe {
             }
         }
         let correction_bias = match spec.routing {
-            Routing::GroupedSigmoid { .. } | Routing::BiasedSigmoid => {
+            Routing::GroupedSigmoid { .. }
+            | Routing::BiasedSigmoid
+            | Routing::KimiGrouped { .. } => {
                 let name = match spec.routing {
-                    Routing::BiasedSigmoid => format!("{prefix}.e_score_correction_bias"),
+                    Routing::BiasedSigmoid | Routing::KimiGrouped { .. } => {
+                        format!("{prefix}.e_score_correction_bias")
+                    }
                     _ => format!("{prefix}.{}.e_score_correction_bias", spec.router),
                 };
                 let bias = weights.take(&name)?;
@@ -649,6 +668,31 @@ impl SparseMoe {
                     (norm, _) => renormalise(scores, norm)?,
                 };
                 Ok((indices, scores.multiply(Array::from_f32(scaling))?))
+            }
+            Routing::KimiGrouped {
+                softmax,
+                n_group,
+                topk_group,
+                norm_topk_prob,
+                scaling,
+            } => {
+                let bias = self.correction_bias.as_ref().expect("loaded with it");
+                let probs = match softmax {
+                    true => ops::softmax_axis(logits, -1, true)?,
+                    false => ops::sigmoid(logits)?,
+                };
+                let biased = probs.add(bias.as_dtype(probs.dtype())?)?;
+                let chosen = best_groups(biased, n_group, topk_group)?;
+                let indices = first_k_of_negated(&chosen, k)?;
+                let scores = probs.take_along_axis(&indices, -1)?;
+                let scores = match norm_topk_prob && k > 1 {
+                    true => {
+                        let sum = scores.sum_axis(-1, true)?;
+                        scores.divide(sum.add(scalar_like(1e-20, &scores)?)?)?
+                    }
+                    false => scores,
+                };
+                Ok((indices, scores.multiply(scalar_like(scaling, &scores)?)?))
             }
             Routing::BiasedSigmoid => {
                 let bias = self.correction_bias.as_ref().expect("loaded with it");

@@ -189,7 +189,7 @@ pub fn load(
         },
         temperature: None,
         prefill: LatentPrefill::RotaryScores,
-        rope: rope.clone(),
+        rope: Some(rope.clone()),
         indexer: match (args.index_n_heads, args.index_head_dim, args.index_topk) {
             (Some(n_heads), Some(head_dim), Some(topk)) => Some(IndexerSpec {
                 n_heads,

@@ -18,8 +18,9 @@ use crate::{
     },
 };
 
-/// The model's parts under the decoder's names, (checkpoint's, ours); whole paths first.
-const NAMES: [(&str, &str); 4] = [
+/// The model's parts under the decoder's names, (checkpoint's, ours); whole paths first (Mamba's
+/// too).
+pub(super) const NAMES: [(&str, &str); 4] = [
     ("backbone.embeddings", "model.embed_tokens"),
     ("backbone.norm_f", "model.norm"),
     ("backbone", "model"),

@@ -96,7 +96,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         qk_rope_head_dim: args.qk_rope_head_dim,
         v_head_dim: args.v_head_dim,
         scale: yarn_scale((q_head_dim as f64).powf(-0.5), params) as f32,
-        rope: rope.clone(),
+        rope: Some(rope.clone()),
         norm_eps: 1e-6,
         temperature: Some(temperature),
         prefill: LatentPrefill::Concatenated,

@@ -16,10 +16,12 @@ mod gemma4_text;
 mod glm4_moe;
 mod gpt_oss;
 mod granitemoehybrid;
+mod kimi_linear;
 mod lfm2;
 mod llama;
 mod llama4;
 mod llama4_text;
+mod mamba;
 mod mamba2;
 mod minimax;
 mod ministral3;
@@ -63,6 +65,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "ernie4_5_moe",
     "exaone4",
     "falcon_h1",
+    "falcon_mamba",
     "gemma3_text",
     "gemma4",
     "gemma4_text",
@@ -73,11 +76,13 @@ pub const ARCHITECTURES: &[&str] = &[
     "granitemoehybrid",
     "kimi_k2",
     "kimi_k25",
+    "kimi_linear",
     "lfm2",
     "lfm2_moe",
     "llama",
     "llama4",
     "llama4_text",
+    "mamba",
     "mamba2",
     "minimax",
     "minimax_m2",
@@ -222,6 +227,7 @@ pub fn build(
         "glm4_moe" => Ok(Box::new(glm4_moe::load(config, weights)?)),
         "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),
         "granitemoehybrid" => Ok(Box::new(granitemoehybrid::load(config, weights)?)),
+        "kimi_linear" => Ok(Box::new(kimi_linear::load(config, weights)?)),
         "lfm2" => Ok(Box::new(lfm2::load(config, weights, false)?)),
         "lfm2_moe" => Ok(Box::new(lfm2::load(config, weights, true)?)),
         "llama" => Ok(Box::new(llama::load(config, weights, "llama")?)),
@@ -229,6 +235,8 @@ pub fn build(
         // `llama4_text` checkpoint of its own is another file in mlx-lm.
         "llama4" => Ok(Box::new(llama4::load(config, weights)?)),
         "llama4_text" => Ok(Box::new(llama4_text::load(config, weights)?)),
+        // mlx-lm runs Falcon Mamba (`falcon_mamba`) as Mamba (`MODEL_REMAPPING`).
+        "mamba" | "falcon_mamba" => Ok(Box::new(mamba::load(config, weights)?)),
         "mamba2" => Ok(Box::new(mamba2::load(config, weights)?)),
         // mlx-lm runs MiniMax-M2's checkpoints (`minimax_m2`) as `minimax` (`MODEL_REMAPPING`).
         "minimax" | "minimax_m2" => Ok(Box::new(minimax::load(config, weights)?)),
@@ -363,9 +371,9 @@ mod tests {
 
     #[test]
     fn unknown_model_type_is_unsupported_and_named() {
-        let (kind, detail) = refusal(tiny("mamba"));
+        let (kind, detail) = refusal(tiny("rwkv7"));
         assert_eq!(kind, LoadErrorKind::UnsupportedArchitecture);
-        assert!(detail.contains("`mamba`"), "{detail}");
+        assert!(detail.contains("`rwkv7`"), "{detail}");
         assert!(
             detail.contains("qwen3"),
             "lists what is supported: {detail}"

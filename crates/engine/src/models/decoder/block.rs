@@ -6,7 +6,9 @@ use mlx_rs::Array;
 use super::family::Family;
 use crate::{
     layers::gated_delta::GatedDeltaNet,
+    layers::kimi_delta::KimiDelta,
     layers::kv_cache::{KvCache, LayerKv, SharedKv, StateCache},
+    layers::mamba::Mamba,
     layers::mamba2::Mamba2,
     layers::mla::LatentAttention,
     layers::moe::SparseMoe,
@@ -105,8 +107,10 @@ impl Mlp {
 pub(super) enum Mixer {
     SelfAttn(Attention),
     LinearAttn(GatedDeltaNet),
+    KimiDelta(KimiDelta),
     Latent(LatentAttention),
     ShortConv(ShortConv),
+    Mamba(Mamba),
     Mamba2(Mamba2),
     /// Attention and Mamba2 side by side (Falcon-H1).
     AttentionAndMamba(Box<(Attention, Mamba2)>),
@@ -178,9 +182,13 @@ impl Block {
                 Mixer::LinearAttn(l) => {
                     kv.each_sequence(x, |x, cache, _| l.forward(x, state(cache)?))
                 }
+                Mixer::KimiDelta(l) => {
+                    kv.each_sequence(x, |x, cache, _| l.forward(x, state(cache)?))
+                }
                 Mixer::ShortConv(c) => {
                     kv.each_sequence(x, |x, cache, _| c.forward(x, state(cache)?))
                 }
+                Mixer::Mamba(m) => kv.each_sequence(x, |x, cache, _| m.forward(x, state(cache)?)),
                 Mixer::Mamba2(m) => kv.each_sequence(x, |x, cache, _| m.forward(x, state(cache)?)),
                 // Both mixers' outputs side by side along the features (each sequence's rows are
                 // joined back as one array), split again below: `x + mamba + attn` in that order.

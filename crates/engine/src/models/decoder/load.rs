@@ -11,6 +11,8 @@ use super::{
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::gated_delta::GatedDeltaNet,
+    layers::kimi_delta::KimiDelta,
+    layers::mamba::Mamba,
     layers::mamba2::Mamba2,
     layers::mla::{Indexer, LatentAttention, LatentQuery, MlaSpec, MultiLinear},
     layers::moe::SparseMoe,
@@ -83,6 +85,8 @@ impl<F: Family> Decoder<F> {
             AttentionKind::Softmax { .. } => Some((l.shape.window, l.shape.chunk)),
             AttentionKind::SoftmaxAndMamba2(_) => Some((l.shape.window, l.shape.chunk)),
             AttentionKind::GatedDelta(_)
+            | AttentionKind::KimiDelta(_)
+            | AttentionKind::Mamba(_)
             | AttentionKind::ShortConv(_)
             | AttentionKind::Mamba2(_)
             | AttentionKind::None => None,
@@ -243,10 +247,17 @@ fn load_block(
             let prefix = format!("{p}.linear_attn");
             Mixer::LinearAttn(GatedDeltaNet::load(weights, &prefix, linear.clone())?)
         }
+        AttentionKind::KimiDelta(kda) => {
+            let prefix = format!("{p}.self_attn");
+            Mixer::KimiDelta(KimiDelta::load(weights, &prefix, kda.clone())?)
+        }
         AttentionKind::Softmax { output_gate } => {
             Mixer::SelfAttn(load_attention(weights, p, &spec, *output_gate, family)?)
         }
         AttentionKind::Latent(mla) => Mixer::Latent(load_latent(weights, p, mla, family)?),
+        AttentionKind::Mamba(m) => {
+            Mixer::Mamba(Mamba::load(weights, &format!("{p}.mamba"), m.clone())?)
+        }
         AttentionKind::Mamba2(m) => {
             Mixer::Mamba2(Mamba2::load(weights, &format!("{p}.mamba"), m.clone())?)
         }

@@ -121,9 +121,12 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 Some(chunk) => KvCache::for_chunk(chunk),
                 None => KvCache::for_window(a.shape.window),
             },
-            Mixer::LinearAttn(_) | Mixer::ShortConv(_) | Mixer::Mamba2(_) | Mixer::None => {
-                KvCache::State(StateCache::default())
-            }
+            Mixer::LinearAttn(_)
+            | Mixer::KimiDelta(_)
+            | Mixer::ShortConv(_)
+            | Mixer::Mamba(_)
+            | Mixer::Mamba2(_)
+            | Mixer::None => KvCache::State(StateCache::default()),
             Mixer::Latent(a) if a.indexer.is_some() => KvCache::pair(),
             // Keys and values first: they give the offset and the mask.
             Mixer::AttentionAndMamba(both) => KvCache::Pair(Box::new([
@@ -149,7 +152,9 @@ impl<F: Family> LanguageModel for Decoder<F> {
                 Mixer::SelfAttn(a) => ("self_attn", a.linears_mut()),
                 Mixer::LinearAttn(a) => ("linear_attn", a.linears_mut()),
                 Mixer::Latent(a) => ("self_attn", a.linears_mut()),
+                Mixer::KimiDelta(a) => ("self_attn", a.linears_mut()),
                 Mixer::ShortConv(c) => ("conv", c.linears_mut()),
+                Mixer::Mamba(m) => ("mamba", m.linears_mut()),
                 Mixer::Mamba2(m) => ("mamba", m.linears_mut()),
                 Mixer::AttentionAndMamba(both) => {
                     let (attention, mamba) = &mut **both;

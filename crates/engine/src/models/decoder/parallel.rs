@@ -80,8 +80,9 @@ pub(super) fn shard_block(
     }
     let a = match &mut block.mixer {
         Mixer::SelfAttn(a) => a,
-        Mixer::LinearAttn(_) => return Err(refused("linear attention")),
+        Mixer::LinearAttn(_) | Mixer::KimiDelta(_) => return Err(refused("linear attention")),
         Mixer::ShortConv(_) => return Err(refused("short convolutions")),
+        Mixer::Mamba(_) => return Err(refused("a Mamba state-space layer")),
         Mixer::Mamba2(_) | Mixer::AttentionAndMamba(_) => {
             return Err(refused("a Mamba2 state-space layer"))
         }

@@ -7,6 +7,8 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::gated_delta::GatedDeltaSpec,
+    layers::kimi_delta::KdaSpec,
+    layers::mamba::MambaSpec,
     layers::mamba2::Mamba2Spec,
     layers::mla::MlaSpec,
     layers::moe::MoeSpec,
@@ -152,12 +154,18 @@ pub enum AttentionKind {
     /// Linear attention with a recurrent state (`linear_attn`, Qwen3-Next's other layers): the
     /// layer's `shape`, `rope` and `qk_norm` do not apply.
     GatedDelta(GatedDeltaSpec),
+    /// Kimi Delta Attention (`self_attn`, Kimi Linear's linear layers): the layer's `shape`,
+    /// `rope` and `qk_norm` do not apply.
+    KimiDelta(KdaSpec),
     /// Multi-head latent attention (`self_attn`, DeepSeek-V3's MLA): a cache of compressed
     /// latents, the layer's `shape`, `rope` and `qk_norm` do not apply (its spec has its own).
     Latent(MlaSpec),
     /// A gated short convolution with a cache of its last inputs (`conv`, LFM2's other
     /// layers): the layer's `shape`, `rope` and `qk_norm` do not apply.
     ShortConv(ShortConvSpec),
+    /// A Mamba state-space layer (the first; `mamba`, the checkpoint's `mixer`): the layer's
+    /// `shape`, `rope` and `qk_norm` do not apply.
+    Mamba(MambaSpec),
     /// A Mamba2 state-space layer with its convolution window and state cached (`mamba`,
     /// Nemotron-H's and Granite 4.0's): the layer's `shape`, `rope` and `qk_norm` do not apply.
     Mamba2(Mamba2Spec),
