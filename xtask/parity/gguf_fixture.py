@@ -22,6 +22,9 @@ What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is
   list of types taken in turn, tensor by tensor (a llama.cpp "Q4_K_M" file mixes Q4_K and
   Q6_K). A K-quant tensor's blocks are drawn at random (seeded by its name, scales kept
   small and finite) and the checkpoint takes what gguf-py's dequantizer reads from them;
+- LFM2: the short convolutions squeezed to `(channels, kernel)`, `attention.head_count_kv` a
+  list with 0 for each convolution layer, `shortconv.l_cache`, the MLP width as LFM2 adjusts
+  `block_ff_dim` (its `LFM2Model`);
 - Qwen3-MoE, Mixtral (as `llama`), GPT-OSS: the experts stacked, one 3-D tensor per projection
   (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`.
 """
@@ -43,6 +46,7 @@ ARCHITECTURES = {
     "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
     "phi3": gguf.MODEL_ARCH.PHI3,
     "gpt_oss": gguf.MODEL_ARCH.GPT_OSS,
+    "lfm2": gguf.MODEL_ARCH.LFM2,
 }
 
 # mlx-lm's stacked experts (`<moe>.switch_mlp.<proj>`) -> gguf-py's tensor kind.
@@ -144,6 +148,8 @@ def tensors(config, weights, arch, spec):
     kinds = quantized_kinds(weights, spec)
     for name, value in weights.items():
         w = np.array(value, dtype=np.float32)
+        if arch == gguf.MODEL_ARCH.LFM2 and name.endswith("conv.conv.weight"):
+            w = w.reshape(w.shape[0], -1)
         if arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.q_proj.weight"):
             w = regroup_rotary_rows(w, heads)
         elif arch == gguf.MODEL_ARCH.LLAMA and name.endswith("self_attn.k_proj.weight"):
@@ -161,8 +167,30 @@ def tensors(config, weights, arch, spec):
             yield gguf_name(name, arch, name_map), w, None
 
 
+def lfm2_ff_dim(config):
+    """The MLP width LFM2 builds from `block_ff_dim` (as mlx-lm and llama.cpp's converter do)."""
+    ff_dim = config["block_ff_dim"]
+    if config["block_auto_adjust_ff_dim"]:
+        ff_dim = int(2 * ff_dim / 3)
+        if (multiplier := config.get("block_ffn_dim_multiplier")) is not None:
+            ff_dim = int(multiplier * ff_dim)
+        multiple_of = config["block_multiple_of"]
+        ff_dim = multiple_of * ((ff_dim + multiple_of - 1) // multiple_of)
+    return ff_dim
+
+
 def add_hyperparameters(w, config, arch):
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if arch == gguf.MODEL_ARCH.LFM2:
+        attends = [t == "full_attention" for t in config["layer_types"]]
+        config = {
+            **config,
+            "intermediate_size": lfm2_ff_dim(config),
+            "rms_norm_eps": config["norm_eps"],
+            "num_key_value_heads": [config["num_key_value_heads"] if a else 0 for a in attends],
+        }
+        w.add_shortconv_l_cache(config["conv_L_cache"])
+        w.add_vocab_size(config["vocab_size"])
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
     w.add_block_count(config["num_hidden_layers"])

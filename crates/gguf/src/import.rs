@@ -129,7 +129,16 @@ fn plan_tensors<'a>(
         let target = arch
             .target(&info.name, hp)
             .ok_or_else(|| ImportError::UnmappedTensor(info.name.clone()))?;
-        let shape = info.shape();
+        let mut shape = info.shape();
+        if target.transform == Transform::AddChannelAxis {
+            if shape.len() != 2 {
+                return Err(ImportError::Inconsistent(format!(
+                    "{} has shape {shape:?}, not (channels, kernel)",
+                    info.name
+                )));
+            }
+            shape.insert(1, 1);
+        }
         if let Transform::UnpermuteHeads(heads) = target.transform {
             let rows = shape.first().copied().unwrap_or(0);
             if shape.len() != 2 || heads == 0 || rows % (2 * heads) != 0 {
@@ -258,7 +267,7 @@ impl View for LazyTensor<'_> {
             self.error.borrow_mut().get_or_insert(e);
         }
         match self.planned.transform {
-            Transform::None => {}
+            Transform::None | Transform::AddChannelAxis => {}
             Transform::UnpermuteHeads(heads) => {
                 let cols = self.planned.shape[1];
                 values = unpermute_rows(&values, heads, cols);

@@ -278,6 +278,23 @@ fn refuses_what_it_cannot_convert() {
 }
 
 #[test]
+fn an_lfm2_file_without_its_layer_kinds_is_refused() {
+    let mut spec = tiny_llama(false);
+    for (key, value) in spec.metadata.iter_mut() {
+        if let Some(rest) = key.strip_prefix("llama.") {
+            *key = format!("lfm2.{rest}");
+        }
+        if key == "general.architecture" {
+            *value = V::String("lfm2".into());
+        }
+    }
+    assert!(matches!(
+        import(&spec).1,
+        Err(ImportError::Inconsistent(m)) if m.contains("head_count_kv") && m.contains("l_cache")
+    ));
+}
+
+#[test]
 fn unpermute_one_head_of_four_rows() {
     // GGUF rows interleave the halves: [a0, b0, a1, b1] -> HF [a0, a1, b0, b1].
     let gguf = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5];

@@ -7,6 +7,7 @@
 
 mod gemma3;
 mod gpt_oss;
+mod lfm2;
 mod llama;
 mod phi3;
 mod qwen2;
@@ -27,6 +28,7 @@ pub(crate) enum Architecture {
     Qwen3Moe,
     Phi3,
     GptOss,
+    Lfm2,
 }
 
 /// The `general.architecture` names the importer converts, for messages.
@@ -41,6 +43,9 @@ pub(crate) enum Transform {
     None,
     /// Undo llama.cpp's rotary row interleave of a q/k projection with this many heads.
     UnpermuteHeads(usize),
+    /// `(channels, kernel)` as Hugging Face's convolution layout `(channels, 1, kernel)`: the
+    /// same values, another shape (LFM2's short convolutions, which llama.cpp squeezes).
+    AddChannelAxis,
     /// Subtract 1 from every value: llama.cpp stores Gemma's RMSNorm weights as `1 + w`, while
     /// Hugging Face (and mlx-lm) store `w` and compute `x * (1 + w)`.
     SubtractOne,
@@ -55,7 +60,7 @@ pub(crate) struct TensorTarget {
 
 impl Architecture {
     /// Every architecture the importer converts.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Llama,
         Self::Gemma3,
         Self::Qwen2,
@@ -63,6 +68,7 @@ impl Architecture {
         Self::Qwen3Moe,
         Self::Phi3,
         Self::GptOss,
+        Self::Lfm2,
     ];
 
     /// The architecture named by `general.architecture`.
@@ -84,6 +90,7 @@ impl Architecture {
             Self::Qwen3Moe => "qwen3moe",
             Self::Phi3 => "phi3",
             Self::GptOss => "gpt-oss",
+            Self::Lfm2 => "lfm2",
         }
     }
 
@@ -94,6 +101,16 @@ impl Architecture {
             Self::Qwen3Moe | Self::GptOss => check_experts(&hp, self.name())?,
             // Mixtral.
             Self::Llama if hp.experts.is_some() => check_experts(&hp, self.name())?,
+            Self::Lfm2 => match (&hp.kv_heads_per_layer, hp.short_conv_cache) {
+                (Some(per_layer), Some(_)) if per_layer.len() == hp.num_layers => {}
+                _ => {
+                    return Err(ImportError::Inconsistent(
+                        "lfm2 needs lfm2.attention.head_count_kv as a list of one count per \
+                         layer (0 for a convolution layer) and lfm2.shortconv.l_cache"
+                            .into(),
+                    ))
+                }
+            },
             _ => {}
         }
         Ok(hp)
@@ -109,6 +126,7 @@ impl Architecture {
             Self::Qwen3Moe => qwen3_moe::config(hp),
             Self::Phi3 => phi3::config(hp),
             Self::GptOss => gpt_oss::config(hp),
+            Self::Lfm2 => lfm2::config(hp),
         }
     }
 
@@ -118,13 +136,17 @@ impl Architecture {
         match self {
             Self::Llama => llama::target(gguf_name, hp),
             Self::Gemma3 => gemma3::target(gguf_name, hp),
+            Self::Lfm2 => lfm2::target(gguf_name, hp),
             _ => renamed(gguf_name, hp, self.block(hp)),
         }
     }
 
     /// The Hugging Face tensors a complete checkpoint has (without the output head).
     pub fn required_tensors(self, hp: &Hyperparameters) -> Vec<String> {
-        required_names(hp.num_layers, self.block(hp))
+        match self {
+            Self::Lfm2 => lfm2::required_tensors(hp),
+            _ => required_names(hp.num_layers, self.block(hp)),
+        }
     }
 
     /// The GGUF block tensors of one layer and their Hugging Face names.
@@ -137,6 +159,8 @@ impl Architecture {
             Self::Qwen3Moe => &qwen3_moe::BLOCK,
             Self::Phi3 => &phi3::BLOCK,
             Self::GptOss => &gpt_oss::BLOCK,
+            // Its layers differ: `lfm2::target` and `lfm2::required_tensors` choose per layer.
+            Self::Lfm2 => &[],
         }
     }
 }
@@ -166,6 +190,11 @@ pub(crate) struct Hyperparameters {
     /// `<arch>.expert_count`, `.expert_used_count`, `.expert_feed_forward_length`, for
     /// mixtures of experts.
     pub experts: Option<Experts>,
+    /// `<arch>.attention.head_count_kv` when it is a list, one count per layer (0: the layer
+    /// does not attend; LFM2's convolution layers).
+    pub kv_heads_per_layer: Option<Vec<usize>>,
+    /// `<arch>.shortconv.l_cache`: a short convolution's taps (LFM2).
+    pub short_conv_cache: Option<usize>,
 }
 
 /// A mixture of experts' sizes.
@@ -192,14 +221,22 @@ impl Hyperparameters {
             .get_as(&key("attention.key_length"))?
             .unwrap_or(hidden_size / num_heads);
         let intermediate_size = file.require(&key("feed_forward_length"))?;
+        // Hybrids store a KV head count per layer; the attending layers' is the model's.
+        let kv_key = key("attention.head_count_kv");
+        let kv_heads_per_layer: Option<Vec<usize>> = match file.get(&kv_key) {
+            Some(crate::MetadataValue::Array(_)) => Some(file.require(&kv_key)?),
+            _ => None,
+        };
+        let num_kv_heads = match &kv_heads_per_layer {
+            Some(per_layer) => per_layer.iter().copied().max().unwrap_or(0),
+            None => file.get_as(&kv_key)?.unwrap_or(num_heads),
+        };
         Ok(Self {
             hidden_size,
             intermediate_size,
             num_layers: file.require(&key("block_count"))?,
             num_heads,
-            num_kv_heads: file
-                .get_as(&key("attention.head_count_kv"))?
-                .unwrap_or(num_heads),
+            num_kv_heads,
             head_dim,
             rms_norm_eps: f32_value(file, &key("attention.layer_norm_rms_epsilon"))?
                 .ok_or_else(|| GgufError::MissingKey(key("attention.layer_norm_rms_epsilon")))?,
@@ -230,6 +267,8 @@ impl Hyperparameters {
                 }),
                 _ => None,
             },
+            kv_heads_per_layer,
+            short_conv_cache: file.get_as(&key("shortconv.l_cache"))?,
         })
     }
 }
