@@ -86,7 +86,10 @@ pub(super) fn target(gguf_name: &str, hp: &Hyperparameters) -> Option<TensorTarg
             let (layer, suffix) = gguf_name.strip_prefix("blk.")?.split_once('.')?;
             let layer: usize = layer.parse().ok().filter(|&l| l < hp.num_layers)?;
             let tables = layer_tables(hp, layer);
-            let (_, hf) = tables.iter().flat_map(|t| t.iter()).find(|(g, _)| *g == suffix)?;
+            let (_, hf) = tables
+                .iter()
+                .flat_map(|t| t.iter())
+                .find(|(g, _)| *g == suffix)?;
             (format!("model.layers.{layer}.{hf}"), suffix)
         }
     };
