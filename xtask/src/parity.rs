@@ -456,7 +456,8 @@ fn answer(
 
 /// One side, started with its request on stdin.
 struct Side {
-    child: Child,
+    /// Taken by [`Side::finish`]; a side dropped unfinished (the other side failed) is killed.
+    child: Option<Child>,
     what: String,
 }
 
@@ -468,21 +469,22 @@ impl Side {
             .stdout(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {what}"))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        let side = Side {
+            child: Some(child),
+            what,
+        };
         // Both sides read their whole request before they answer: no deadlock.
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(request.to_string().as_bytes())
-            .with_context(|| format!("writing to {what}"))?;
-        Ok(Side { child, what })
+        let written = stdin.write_all(request.to_string().as_bytes());
+        drop(stdin); // the end of the request
+        written.with_context(|| format!("writing to {}", side.what))?;
+        Ok(side)
     }
 
     /// Waits for its answer to the `cases` cases of the model at `dir`.
-    fn finish(self, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
-        let what = self.what;
-        let out = self
-            .child
+    fn finish(mut self, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
+        let what = self.what.clone();
+        let out = (self.child.take().expect("finished once"))
             .wait_with_output()
             .with_context(|| format!("waiting for {what}"))?;
         if !out.status.success() {
@@ -504,6 +506,8 @@ struct Reference {
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     what: String,
+    /// A request was sent and its answer not read.
+    pending: bool,
 }
 
 impl Reference {
@@ -521,11 +525,13 @@ impl Reference {
             stdin,
             stdout,
             what,
+            pending: false,
         })
     }
 
     fn send(&mut self, request: &Value) -> anyhow::Result<()> {
         let stdin = self.stdin.as_mut().expect("open until dropped");
+        self.pending = true;
         writeln!(stdin, "{request}")
             .and_then(|()| stdin.flush())
             .with_context(|| format!("writing to {}", self.what))
@@ -535,6 +541,7 @@ impl Reference {
     fn receive(&mut self, dir: &Path, cases: usize) -> anyhow::Result<Answer> {
         let mut line = String::new();
         let read = self.stdout.read_line(&mut line);
+        self.pending = false;
         if read.is_err() || line.is_empty() {
             let status = self.child.wait();
             bail!(
@@ -548,9 +555,23 @@ impl Reference {
 }
 
 impl Drop for Reference {
+    /// Closing its input ends it between requests; one still answering is killed (its
+    /// answer could fill the pipe nobody reads).
     fn drop(&mut self) {
         drop(self.stdin.take());
+        if self.pending {
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

@@ -71,9 +71,16 @@ impl Mamba {
         let p = |name: &str| format!("{prefix}.{name}");
         let conv1d = weights.take(&p("conv1d.weight"))?;
         // Hugging Face stores `(channels, 1, kernel)`; mlx-lm's sanitize moves the kernel axis.
-        let conv1d = match conv1d.dim(-1) {
-            1 => conv1d,
-            _ => conv1d.swap_axes(1, 2)?,
+        let conv1d = match (conv1d.ndim(), conv1d.shape().last()) {
+            (3, Some(1)) => conv1d,
+            (3, _) => conv1d.swap_axes(1, 2)?,
+            _ => {
+                return Err(invalid(format!(
+                    "`{}` is {:?}, not a depthwise convolution (channels, kernel, 1)",
+                    p("conv1d.weight"),
+                    conv1d.shape()
+                )))
+            }
         };
         if conv1d.shape() != [channels, kernel, 1] {
             return Err(invalid(format!(

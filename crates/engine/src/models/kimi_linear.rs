@@ -111,9 +111,11 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             "config.json: kda_layers names layer {bad}, but they count from 1 to {n}"
         )));
     }
-    let nope = args.qk_nope_head_dim.unwrap_or(args.head_dim);
+    // mlx-lm: `qk_nope_head_dim or head_dim`: 0 counts as absent.
+    let given = |n: Option<i32>| n.filter(|&n| n != 0);
+    let nope = given(args.qk_nope_head_dim).unwrap_or(args.head_dim);
     let rotary = args.qk_rope_head_dim.unwrap_or(0);
-    let v_head_dim = args.v_head_dim.unwrap_or(args.head_dim);
+    let v_head_dim = given(args.v_head_dim).unwrap_or(args.head_dim);
     let q_head_dim = nope + rotary;
     let mla = MlaSpec {
         num_heads: args.num_attention_heads,

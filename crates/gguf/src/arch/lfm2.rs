@@ -60,6 +60,12 @@ fn layer_tables(hp: &Hyperparameters, layer: usize) -> [&'static BlockTable; 2] 
 
 pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
     let attention: Vec<usize> = (0..hp.num_layers).filter(|&l| attends(hp, l)).collect();
+    let layer_types: Vec<&str> = (0..hp.num_layers)
+        .map(|l| match attends(hp, l) {
+            true => "full_attention",
+            false => "conv",
+        })
+        .collect();
     object(json!({
         "architectures": ["Lfm2ForCausalLM"],
         "model_type": "lfm2",
@@ -73,8 +79,14 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
         "conv_L_cache": hp.short_conv_cache,
         "conv_bias": false,
         "full_attn_idxs": attention,
+        "layer_types": layer_types,
+        // mlx-lm's `ModelArgs` requires the block fields; with no adjustment only
+        // `block_ff_dim` counts.
+        "block_dim": hp.hidden_size,
         "block_ff_dim": hp.intermediate_size,
         "block_auto_adjust_ff_dim": false,
+        "block_multiple_of": 256,
+        "block_ffn_dim_multiplier": 1.0,
     }))
 }
 

@@ -97,6 +97,17 @@ impl Architecture {
     /// Hyperparameters read from the metadata.
     pub fn hyperparameters(self, file: &GgufFile) -> Result<Hyperparameters, ImportError> {
         let hp = Hyperparameters::read(file, self.name())?;
+        // A list of one count for every layer is the same as one count; an uneven one means
+        // layers of kinds only LFM2's mapping knows.
+        let uneven = (hp.kv_heads_per_layer.as_ref())
+            .is_some_and(|per_layer| per_layer.iter().any(|&n| n != hp.num_kv_heads));
+        if uneven && self != Self::Lfm2 {
+            return Err(ImportError::Inconsistent(format!(
+                "{}.attention.head_count_kv differs from layer to layer, which this \
+                 architecture's import does not support",
+                self.name()
+            )));
+        }
         match self {
             Self::Qwen3Moe | Self::GptOss => check_experts(&hp, self.name())?,
             // Mixtral.
