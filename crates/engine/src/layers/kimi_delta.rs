@@ -13,10 +13,10 @@
 use mlx_rs::{ops, Array, Dtype};
 
 use crate::{
-    error::{EngineError, LoadErrorKind},
+    error::EngineError,
     layers::gated_delta::{decay, normalize_qk, recurrence},
     layers::kv_cache::StateCache,
-    layers::weights::Weights,
+    layers::weights::{invalid, Weights},
     layers::{
         array::Result,
         linear::{check_dims, Linear},
@@ -184,10 +184,6 @@ impl KimiDelta {
             ("o_proj", &mut self.o_proj),
         ]
     }
-}
-
-fn invalid(message: String) -> EngineError {
-    EngineError::load(LoadErrorKind::InvalidWeights, message)
 }
 
 #[cfg(test)]

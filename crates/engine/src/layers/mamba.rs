@@ -16,10 +16,11 @@ use mlx_rs::{
 };
 
 use crate::{
-    error::{EngineError, LoadErrorKind},
+    error::EngineError,
     layers::kv_cache::StateCache,
-    layers::weights::Weights,
+    layers::weights::{invalid, Weights},
     layers::{
+        activation::Activation,
         array::scalar_like,
         array::Result,
         linear::{check_dims, Linear},
@@ -140,7 +141,7 @@ impl Mamba {
         let mut halves = xz.split_equal(2, -1)?.into_iter();
         let (x, z) = (halves.next().unwrap(), halves.next().unwrap());
         let conv = cache.convolve(&x, &self.conv1d, self.conv_bias.as_ref())?;
-        let x = silu(&conv)?;
+        let x = conv.multiply(ops::sigmoid(&conv)?)?;
         let a = ops::exp(&self.a_log)?.negative()?;
         let mut state = cache.state.take();
         let mut ys = Vec::with_capacity(x.dim(1) as usize);
@@ -152,7 +153,8 @@ impl Mamba {
         cache.state = state;
         cache.advance(x.dim(1));
         let y = ops::stack(&ys, 1)?;
-        self.out_proj.forward(&silu(&z)?.multiply(&y)?)
+        // mlx-lm's `swiglu(z, y)`: fused on a GPU as its compiled one, ops on the CPU.
+        self.out_proj.forward(&Activation::Silu.gated(&z, &y)?)
     }
 
     /// One token `x` `(B, channels)` (mlx-lm's `ssm_step`): its output and the next state.
@@ -194,14 +196,6 @@ impl Mamba {
             ("out_proj", &mut self.out_proj),
         ]
     }
-}
-
-fn silu(x: &Array) -> Result<Array> {
-    x.multiply(ops::sigmoid(x)?)
-}
-
-fn invalid(message: String) -> EngineError {
-    EngineError::load(LoadErrorKind::InvalidWeights, message)
 }
 
 #[cfg(test)]

@@ -51,7 +51,8 @@ fn replace_parts<'a>(name: &str, parts: impl Iterator<Item = (&'a str, &'a str)>
 
 type LoadResult<T> = Result<T, EngineError>;
 
-fn invalid(detail: impl Into<String>) -> EngineError {
+/// A load error for weights that are not what config.json describes.
+pub(crate) fn invalid(detail: impl Into<String>) -> EngineError {
     EngineError::load(LoadErrorKind::InvalidWeights, detail)
 }
 

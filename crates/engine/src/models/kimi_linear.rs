@@ -175,13 +175,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
             }
         })
         .collect();
-    let mtp: Vec<String> = (weights.names())
-        .filter(|n| n.starts_with("model.mtp"))
-        .cloned()
-        .collect();
-    for name in mtp {
-        weights.remove(&name);
-    }
+    weights.drop_prefixed("model.mtp");
     sanitize_moe(&mut weights, n);
     split_kv_b(&mut weights, n, heads, nope, v_head_dim)?;
     sanitize(&mut weights, args.tie_word_embeddings);
