@@ -302,7 +302,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 }
 
 /// Builds the text fixtures of `cases` with mlx-lm's classes into `<target>/parity-fixtures/`
-/// (some tests read them too, e.g. the engine's `hybrid_prompt_cache`); returns that directory.
+/// (some tests read them too, e.g. the engine's `hybrid`); returns that directory.
 /// Current ones are left alone.
 pub fn make_fixtures(cases: &Path) -> anyhow::Result<PathBuf> {
     let python = venv::reference_python()?;

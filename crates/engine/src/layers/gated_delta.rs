@@ -233,7 +233,7 @@ impl GatedDeltaNet {
             Some(state) => state,
             None => ops::zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
         };
-        let (out, state) = recurrence(q, k, &v, &g, &beta, state)?;
+        let (out, state) = recurrence(q, k, &v, &g, &beta, state, cache.step_states())?;
         cache.state = Some(state);
         cache.advance(len);
 
@@ -308,7 +308,8 @@ pub(crate) fn decay(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> 
 /// The gated delta rule over `T` tokens, one step at a time (mlx-lm's `gated_delta_ops`):
 /// q, k `(B, T, Hk, Dk)`, v `(B, T, Hv, Dv)`, beta `(B, T, Hv)`, g `(B, T, Hv)` (a decay per
 /// head) or `(B, T, Hv, Dk)` (per key feature, Kimi's), state `(B, Hv, Dv, Dk)`. Returns y
-/// `(B, T, Hv, Dv)` in q's dtype and the new state.
+/// `(B, T, Hv, Dv)` in q's dtype and the new state; `steps` (when given) gets the state after
+/// each token.
 pub(crate) fn recurrence(
     q: Array,
     k: Array,
@@ -316,6 +317,7 @@ pub(crate) fn recurrence(
     g: &Array,
     beta: &Array,
     mut state: Array,
+    mut steps: Option<&mut Vec<Array>>,
 ) -> Result<(Array, Array)> {
     let repeat = v.dim(-2) / k.dim(-2);
     let (q, k) = match repeat {
@@ -337,6 +339,9 @@ pub(crate) fn recurrence(
         let kv_mem = state.multiply(&kt)?.sum_axis(-1, false)?;
         let delta = vt.subtract(&kv_mem)?.multiply(bt.expand_dims(-1)?)?;
         state = state.add(kt.multiply(delta.expand_dims(-1)?)?)?;
+        if let Some(steps) = steps.as_deref_mut() {
+            steps.push(state.clone());
+        }
         let y = state.multiply(qt.expand_dims(-2)?)?.sum_axis(-1, false)?;
         ys.push(y.as_dtype(q.dtype())?);
     }

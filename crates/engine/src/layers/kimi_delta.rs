@@ -161,7 +161,7 @@ impl KimiDelta {
             Some(state) => state,
             None => ops::zeros_dtype(&[b, h, d, d], Dtype::Float32)?,
         };
-        let (out, state) = recurrence(q, k, &v, &g, &beta, state)?;
+        let (out, state) = recurrence(q, k, &v, &g, &beta, state, cache.step_states())?;
         cache.state = Some(state);
         cache.advance(len);
 

@@ -147,6 +147,9 @@ impl Mamba {
         let mut ys = Vec::with_capacity(x.dim(1) as usize);
         for t in 0..x.dim(1) {
             let (y, next) = self.step(&x.index((.., t)), &a, state.as_ref())?;
+            if let Some(steps) = cache.step_states() {
+                steps.push(next.clone());
+            }
             ys.push(y);
             state = Some(next);
         }

@@ -227,7 +227,8 @@ impl Mamba2 {
             d: &d,
             limit: s.time_step_limit,
         };
-        let (y, state) = scan.run(&hidden, &b_mix, &c_mix, &dt, cache.state.take())?;
+        let state = cache.state.take();
+        let (y, state) = scan.run(&hidden, &b_mix, &c_mix, &dt, state, cache.step_states())?;
         cache.state = Some(state);
         cache.advance(len);
 
@@ -275,7 +276,8 @@ struct Scan<'a> {
 impl Scan<'_> {
     /// mlx-lm's `ssm_attn`: `x` `(b, l, h, dh)`, `b_mix`/`c_mix` `(b, l, g, n)`, `dt` `(b, l,
     /// h)`, the state carried in `(b, h, dh, n)` (f32) or none. Returns `y` `(b, l, h, dh)` in
-    /// `x`'s dtype and the state after the last position.
+    /// `x`'s dtype and the state after the last position. With `steps`, one position per chunk
+    /// (as decode steps run), and `steps` gets the state after each.
     fn run(
         &self,
         x: &Array,
@@ -283,6 +285,7 @@ impl Scan<'_> {
         c_mix: &Array,
         dt: &Array,
         mut state: Option<Array>,
+        mut steps: Option<&mut Vec<Array>>,
     ) -> Result<(Array, Array)> {
         let (b, l, h) = (x.dim(0), x.dim(1), x.dim(2));
         // mlx-lm's `compute_dt`: softplus(dt + bias) in f32, clipped.
@@ -296,7 +299,8 @@ impl Scan<'_> {
         let mut ys = Vec::new();
         let mut start = 0;
         while start < l {
-            let end = (start + SCAN_STEP).min(l);
+            let chunk_len = if steps.is_some() { 1 } else { SCAN_STEP };
+            let end = (start + chunk_len).min(l);
             let chunk = |t: &Array| t.index((.., start..end));
             let (y, next) = step(
                 &chunk(&dtx),
@@ -307,6 +311,9 @@ impl Scan<'_> {
                 x.dtype(),
             )?;
             ys.push(y);
+            if let Some(steps) = steps.as_deref_mut() {
+                steps.push(next.clone());
+            }
             state = Some(next);
             start = end;
         }

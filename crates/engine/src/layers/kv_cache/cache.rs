@@ -124,7 +124,8 @@ impl KvCache {
     }
 
     /// Forgets the last `n` positions (mlx-lm's `trim`); false when this cache cannot (a
-    /// rotating cache that has wrapped around its window, a recurrent state for any `n > 0`).
+    /// rotating cache that has wrapped around its window, a recurrent state for any `n > 0` but
+    /// positions of the pass it recorded).
     pub fn trim(&mut self, n: i32) -> bool {
         match self {
             Self::Standard(c) => c.trim(n),
@@ -133,6 +134,27 @@ impl KvCache {
             Self::State(c) => c.trim(n),
             Self::Chunked(c) => c.trim(n),
             Self::Pair(p) => p.iter_mut().all(|c| c.trim(n)),
+        }
+    }
+
+    /// Whether the positions of a pass can be taken back afterwards (for speculative decoding):
+    /// a plain cache's, and a recurrent state's once it records the pass
+    /// ([`Self::record_steps`]); not a sliding-window ring's or a quantized cache's.
+    pub fn can_take_back(&self) -> bool {
+        match self {
+            Self::Standard(_) | Self::State(_) => true,
+            Self::Pair(p) => p.iter().all(Self::can_take_back),
+            Self::Rotating(_) | Self::Quantized(_) | Self::Chunked(_) => false,
+        }
+    }
+
+    /// Makes a recurrent state record the next pass, so that [`Self::trim`] can take back its
+    /// positions; other caches need nothing.
+    pub fn record_steps(&mut self) {
+        match self {
+            Self::State(c) => c.record_steps(),
+            Self::Pair(p) => p.iter_mut().for_each(Self::record_steps),
+            _ => {}
         }
     }
 

@@ -2,7 +2,9 @@
 //! values, but the last `kernel - 1` inputs of its causal convolution and its recurrent state,
 //! as mlx-lm's
 //! `ArraysCache(size=2)` holds them. Both summarise every position seen so far, so the cache
-//! cannot forget positions: it can only be kept whole or dropped (`docs/decisions/hybrid.md`).
+//! cannot forget positions: it can only be kept whole or dropped (`docs/decisions/hybrid.md`),
+//! except those of a pass it recorded ([`StateCache::record_steps`]): a speculative verification
+//! keeps the state after each of its positions, so the rejected ones can be taken back.
 
 use mlx_rs::{
     ops::{self, indexing::IndexOp},
@@ -17,6 +19,18 @@ pub struct StateCache {
     pub conv: Option<Array>,
     pub state: Option<Array>,
     offset: i32,
+    /// What taking back positions of the recorded pass needs, while one is recorded.
+    steps: Option<Steps>,
+}
+
+/// A recorded pass: the state before it, the state after each of its positions, and the
+/// convolution's input over the window before it and its positions.
+#[derive(Clone, Default)]
+struct Steps {
+    before: Option<Array>,
+    states: Vec<Array>,
+    conv_input: Option<Array>,
+    positions: i32,
 }
 
 impl StateCache {
@@ -28,6 +42,24 @@ impl StateCache {
     /// Records that `n` more positions went into the state (mlx-lm's `advance`).
     pub fn advance(&mut self, n: i32) {
         self.offset += n;
+        if let Some(steps) = &mut self.steps {
+            steps.positions += n;
+        }
+    }
+
+    /// Records the next pass, so that [`Self::trim`] can take back any of its positions (until
+    /// the next trim, which ends the recording).
+    pub fn record_steps(&mut self) {
+        self.steps = Some(Steps {
+            before: self.state.clone(),
+            ..Steps::default()
+        });
+    }
+
+    /// Where a layer with a recurrent state puts the state after each position of a recorded
+    /// pass; `None` when no pass is recorded.
+    pub fn step_states(&mut self) -> Option<&mut Vec<Array>> {
+        self.steps.as_mut().map(|s| &mut s.states)
     }
 
     /// The causal depthwise convolution of `input` `(B, S, channels)` by `weight` `(channels,
@@ -48,6 +80,9 @@ impl StateCache {
         let padded = ops::concatenate(&[state, input.clone()], 1)?;
         let total = padded.dim(1);
         self.conv = Some(padded.index((.., total - window.., ..)));
+        if let Some(steps) = &mut self.steps {
+            steps.conv_input = Some(padded.clone());
+        }
         let out = ops::conv1d(&padded, weight, 1, 0, 1, channels)?;
         match bias {
             Some(bias) => out.add(bias),
@@ -55,9 +90,31 @@ impl StateCache {
         }
     }
 
-    /// Forgetting positions is possible only for none of them.
+    /// Forgets the last `n` positions: possible for none of them, or for positions of the pass
+    /// recorded last (then the window and the state are those after the positions kept). Ends
+    /// the recording.
     pub fn trim(&mut self, n: i32) -> bool {
-        n <= 0
+        let steps = self.steps.take();
+        if n <= 0 {
+            return true;
+        }
+        let Some(steps) = steps.filter(|s| n <= s.positions) else {
+            return false;
+        };
+        let keep = steps.positions - n;
+        if self.state.is_some() && steps.states.len() != steps.positions as usize {
+            return false;
+        }
+        if let (Some(conv), Some(input)) = (&self.conv, &steps.conv_input) {
+            let window = conv.dim(1);
+            self.conv = Some(input.index((.., keep..keep + window, ..)));
+        }
+        self.state = match keep {
+            0 => steps.before,
+            k => steps.states.into_iter().nth(k as usize - 1),
+        };
+        self.offset -= n;
+        true
     }
 
     /// Arrays to evaluate after a prefill chunk.

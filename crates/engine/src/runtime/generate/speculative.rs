@@ -6,7 +6,8 @@
 //! draft): every token is still the model's, sampled with the request's sampler from the logits
 //! of the sequence before it (mlx-lm's acceptance rule), so greedy output is that of one-token
 //! steps, up to float differences between a pass over several positions and one. The cache
-//! positions of rejected draft tokens are trimmed away, in the model and in the draft model.
+//! positions of rejected draft tokens are trimmed away, in the model and in the draft model;
+//! a recurrent layer's state is set back to the one it recorded after the last accepted position.
 //! Under a constraint, the grammar follows the draft to give each position its mask, cuts the
 //! draft where it refuses a token, and rolls back; the tokens taken are then followed as usual.
 
@@ -203,16 +204,14 @@ impl DraftModel<'_> {
 }
 
 impl SequenceState<'_> {
-    /// Whether draft positions can be taken back: every cache a plain KV cache (not a
-    /// sliding-window ring, a quantized cache or a recurrent state), no explicit rotary
-    /// positions. A constraint can: its grammar follows a draft and rolls back.
+    /// Whether draft positions can be taken back: every cache a plain KV cache or a recurrent
+    /// state (which records the verification's steps; not a sliding-window ring or a quantized
+    /// cache), no explicit rotary positions. A constraint can: its grammar follows a draft and
+    /// rolls back.
     fn can_speculate(&self) -> bool {
         self.positions.is_none()
             && self.ctx.kv_bits.is_none()
-            && self
-                .caches
-                .iter()
-                .all(|c| matches!(c, KvCache::Standard(_)))
+            && self.caches.iter().all(KvCache::can_take_back)
     }
 
     /// Runs `tokens` through the model in one pass and samples at every position, each with the
@@ -224,6 +223,7 @@ impl SequenceState<'_> {
         tokens: &[u32],
         masks: Vec<Array>,
     ) -> Result<(Vec<Step>, Vec<Option<Array>>)> {
+        self.caches.iter_mut().for_each(KvCache::record_steps);
         let logits = self.forward(&Array::from_slice(tokens, &[tokens.len() as i32]), None)?;
         let mut steps = Vec::with_capacity(tokens.len());
         let mut recents = Vec::with_capacity(tokens.len());
@@ -237,12 +237,18 @@ impl SequenceState<'_> {
         Ok((steps, recents))
     }
 
-    /// Forgets the last `n` positions fed to the model.
-    fn rewind(&mut self, n: usize) {
+    /// Forgets the last `n` positions fed to the model (of the verification pass just run).
+    fn rewind(&mut self, n: usize) -> Result<()> {
         for cache in &mut self.caches {
-            cache.trim(n as i32);
+            if !cache.trim(n as i32) {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a speculative verification could not take back its rejected positions",
+                )
+                .into());
+            }
         }
         self.next -= n;
+        Ok(())
     }
 }
 
@@ -302,7 +308,7 @@ pub(super) fn decode(
         accepted = (draft.iter().zip(&steps))
             .take_while(|(d, s)| s.token.item_exact::<u32>() == **d)
             .count();
-        dec.rewind(draft.len() - accepted);
+        dec.rewind(draft.len() - accepted)?;
         dec.recent = recents.swap_remove(accepted);
         pending = steps;
         pending.truncate(accepted + 1);

@@ -1,4 +1,5 @@
-//! The prompt cache on hybrid models (the tiny Qwen3-Next, LFM2, Nemotron-H, Granite 4.0-H and
+//! Hybrid models: speculative decoding, whose rejected draft positions a recurrent layer takes
+//! back to the state it recorded after the last accepted one, and the prompt cache (the tiny Qwen3-Next, LFM2, Nemotron-H, Granite 4.0-H and
 //! Falcon-H1 parity fixtures, which `cargo xtask test` builds before the tests, or `cargo xtask parity
 //! --model tiny-qwen3-next` and so on), in-process and greedy: their linear-attention layers'
 //! recurrent states, short convolutions' windows and Mamba2 states cannot forget positions, so a kept cache is reused only by a
@@ -7,7 +8,21 @@
 
 use mlx_engine::{
     CancelToken, Completion, Engine, FinishReason, GenerateRequest, LoadRequest, Prompt,
+    Speculative,
 };
+
+/// The hybrid fixtures: gated delta-nets (Qwen3-Next, Qwen3.5), short convolutions (LFM2), Mamba2
+/// (Nemotron-H, Granite 4.0-H, Falcon-H1), Kimi delta attention and Mamba.
+const HYBRIDS: [&str; 8] = [
+    "tiny-qwen3-next",
+    "tiny-qwen3-5",
+    "tiny-lfm2",
+    "tiny-nemotron-h",
+    "tiny-granite-hybrid",
+    "tiny-falcon-h1",
+    "tiny-kimi-linear",
+    "tiny-mamba",
+];
 
 fn loaded(dir: &std::path::Path) -> Engine {
     let mut engine = Engine::new();
@@ -28,19 +43,56 @@ fn greedy(engine: &mut Engine, tokens: &[u32], max_new_tokens: usize) -> Complet
         .unwrap()
 }
 
+/// Prompt lookup on every hybrid family: drafts copied from a prompt that repeats itself are
+/// checked in one pass, the rejected positions are taken back from the recurrent states, and the
+/// greedy output is token for token that of one token per pass.
+#[test]
+fn speculation_takes_back_rejected_positions_of_recurrent_layers() {
+    let _mlx = fixtures::mlx_test_lock();
+    let (mut drafted, mut accepted) = (0, 0);
+    for name in HYBRIDS {
+        let Some(dir) = fixtures::vision_fixture(name) else {
+            continue;
+        };
+        let mut engine = loaded(&dir);
+        // The prompt, its answer, the prompt again (and the answer's first token): lookup drafts
+        // the answer, which the model follows for a while or not at all (its context changed).
+        let prompt: Vec<u32> = (300..340).collect();
+        let first = greedy(&mut engine, &prompt, 24);
+        let again = [&prompt[..], &first.token_ids, &prompt[..]].concat();
+        let mut model_drafted = 0;
+        for prompt in [again.clone(), [&again[..], &first.token_ids[..1]].concat()] {
+            engine.reset(true);
+            let plain = greedy(&mut engine, &prompt, 48);
+            for k in [1, 3, 6] {
+                let mut request = GenerateRequest::greedy(Prompt::Tokens(prompt.clone()), 48);
+                request.speculative = Some(Speculative::PromptLookup {
+                    num_draft_tokens: k,
+                });
+                engine.reset(true);
+                let fast = engine
+                    .generate(&request, &mut |_| {}, &CancelToken::new())
+                    .unwrap();
+                assert_eq!(fast.token_ids, plain.token_ids, "{name}, {k} drafts");
+                model_drafted += fast.usage.drafted_tokens;
+                drafted += fast.usage.drafted_tokens;
+                accepted += fast.usage.accepted_tokens;
+            }
+        }
+        assert!(model_drafted > 0, "{name} drafted nothing");
+        eprintln!("{name}: drafted {drafted}, accepted {accepted} so far");
+    }
+    // Both paths ran: drafts taken whole and drafts cut back.
+    assert!(
+        0 < accepted && accepted < drafted,
+        "{accepted} of {drafted}"
+    );
+}
+
 #[test]
 fn a_recurrent_state_is_reused_by_a_prompt_that_extends_it_and_answers_the_same() {
     let _mlx = fixtures::mlx_test_lock();
-    let names = [
-        "tiny-qwen3-next",
-        "tiny-lfm2",
-        "tiny-nemotron-h",
-        "tiny-granite-hybrid",
-        "tiny-falcon-h1",
-        "tiny-kimi-linear",
-        "tiny-mamba",
-    ];
-    for name in names {
+    for name in HYBRIDS {
         if let Some(dir) = fixtures::vision_fixture(name) {
             extends_or_starts_over(&dir);
         }
