@@ -332,7 +332,7 @@ async fn requests_that_cannot_join_wait_their_turn_and_answer_as_alone() {
     );
     lookup.speculative = Some(SpeculativeParams {
         method: SpeculativeMethod::PromptLookup,
-        num_draft_tokens: 10,
+        num_draft_tokens: Some(10),
     });
     let qs = vec![
         with(None, "Tell me a story.", 40),

@@ -104,7 +104,7 @@ async fn smollm2_prompt_lookup_answers_the_same_with_fewer_passes() {
         fast.usage
     );
 
-    ask.speculative.as_mut().unwrap().num_draft_tokens = 0;
+    ask.speculative.as_mut().unwrap().num_draft_tokens = Some(0);
     let err = within_for(LIMIT, w.generate(&ask).unwrap().finish())
         .await
         .unwrap_err();

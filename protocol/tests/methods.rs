@@ -309,6 +309,7 @@ fn model_info() -> ModelInfo {
             reason: Some("heads".into()),
         },
         parallel: None,
+        mtp_layers: 0,
     }
 }
 
@@ -340,7 +341,8 @@ fn results_use_the_contracts_names() {
                     "present": true, "source": "chat_template.jinja", "text": "{{ messages }}"
                 },
                 "special_tokens": {"bos": "<s>", "eos": "</s>", "pad": null},
-                "kv_quantization": {"requested": 8, "applied": null, "reason": "heads"}
+                "kv_quantization": {"requested": 8, "applied": null, "reason": "heads"},
+                "mtp_layers": 0
             }
         })
     );

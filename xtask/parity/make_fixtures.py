@@ -847,6 +847,33 @@ def openai_experts(model, config):
     return out
 
 
+def mtp_head(config, layers, seed, scale, hf_norms):
+    """A multi-token-prediction head of `layers` layers for a Qwen3.5 text config, made with
+    mlx-vlm's own drafter class (`qwen3_5_mtp`), its layers scaled as the model's blocks, named
+    as Qwen3.5's releases store it (`mtp.*`; norms as offsets from 1 where the model's are)."""
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
+
+    text = dict(config, mtp_num_hidden_layers=layers)
+    rotary = int(text["head_dim"] * text["rope_parameters"]["partial_rotary_factor"]) // 2
+    # mlx-vlm's config wants an M-RoPE split; text positions are one row repeated, so any will do.
+    sections = [rotary - 2 * (rotary // 3), rotary // 3, rotary // 3]
+    text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=sections)
+    mx.random.seed(seed)
+    head = Model(ModelConfig.from_dict({"text_config": text}))
+    head.update(
+        tree_map_with_path(
+            lambda path, p: p * scale if path.startswith("layers.") and "norm" not in path else p,
+            head.parameters(),
+        )
+    )
+    weights = {}
+    for name, value in tree_flatten(head.parameters()):
+        if hf_norms and name.endswith("norm.weight"):
+            value = value - 1.0
+        weights[f"mtp.{name}"] = value
+    return weights
+
+
 def build(spec, out):
     config = config_for(spec)
     mx.random.seed(spec.get("seed", 0))
@@ -944,6 +971,12 @@ def build(spec, out):
     if spec.get("hf_conv1d"):
         conv = ("conv1d.weight", "conv.conv.weight")
         weights = {k: v.swapaxes(1, 2) if k.endswith(conv) else v for k, v in weights.items()}
+    # The checkpoint's own multi-token-prediction head, which mlx-lm drops and the worker drafts
+    # with.
+    if layers := spec.get("mtp"):
+        config["mtp_num_hidden_layers"] = layers
+        head = mtp_head(config, layers, spec.get("seed", 0) + 1000, scale, spec.get("hf_conv1d"))
+        weights.update(head)
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
     for name in spec.get("drop_tensors", []):
         del weights[name]

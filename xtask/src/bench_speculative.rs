@@ -50,7 +50,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     let with = |method| GenerateParams {
         speculative: Some(SpeculativeParams {
             method,
-            num_draft_tokens: o.drafts,
+            num_draft_tokens: Some(o.drafts),
         }),
         ..params.clone()
     };

@@ -7,7 +7,7 @@
 //! Llama 4's chunked layers (`tiny-llama4`), which forget all but their chunk's positions.
 
 use mlx_engine::{
-    CancelToken, Completion, Engine, FinishReason, GenerateRequest, LoadRequest, Prompt,
+    CancelToken, Completion, Drafts, Engine, FinishReason, GenerateRequest, LoadRequest, Prompt,
     Speculative,
 };
 
@@ -66,8 +66,9 @@ fn speculation_takes_back_rejected_positions_of_recurrent_layers() {
             let plain = greedy(&mut engine, &prompt, 48);
             for k in [1, 3, 6] {
                 let mut request = GenerateRequest::greedy(Prompt::Tokens(prompt.clone()), 48);
-                request.speculative = Some(Speculative::PromptLookup {
-                    num_draft_tokens: k,
+                request.speculative = Some(Speculative {
+                    method: Drafts::PromptLookup,
+                    num_draft_tokens: Some(k),
                 });
                 engine.reset(true);
                 let fast = engine
@@ -86,6 +87,63 @@ fn speculation_takes_back_rejected_positions_of_recurrent_layers() {
     assert!(
         0 < accepted && accepted < drafted,
         "{accepted} of {drafted}"
+    );
+}
+
+/// Qwen3.5's own multi-token-prediction head (`mtp.*`, made with mlx-vlm's drafter class in the
+/// tiny-qwen3-5 fixture) drafts from the model's hidden states: greedy output token for token
+/// that of one token per pass, whatever the chain's length; a model without a head refuses
+/// `mtp` by name.
+#[test]
+fn the_checkpoints_own_mtp_head_drafts_and_changes_nothing() {
+    let _mlx = fixtures::mlx_test_lock();
+    let Some(dir) = fixtures::vision_fixture("tiny-qwen3-5") else {
+        return;
+    };
+    let mut engine = loaded(&dir);
+    for prompt in [
+        (100..140).collect::<Vec<u32>>(),
+        (7..700).step_by(3).collect(),
+    ] {
+        engine.reset(true);
+        let plain = greedy(&mut engine, &prompt, 48);
+        for drafts in [None, Some(1), Some(4)] {
+            let mut request = GenerateRequest::greedy(Prompt::Tokens(prompt.clone()), 48);
+            request.speculative = Some(Speculative {
+                method: Drafts::Mtp,
+                num_draft_tokens: drafts,
+            });
+            engine.reset(true);
+            let fast = engine
+                .generate(&request, &mut |_| {}, &CancelToken::new())
+                .unwrap();
+            assert_eq!(fast.token_ids, plain.token_ids, "{drafts:?} drafts");
+            let usage = &fast.usage;
+            eprintln!("mtp {drafts:?}: {usage:?}");
+            assert!(usage.drafted_tokens > 0, "{drafts:?}: {usage:?}");
+            // Without a count, the head's one layer drafts two per pass (mlx-vlm's block).
+            if drafts.is_none() {
+                assert!(usage.drafted_tokens <= 2 * 48, "{usage:?}");
+            }
+        }
+    }
+
+    let Some(dir) = fixtures::vision_fixture("tiny-qwen3-next") else {
+        return;
+    };
+    let mut other = loaded(&dir);
+    let mut request = GenerateRequest::greedy(Prompt::Tokens((100..110).collect()), 4);
+    request.speculative = Some(Speculative {
+        method: Drafts::Mtp,
+        num_draft_tokens: None,
+    });
+    let err = other
+        .generate(&request, &mut |_| {}, &CancelToken::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("speculative.method") && err.contains("mtp"),
+        "{err}"
     );
 }
 

@@ -97,8 +97,9 @@ fn prompt_lookup_drafts_are_accepted_and_change_nothing() {
     let mut req = chat(ask, 48);
     let plain = fresh(&mut engine, &req);
     for k in [1, 4, 10] {
-        req.speculative = Some(mlx_engine::Speculative::PromptLookup {
-            num_draft_tokens: k,
+        req.speculative = Some(mlx_engine::Speculative {
+            method: mlx_engine::Drafts::PromptLookup,
+            num_draft_tokens: Some(k),
         });
         let fast = fresh(&mut engine, &req);
         assert_eq!(
@@ -153,8 +154,9 @@ fn constrained_prompt_lookup_changes_nothing() {
         let mut req = chat(ask, 48);
         req.constraint = Some(constraint);
         let plain = fresh(&mut engine, &req);
-        req.speculative = Some(mlx_engine::Speculative::PromptLookup {
-            num_draft_tokens: 6,
+        req.speculative = Some(mlx_engine::Speculative {
+            method: mlx_engine::Drafts::PromptLookup,
+            num_draft_tokens: Some(6),
         });
         let fast = fresh(&mut engine, &req);
         assert_eq!(fast.token_ids, plain.token_ids, "{:?}", fast.text);
@@ -190,8 +192,9 @@ fn a_draft_model_drafts_and_changes_nothing() {
         .unwrap();
     let mut req = chat("Write a short poem about the sea.", 40);
     let plain = fresh(&mut engine, &req);
-    req.speculative = Some(mlx_engine::Speculative::DraftModel {
-        num_draft_tokens: 3,
+    req.speculative = Some(mlx_engine::Speculative {
+        method: mlx_engine::Drafts::DraftModel,
+        num_draft_tokens: Some(3),
     });
     let fast = fresh(&mut engine, &req);
     assert_eq!(fast.token_ids, plain.token_ids, "{:?}", fast.text);
@@ -202,8 +205,9 @@ fn a_draft_model_drafts_and_changes_nothing() {
     req.constraint = Some(Constraint::JsonObject);
     req.speculative = None;
     let plain = fresh(&mut engine, &req);
-    req.speculative = Some(mlx_engine::Speculative::DraftModel {
-        num_draft_tokens: 3,
+    req.speculative = Some(mlx_engine::Speculative {
+        method: mlx_engine::Drafts::DraftModel,
+        num_draft_tokens: Some(3),
     });
     let fast = fresh(&mut engine, &req);
     assert_eq!(fast.token_ids, plain.token_ids, "{:?}", fast.text);

@@ -80,14 +80,15 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
         },
         parallel_tool_calls: p.parallel_tool_calls,
         speculative: p.speculative.as_ref().map(|s| {
-            let num_draft_tokens = s.num_draft_tokens as usize;
-            match s.method {
-                SpeculativeMethod::PromptLookup => {
-                    mlx_engine::Speculative::PromptLookup { num_draft_tokens }
-                }
-                SpeculativeMethod::DraftModel => {
-                    mlx_engine::Speculative::DraftModel { num_draft_tokens }
-                }
+            let num_draft_tokens = s.num_draft_tokens.map(|n| n as usize);
+            let method = match s.method {
+                SpeculativeMethod::PromptLookup => mlx_engine::Drafts::PromptLookup,
+                SpeculativeMethod::DraftModel => mlx_engine::Drafts::DraftModel,
+                SpeculativeMethod::Mtp => mlx_engine::Drafts::Mtp,
+            };
+            mlx_engine::Speculative {
+                method,
+                num_draft_tokens,
             }
         }),
     })
@@ -357,6 +358,7 @@ pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
             reason: info.kv_bits_reason.clone(),
         },
         parallel: info.parallel.as_ref().map(parallel_info),
+        mtp_layers: info.mtp_layers as u32,
     }
 }
 

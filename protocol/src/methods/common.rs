@@ -139,6 +139,10 @@ pub struct ModelInfo {
     /// How the model is split over the worker's group of ranks; absent when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<ParallelInfo>,
+    /// Layers of the checkpoint's own multi-token-prediction head, loaded as a drafter for
+    /// `speculative: {"method": "mtp"}`; 0: it has none.
+    #[serde(default)]
+    pub mtp_layers: u32,
 }
 
 /// How a model is split over the ranks of a group (`load`'s `parallel`; mlx-lm's names).

@@ -58,14 +58,11 @@ impl Method for Generate {
             None => {}
         }
         p.sampling.check()?;
-        if let Some(s) = p
-            .speculative
-            .as_ref()
-            .filter(|s| !(1..=64).contains(&s.num_draft_tokens))
-        {
+        let drafts = p.speculative.as_ref().and_then(|s| s.num_draft_tokens);
+        if let Some(n) = drafts.filter(|n| !(1..=64).contains(n)) {
             return bad(
                 "speculative.num_draft_tokens",
-                format!("must be in 1..=64, not {}", s.num_draft_tokens),
+                format!("must be in 1..=64, not {n}"),
             );
         }
         let forced = match &p.tool_choice {
@@ -218,15 +215,12 @@ pub struct GenerateParams {
 pub struct SpeculativeParams {
     /// `"prompt_lookup"`: the tokens that followed an earlier occurrence of the last few tokens,
     /// in the prompt or the output (good for editing, summarising, code changes);
-    /// `"draft_model"`: the tokens the model's `draft_model` (see `load`) would write.
+    /// `"draft_model"`: the tokens the model's `draft_model` (see `load`) would write;
+    /// `"mtp"`: the tokens the checkpoint's own multi-token-prediction head guesses.
     pub method: SpeculativeMethod,
-    /// Most draft tokens per pass (1..=64); default 10.
-    #[serde(default = "default_num_draft_tokens")]
-    pub num_draft_tokens: u32,
-}
-
-fn default_num_draft_tokens() -> u32 {
-    10
+    /// Most draft tokens per pass (1..=64); default 10, for `mtp` the head's layers + 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_draft_tokens: Option<u32>,
 }
 
 /// Where draft tokens come from.
@@ -237,6 +231,9 @@ pub enum SpeculativeMethod {
     PromptLookup,
     /// The `draft_model` loaded with the model, decoding greedily ahead of it.
     DraftModel,
+    /// The model's own multi-token-prediction head (Qwen3.5's `mtp.*` layers), chained on its
+    /// own hidden states; `load`'s `info.mtp_layers` says whether the model has one.
+    Mtp,
 }
 
 /// `tool_choice`.

@@ -119,6 +119,10 @@ impl Weights {
     }
 
     /// The shape of tensor `name`, if the checkpoint holds it.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
     pub fn shape(&self, name: &str) -> Option<&[i32]> {
         self.tensors.get(name).map(Array::shape)
     }

@@ -136,13 +136,22 @@ const TOWERS: &[&str] = &[
 
 /// The language model's tensors of a multimodal checkpoint, under `model.` and `lm_head` (as
 /// [`build`] expects them before sizing anything): `language_model.` (mlx-lm's and mlx-vlm's
-/// layout) split off, keeping its path for per-layer quantization, or Hugging Face's
-/// `model.language_model.` renamed and the towers ([`TOWERS`]) dropped.
+/// layout) split off, keeping its path for per-layer quantization (with a `mtp.*` head beside
+/// it), or Hugging Face's `model.language_model.` renamed and the towers ([`TOWERS`]) dropped.
 fn language_model(mut weights: Weights) -> Weights {
     if weights.names().any(|n| n.starts_with("language_model.")) {
         let placement = weights.take_placement();
         let mut language = weights.split_off("language_model.");
         language.set_placement(placement);
+        // A multi-token-prediction head stored beside it (Hugging Face's `mtp.*`) is its own.
+        let head: Vec<String> = (weights.names())
+            .filter(|n| n.starts_with("mtp."))
+            .cloned()
+            .collect();
+        for name in head {
+            let tensor = weights.remove(&name).expect("listed above");
+            language.insert(name, tensor);
+        }
         return language;
     }
     weights.rename_prefix("model.language_model.", "model.");

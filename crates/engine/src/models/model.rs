@@ -121,6 +121,34 @@ pub trait LanguageModel {
     fn discard_stage_input(&self, _tokens: &Array) -> Result<()> {
         Ok(())
     }
+    /// [`Self::forward`] of one sequence, with its final hidden states `(1, L, hidden)` (after
+    /// the final norm, before the head), which a multi-token-prediction head reads.
+    fn forward_with_hidden(&self, _input: Input, _caches: Caches) -> Result<(Array, Array)> {
+        Err(mlx_rs::error::Exception::custom(
+            "this model does not give its hidden states",
+        ))
+    }
+    /// The layers of the checkpoint's own multi-token-prediction head; 0: none.
+    fn mtp_depth(&self) -> usize {
+        0
+    }
+    /// Fresh caches for the multi-token-prediction head's layers.
+    fn mtp_caches(&self) -> Vec<KvCache> {
+        Vec::new()
+    }
+    /// The multi-token-prediction head over `tokens` `(1, T)` beside the hidden states
+    /// `(1, T, hidden)` of the positions before them: its logits `(1, T, vocab)` and its own
+    /// hidden states `(1, T, hidden)`, which can stand in for the model's to chain it.
+    fn mtp_forward(
+        &self,
+        _tokens: &Array,
+        _hidden: &Array,
+        _caches: &mut [KvCache],
+    ) -> Result<(Array, Array)> {
+        Err(mlx_rs::error::Exception::custom(
+            "this model has no multi-token-prediction head",
+        ))
+    }
 }
 
 /// Parses a model's `Args` from config.json, naming the bad field on failure.

@@ -17,7 +17,7 @@ use crate::{
     layers::moe::{split_fused_experts, FusedExperts, MoeSpec},
     layers::weights::Weights,
     models::{
-        decoder::{sanitize, CommonArgs, Decoder},
+        decoder::{sanitize, AttentionKind, CommonArgs, Decoder},
         model::parse_args,
         qwen3_next::{drop_mtp, hybrid_layers, Qwen3Next},
     },
@@ -53,6 +53,9 @@ struct Args {
     /// Absent: mlx-lm's default (plain RoPE, theta 1e5, a quarter of each head rotated).
     #[serde(default = "default_rope_parameters")]
     rope_parameters: Value,
+    /// Layers of the multi-token-prediction head (`mtp.*`), loaded as a drafter.
+    #[serde(default)]
+    mtp_num_hidden_layers: usize,
 }
 
 fn default_max_position_embeddings() -> usize {
@@ -125,10 +128,19 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Qwen3Next>, 
         .names()
         .filter(|n| n.contains("conv1d.weight"))
         .any(|n| weights.shape(n).and_then(|s| s.last().copied()) != Some(1));
+    let mut mtp = weights.split_off("mtp.");
     drop_mtp(&mut weights);
-    split_fused_experts(&mut weights, FusedExperts::Rows, |mlp| {
-        format!("{mlp}.switch_mlp")
-    })?;
+    for part in [&mut weights, &mut mtp] {
+        split_fused_experts(part, FusedExperts::Rows, |mlp| format!("{mlp}.switch_mlp"))?;
+    }
     sanitize(&mut weights, args.tie_word_embeddings);
-    Decoder::load(weights, spec, Qwen3Next { shift_norms: hf })
+    // The head's layers are full attention, as the model's.
+    let full = (spec.layers.iter().rev())
+        .find(|l| matches!(l.attention, AttentionKind::Softmax { .. }))
+        .cloned();
+    let decoder = Decoder::load(weights, spec, Qwen3Next { shift_norms: hf })?;
+    match full {
+        Some(layer) => decoder.with_mtp(mtp, args.mtp_num_hidden_layers, &layer),
+        None => Ok(decoder),
+    }
 }

@@ -353,6 +353,7 @@ pub(crate) fn describe(
         kv_bits: req.kv_bits.filter(|_| built.kv_bits_refused.is_none()),
         kv_bits_reason: built.kv_bits_refused.clone(),
         parallel: None,
+        mtp_layers: built.model.mtp_depth(),
         chat_template_source: match tokenizer.chat_template_source() {
             // The importer carried the GGUF's own template into tokenizer_config.json.
             text::ChatTemplateSource::TokenizerConfig if files.is_gguf => {

@@ -34,11 +34,21 @@ pub(crate) fn prepare(
     vocabulary: &mut Option<constrain::Vocabulary>,
     req: &GenerateRequest,
 ) -> Result<Prepared, EngineError> {
-    if let (Some(Speculative::DraftModel { .. }), None) = (req.speculative, view.draft) {
+    let method = req.speculative.map(|s| s.method);
+    if let (Some(Drafts::DraftModel), None) = (method, view.draft) {
         return Err(EngineError::InvalidParams {
             field: "speculative.method".into(),
             reason: "the model was loaded without a `draft_model`: load it with one, or use \
                      \"prompt_lookup\""
+                .into(),
+        });
+    }
+    if method == Some(Drafts::Mtp) && view.model.mtp_depth() == 0 {
+        return Err(EngineError::InvalidParams {
+            field: "speculative.method".into(),
+            reason: "this model's checkpoint has no multi-token-prediction head (`mtp.*` \
+                     layers, as Qwen3.5's releases keep): use \"prompt_lookup\", or load a \
+                     `draft_model`"
                 .into(),
         });
     }

@@ -109,6 +109,8 @@ pub struct ModelInfo {
     pub kv_bits_reason: Option<String>,
     /// How the model is split over the group's ranks, and what each holds.
     pub parallel: Option<ParallelInfo>,
+    /// Layers of the checkpoint's own multi-token-prediction head (0: none).
+    pub mtp_layers: usize,
 }
 
 /// A split model: its mode and each rank's share, by rank.
@@ -183,14 +185,36 @@ pub struct GenerateRequest {
     pub speculative: Option<Speculative>,
 }
 
-/// How draft tokens are found for speculative decoding.
+/// Speculative decoding: where drafts come from, and at most how many per pass (`None`: the
+/// method's default, [`Drafts::default_count`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Speculative {
+pub struct Speculative {
+    pub method: Drafts,
+    pub num_draft_tokens: Option<usize>,
+}
+
+/// Where draft tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drafts {
     /// The tokens that followed the latest earlier occurrence of the sequence's last n-gram, in
-    /// the prompt or the output: at most `num_draft_tokens` per pass.
-    PromptLookup { num_draft_tokens: usize },
-    /// The resident's draft model, decoding greedily `num_draft_tokens` ahead.
-    DraftModel { num_draft_tokens: usize },
+    /// the prompt or the output.
+    PromptLookup,
+    /// The resident's draft model, decoding greedily ahead.
+    DraftModel,
+    /// The model's own multi-token-prediction head, chained on its own hidden states.
+    Mtp,
+}
+
+impl Drafts {
+    /// Drafts per pass when the request does not say: 10 (Hugging Face's
+    /// `prompt_lookup_num_tokens`); for a multi-token-prediction head of `mtp_depth` layers,
+    /// one more than its layers (mlx-vlm's block of `depth + 2` positions, the last the model's).
+    pub fn default_count(self, mtp_depth: usize) -> usize {
+        match self {
+            Self::PromptLookup | Self::DraftModel => 10,
+            Self::Mtp => mtp_depth + 1,
+        }
+    }
 }
 
 impl GenerateRequest {

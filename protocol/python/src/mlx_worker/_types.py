@@ -231,6 +231,10 @@ class ModelInfo(_ModelInfoRequired, total=False):
     quantization: Quantization | None
     #: How the model is split over the worker's group of ranks; absent when it is not.
     parallel: ParallelInfo | None
+    #: Layers of the checkpoint's own multi-token-prediction head, loaded as a drafter for
+    #: `speculative: {"method": "mtp"}`; 0: it has none.
+    #: default: 0
+    mtp_layers: int
 
 
 class Quantization(TypedDict):
@@ -515,19 +519,19 @@ class FunctionName(TypedDict):
 class _SpeculativeParamsRequired(TypedDict):
     #: `"prompt_lookup"`: the tokens that followed an earlier occurrence of the last few tokens,
     #: in the prompt or the output (good for editing, summarising, code changes);
-    #: `"draft_model"`: the tokens the model's `draft_model` (see `load`) would write.
+    #: `"draft_model"`: the tokens the model's `draft_model` (see `load`) would write;
+    #: `"mtp"`: the tokens the checkpoint's own multi-token-prediction head guesses.
     method: SpeculativeMethod
 
 
 class SpeculativeParams(_SpeculativeParamsRequired, total=False):
     """`speculative`: how drafts are found, and how many per pass."""
-    #: Most draft tokens per pass (1..=64); default 10.
-    #: default: 10
-    num_draft_tokens: int
+    #: Most draft tokens per pass (1..=64); default 10, for `mtp` the head's layers + 1.
+    num_draft_tokens: int | None
 
 
 #: Where draft tokens come from.
-SpeculativeMethod = Literal['prompt_lookup', 'draft_model']
+SpeculativeMethod = Literal['prompt_lookup', 'draft_model', 'mtp']
 
 
 class _GenerateResultRequired(TypedDict):
@@ -728,6 +732,10 @@ class ResidentModel(_ResidentModelRequired, total=False):
     quantization: Quantization | None
     #: How the model is split over the worker's group of ranks; absent when it is not.
     parallel: ParallelInfo | None
+    #: Layers of the checkpoint's own multi-token-prediction head, loaded as a drafter for
+    #: `speculative: {"method": "mtp"}`; 0: it has none.
+    #: default: 0
+    mtp_layers: int
 
 
 class QueueInfo(TypedDict):

@@ -35,10 +35,15 @@ impl<F: Family> Decoder<F> {
 
     /// The final norm, the head (or the tied embedding) and the family's logit processing.
     pub(super) fn head(&self, h: &Array) -> Result<Array> {
-        let h = self.norm.forward(h)?;
+        self.project(&self.norm.forward(h)?)
+    }
+
+    /// The head (or the tied embedding) over normed hidden states, and the family's logit
+    /// processing.
+    pub(super) fn project(&self, h: &Array) -> Result<Array> {
         let logits = match &self.lm_head {
-            Some(head) => head.forward(&h)?,
-            None => self.embed_tokens.as_linear(&h)?,
+            Some(head) => head.forward(h)?,
+            None => self.embed_tokens.as_linear(h)?,
         };
         let logits = match &self.vocab_split {
             // Each rank's rows of the vocabulary, gathered in rank order along the last axis.
@@ -54,7 +59,8 @@ impl<F: Family> Decoder<F> {
     /// per-layer inputs, one mask per kind of layer, the layers (each over its view of
     /// `caches`), the head. Embeddings, projections, MLPs and the head run over every row and
     /// position of the pass at once; how each sequence's positions are rotated, stored and
-    /// attended is `caches`'s kind's (`layers/kv_cache/pass.rs`).
+    /// attended is `caches`'s kind's (`layers/kv_cache/pass.rs`). Returns the hidden states
+    /// before the final norm, of the positions the head reads.
     pub(super) fn forward_pass(&self, input: Input, mut caches: Caches) -> Result<Array> {
         caches.check(self.cache_count())?;
         // Refused before any cache is touched (a padded step moves every row's offset).
@@ -138,6 +144,6 @@ impl<F: Family> Decoder<F> {
         if let Some(p) = pipeline {
             h = parallel::hand_on(p, h)?;
         }
-        self.head(&caches.head_positions(h)?)
+        caches.head_positions(h)
     }
 }

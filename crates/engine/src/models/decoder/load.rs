@@ -131,6 +131,7 @@ impl<F: Family> Decoder<F> {
             renamed,
             first_layer: owned.start,
             total_layers,
+            mtp: None,
         };
         model.split_vocabulary()?;
         Ok(model)
@@ -208,7 +209,7 @@ fn mask_kinds<K: PartialEq>(windows: impl IntoIterator<Item = K>) -> (Vec<usize>
     (kinds.into_iter().map(|(_, i)| i).collect(), layer_kinds)
 }
 
-fn load_block(
+pub(super) fn load_block(
     weights: &mut Weights,
     p: &str,
     spec: LayerSpec,

@@ -14,6 +14,7 @@ mod family;
 mod forward;
 mod load;
 mod model;
+mod mtp;
 mod parallel;
 mod spec;
 

@@ -7,6 +7,7 @@ use mlx_rs::Array;
 use super::{
     block::{Block, Mixer},
     family::{Family, Llama},
+    mtp::MtpHead,
 };
 use crate::{
     layers::distributed::Group,
@@ -46,6 +47,8 @@ pub struct Decoder<F: Family = Llama> {
     /// Under tensor parallel, the group an untied head's vocabulary is split over: each rank
     /// computes its rows' logits, gathered after.
     pub(super) vocab_split: Option<Rc<Group>>,
+    /// The checkpoint's multi-token-prediction head, when it has one ([`Decoder::with_mtp`]).
+    pub(super) mtp: Option<MtpHead>,
 }
 
 impl<F: Family> Decoder<F> {
@@ -102,7 +105,29 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn forward(&self, input: Input, caches: Caches) -> Result<Array> {
-        self.forward_pass(input, caches)
+        self.head(&self.forward_pass(input, caches)?)
+    }
+
+    fn forward_with_hidden(&self, input: Input, caches: Caches) -> Result<(Array, Array)> {
+        let h = self.norm.forward(&self.forward_pass(input, caches)?)?;
+        Ok((self.project(&h)?, h))
+    }
+
+    fn mtp_depth(&self) -> usize {
+        Decoder::mtp_depth(self)
+    }
+
+    fn mtp_caches(&self) -> Vec<KvCache> {
+        Decoder::mtp_caches(self)
+    }
+
+    fn mtp_forward(
+        &self,
+        tokens: &Array,
+        hidden: &Array,
+        caches: &mut [KvCache],
+    ) -> Result<(Array, Array)> {
+        Decoder::mtp_forward(self, tokens, hidden, caches)
     }
 
     fn facts(&self) -> Facts {

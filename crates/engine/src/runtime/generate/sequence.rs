@@ -17,7 +17,7 @@ use super::{
 use crate::{
     runtime::prompt::PromptInputs,
     runtime::prompt_cache::PromptCache,
-    runtime::request::{Completion, Delta, FinishReason, GenerateRequest, Timings, Usage},
+    runtime::request::{Completion, Delta, Drafts, FinishReason, GenerateRequest, Timings, Usage},
     runtime::sampler::Sampler,
     CancelToken, EngineError,
 };
@@ -119,6 +119,7 @@ pub(crate) fn open<'a>(
         positions: prompt.positions.clone(),
         next: 0,
         guide: guide.map(|(guide, field)| Guided::new(guide, field)),
+        hidden: None,
     };
     Ok(Opened {
         dec,
@@ -222,6 +223,10 @@ fn begin<'a>(
         (None, None) => (0, Instant::now(), None),
     };
     dec.next = reused + done;
+    // A multi-token-prediction head starts from the prompt's hidden states.
+    if req.speculative.is_some_and(|s| s.method == Drafts::Mtp) {
+        dec.hidden = Some((dec.next, Vec::new()));
+    }
     let mut out = Output::new(
         ctx.tokenizer.detokenizer(),
         &req.stop,

@@ -1,6 +1,7 @@
 //! Speculative decoding: draft tokens, from the sequence itself (prompt lookup: what followed an
 //! earlier occurrence of the last few tokens, in the prompt or the output) or from a smaller
-//! draft model with the same tokenizer, are checked by one forward pass of the model over the
+//! draft model with the same tokenizer, or from the model's own multi-token-prediction head
+//! (reading the model's hidden states, `models/decoder/mtp.rs`), are checked by one forward pass of the model over the
 //! last token and the draft, which gives the model's own choice at every position. The choices
 //! are taken while they agree with the draft, plus the first that does not (or one past the
 //! draft): every token is still the model's, sampled with the request's sampler from the logits
@@ -22,7 +23,7 @@ use crate::{
     layers::kv_cache::KvCache,
     models::Input,
     models::LanguageModel,
-    runtime::request::{Delta, FinishReason, GenerateRequest, Speculative},
+    runtime::request::{Delta, Drafts, FinishReason, GenerateRequest, Speculative},
     CancelToken,
 };
 
@@ -45,6 +46,22 @@ enum Source<'a> {
         history: Vec<u32>,
     },
     Model(DraftModel<'a>),
+    Mtp(MtpDraft<'a>),
+}
+
+/// The model's own multi-token-prediction head (mlx-vlm's MTP drafter): its caches hold a
+/// position for every token taken whose preceding hidden state the model gave.
+struct MtpDraft<'a> {
+    model: &'a dyn LanguageModel,
+    caches: Vec<KvCache>,
+    /// The head's guess `(1, 1)` for the token after the last one taken, and its own hidden
+    /// state there `(1, 1, H)`, from which it chains.
+    seed: Option<(Array, Array)>,
+    /// Positions the head ran while drafting the last draft (on its own hidden states).
+    appended: usize,
+    /// Until the first token is taken: the prompt tokens after the first position whose hidden
+    /// state was kept, and those hidden states `(1, T, H)`.
+    prompt: Option<(Vec<u32>, Array)>,
 }
 
 /// A draft model with its own caches, which hold the sequence up to `unfed`.
@@ -59,20 +76,20 @@ impl<'a> Drafter<'a> {
     /// The drafter `spec` asks for, its draft model (if any) prefilled with the prompt but its
     /// last token; `None` when this generation cannot speculate (then it runs one token per pass).
     pub fn new(
-        dec: &SequenceState<'a>,
+        dec: &mut SequenceState<'a>,
         spec: Speculative,
         prompt: &[u32],
         cancel: &CancelToken,
     ) -> Result<Option<Self>> {
+        let hidden = dec.hidden.take();
         if !dec.can_speculate() {
             return Ok(None);
         }
-        let (source, num_draft_tokens) = match spec {
-            Speculative::PromptLookup { num_draft_tokens } => {
-                let history = prompt.to_vec();
-                (Source::Lookup { history }, num_draft_tokens)
-            }
-            Speculative::DraftModel { num_draft_tokens } => {
+        let source = match spec.method {
+            Drafts::PromptLookup => Source::Lookup {
+                history: prompt.to_vec(),
+            },
+            Drafts::DraftModel => {
                 // `Engine::generate` refused the request when no draft model is loaded.
                 let Some(model) = dec.ctx.draft else {
                     return Ok(None);
@@ -87,9 +104,15 @@ impl<'a> Drafter<'a> {
                     unfed: Vec::new(),
                 };
                 draft.prefill(prompt, &dec.ctx, cancel)?;
-                (Source::Model(draft), num_draft_tokens)
+                Source::Model(draft)
             }
+            Drafts::Mtp => match MtpDraft::new(dec.ctx.model, prompt, hidden)? {
+                Some(mtp) => Source::Mtp(mtp),
+                None => return Ok(None),
+            },
         };
+        let depth = dec.ctx.model.mtp_depth();
+        let num_draft_tokens = (spec.num_draft_tokens).unwrap_or(spec.method.default_count(depth));
         Ok(Some(Self {
             source,
             num_draft_tokens,
@@ -105,6 +128,7 @@ impl<'a> Drafter<'a> {
         self.last = match &mut self.source {
             Source::Lookup { history } => lookup(history, limit),
             Source::Model(draft) => draft.draft(limit)?,
+            Source::Mtp(mtp) => mtp.draft(limit)?,
         };
         self.drafted += self.last.len();
         Ok(self.last.clone())
@@ -115,8 +139,14 @@ impl<'a> Drafter<'a> {
         self.drafted -= self.last.len() - n;
     }
 
-    /// The first `accepted` tokens of the last draft were taken, then `next`.
-    fn taken(&mut self, accepted: usize, next: u32) {
+    /// Whether drafting needs the model's final hidden states of the verification pass.
+    fn reads_hidden(&self) -> bool {
+        matches!(self.source, Source::Mtp(_))
+    }
+
+    /// The first `accepted` tokens of the last draft were taken, then `next`; `hidden`: the
+    /// verification pass's hidden states, when [`Self::reads_hidden`].
+    fn taken(&mut self, accepted: usize, next: u32, hidden: Option<&Array>) -> Result<()> {
         self.accepted += accepted;
         let draft = std::mem::take(&mut self.last);
         match &mut self.source {
@@ -125,7 +155,9 @@ impl<'a> Drafter<'a> {
                 history.push(next);
             }
             Source::Model(model) => model.taken(&draft, accepted, next),
+            Source::Mtp(mtp) => mtp.taken(&draft, accepted, next, hidden)?,
         }
+        Ok(())
     }
 }
 
@@ -203,6 +235,96 @@ impl DraftModel<'_> {
     }
 }
 
+impl<'a> MtpDraft<'a> {
+    /// The head of `model`, to be prefilled (at the first token taken) with `prompt`'s hidden
+    /// states `hidden` (from the first position kept on, as [`SequenceState::hidden`] holds
+    /// them); `None` when the model has no head or they do not reach the prompt's end (then
+    /// the request runs one token per pass).
+    fn new(
+        model: &'a dyn LanguageModel,
+        prompt: &[u32],
+        hidden: Option<(usize, Vec<Array>)>,
+    ) -> Result<Option<Self>> {
+        let Some((start, chunks)) = hidden.filter(|(_, c)| !c.is_empty()) else {
+            return Ok(None);
+        };
+        let hidden = ops::concatenate(&chunks, 1)?;
+        if model.mtp_depth() == 0 || start + hidden.dim(1) as usize != prompt.len() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            model,
+            caches: model.mtp_caches(),
+            seed: None,
+            appended: 0,
+            prompt: Some((prompt[start + 1..].to_vec(), hidden)),
+        }))
+    }
+
+    /// `limit` tokens: the head's guess after the last token taken, then its guesses chained
+    /// on its own hidden states (mlx-vlm's `draft_block`, greedy).
+    fn draft(&mut self, limit: usize) -> Result<Vec<u32>> {
+        self.appended = 0;
+        let Some((mut token, mut hidden)) = self.seed.clone().filter(|_| limit > 0) else {
+            return Ok(Vec::new());
+        };
+        let mut tokens = vec![token.clone()];
+        while tokens.len() < limit {
+            let (logits, h) = (self.model).mtp_forward(&token, &hidden, &mut self.caches)?;
+            self.appended += 1;
+            token = ops::indexing::argmax_axis(&logits, -1, None)?;
+            hidden = h;
+            tokens.push(token.clone());
+        }
+        transforms::eval(&tokens)?;
+        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
+    }
+
+    /// After `draft`, `accepted` of it then `next` were taken: the head's positions run on its
+    /// own (wrong) hidden states past the accepted ones are trimmed, and it runs the accepted
+    /// rest and `next` beside the model's hidden states `hidden` `(1, k + 1, H)` of the
+    /// verification (mlx-vlm's `accept_verified_tokens`), which gives the next seed.
+    fn taken(
+        &mut self,
+        draft: &[u32],
+        accepted: usize,
+        next: u32,
+        hidden: Option<&Array>,
+    ) -> Result<()> {
+        let (tokens, hidden) = match (self.prompt.take(), hidden) {
+            (Some((mut tokens, hidden)), _) => {
+                tokens.push(next);
+                (tokens, hidden)
+            }
+            (None, Some(verified)) => {
+                let keep = accepted.min(self.appended);
+                for cache in &mut self.caches {
+                    cache.trim((self.appended - keep) as i32);
+                }
+                let tokens = [&draft[keep..accepted], &[next]].concat();
+                let rows = ops::arange::<_, i32>(keep as i32, accepted as i32 + 1, 1)?;
+                (tokens, verified.take_axis(&rows, 1)?)
+            }
+            (None, None) => {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a multi-token-prediction draft needs the model's hidden states",
+                )
+                .into())
+            }
+        };
+        self.appended = 0;
+        let input = Array::from_slice(&tokens, &[1, tokens.len() as i32]);
+        let (logits, h) = (self.model).mtp_forward(&input, &hidden, &mut self.caches)?;
+        let last = Array::from_int(h.dim(1) - 1);
+        let token = ops::indexing::argmax_axis(&logits.take_axis(&last, 1)?, -1, None)?;
+        let token = token.reshape(&[1, 1])?;
+        let h = h.take_axis(&last, 1)?.expand_dims(1)?;
+        transforms::async_eval([&token, &h])?;
+        self.seed = Some((token, h));
+        Ok(())
+    }
+}
+
 impl SequenceState<'_> {
     /// Whether draft positions can be taken back: every cache a plain KV cache or a recurrent
     /// state (which records the verification's steps; not a sliding-window ring or a quantized
@@ -222,9 +344,11 @@ impl SequenceState<'_> {
         &mut self,
         tokens: &[u32],
         masks: Vec<Array>,
-    ) -> Result<(Vec<Step>, Vec<Option<Array>>)> {
+        hidden: bool,
+    ) -> Result<(Vec<Step>, Vec<Option<Array>>, Option<Array>)> {
         self.caches.iter_mut().for_each(KvCache::record_steps);
-        let logits = self.forward(&Array::from_slice(tokens, &[tokens.len() as i32]), None)?;
+        let input = Array::from_slice(tokens, &[tokens.len() as i32]);
+        let (logits, hidden) = self.run(&input, None, hidden)?;
         let mut steps = Vec::with_capacity(tokens.len());
         let mut recents = Vec::with_capacity(tokens.len());
         let mut masks = masks.into_iter();
@@ -234,7 +358,7 @@ impl SequenceState<'_> {
             steps.push(self.sample(row, masks.next())?);
             recents.push(self.recent.clone());
         }
-        Ok((steps, recents))
+        Ok((steps, recents, hidden))
     }
 
     /// Forgets the last `n` positions fed to the model (of the verification pass just run).
@@ -263,7 +387,7 @@ pub(super) fn decode(
     on_delta: &mut dyn FnMut(Delta),
     cancel: &CancelToken,
 ) -> Result<(FinishReason, usize)> {
-    let (mut pending, mut accepted) = (vec![first], 0);
+    let (mut pending, mut accepted, mut hidden) = (vec![first], 0, None);
     let (mut n, mut since_clear) = (0usize, 0usize);
     loop {
         for step in &pending {
@@ -280,7 +404,7 @@ pub(super) fn decode(
         }
         // The last token is taken but not yet run.
         let last = *dec.sampled.last().expect("a token was taken");
-        drafter.taken(accepted, last);
+        drafter.taken(accepted, last, hidden.as_ref())?;
         if dec.ctx.cancelled(cancel)? {
             return Ok((FinishReason::Cancelled, n));
         }
@@ -303,7 +427,8 @@ pub(super) fn decode(
             None => Vec::new(),
         };
         let tokens: Vec<u32> = std::iter::once(last).chain(draft.iter().copied()).collect();
-        let (steps, mut recents) = dec.verify(&tokens, masks)?;
+        let (steps, mut recents, verified) = dec.verify(&tokens, masks, drafter.reads_hidden())?;
+        hidden = verified;
         transforms::eval(steps.iter().map(|s| &s.token))?;
         accepted = (draft.iter().zip(&steps))
             .take_while(|(d, s)| s.token.item_exact::<u32>() == **d)

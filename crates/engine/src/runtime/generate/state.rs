@@ -42,6 +42,9 @@ pub(super) struct SequenceState<'a> {
     pub(super) next: usize,
     /// The request's constraint, if any.
     pub(super) guide: Option<Guided>,
+    /// While set: the model's final hidden states of every position run, from `.0` on (a
+    /// multi-token-prediction head reads the prompt's).
+    pub(super) hidden: Option<(usize, Vec<Array>)>,
 }
 
 impl SequenceState<'_> {
@@ -62,32 +65,50 @@ impl SequenceState<'_> {
         tokens: &Array,
         embeds: Option<PromptEmbeds>,
     ) -> Result<Array> {
+        let keep = self.hidden.is_some();
+        let (logits, hidden) = self.run(tokens, embeds, keep)?;
+        if let (Some((_, sink)), Some(h)) = (&mut self.hidden, hidden) {
+            sink.push(h);
+        }
+        Ok(logits)
+    }
+
+    /// [`Self::forward`], with the final hidden states `(1, L, hidden)` when `hidden`.
+    pub(super) fn run(
+        &mut self,
+        tokens: &Array,
+        embeds: Option<PromptEmbeds>,
+        hidden: bool,
+    ) -> Result<(Array, Option<Array>)> {
         let model = self.ctx.model;
         let n = tokens.dim(0) as usize;
-        let logits = match (&self.positions, embeds) {
-            (Some(p), embeds) => {
-                let (h, deepstack) = match embeds {
-                    Some(e) => (e.h, e.deepstack),
-                    None => (model.embed(&tokens.reshape(&[1, -1])?)?, Vec::new()),
-                };
-                let positions = p.slice(self.next, n)?;
-                let input = Input {
-                    positions: Some(&positions),
-                    deepstack: &deepstack,
-                    ..Input::embeddings(h)
-                };
-                model.forward(input, Caches::One(&mut self.caches))?
-            }
-            (None, Some(e)) => {
-                model.forward(Input::embeddings(e.h), Caches::One(&mut self.caches))?
-            }
-            (None, None) => {
-                let tokens = tokens.reshape(&[1, -1])?;
-                model.forward(Input::tokens(&tokens), Caches::One(&mut self.caches))?
-            }
+        let tokens = tokens.reshape(&[1, -1])?;
+        let positions = match &self.positions {
+            Some(p) => Some(p.slice(self.next, n)?),
+            None => None,
+        };
+        let (h, deepstack) = match (&positions, embeds) {
+            (_, Some(e)) => (Some(e.h), e.deepstack),
+            (Some(_), None) => (Some(model.embed(&tokens)?), Vec::new()),
+            (None, None) => (None, Vec::new()),
+        };
+        let input = match h {
+            Some(h) => Input {
+                positions: positions.as_ref(),
+                deepstack: &deepstack,
+                ..Input::embeddings(h)
+            },
+            None => Input::tokens(&tokens),
+        };
+        let caches = Caches::One(&mut self.caches);
+        let out = match hidden {
+            true => model
+                .forward_with_hidden(input, caches)
+                .map(|(l, h)| (l, Some(h)))?,
+            false => (model.forward(input, caches)?, None),
         };
         self.next += n;
-        Ok(logits)
+        Ok(out)
     }
 
     /// Runs `tokens` `(L,)` (or their input embeddings) through the model: the last position's
