@@ -40,6 +40,7 @@ GEMMA3 = os.environ["MLX_WORKER_GEMMA3_DIR"]
 TINY_LORA = os.environ["MLX_WORKER_TINY_LORA_DIR"]
 VISION = os.environ["MLX_WORKER_VISION_MODEL"]
 TINY_GPT_OSS = os.environ["MLX_WORKER_TINY_GPT_OSS"]
+TINY_QWEN3_5 = os.environ["MLX_WORKER_TINY_QWEN3_5"]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 LONG = [{"role": "user", "content": "Tell me a long story about a dragon. " * 200}]
 
@@ -429,7 +430,28 @@ def worker_other_models(results: dict) -> None:
         finally:
             child.close()
 
+    def mtp():
+        # Qwen3.5 with its own multi-token-prediction head (the tiny fixture's, made with
+        # mlx-vlm's drafter class): Studio's `mtp` mode drafts with it, and with it under `auto`.
+        for mode in ("mtp", "auto"):
+            child = Child(spawn_config(TINY_QWEN3_5, speculative_type=mode))
+            try:
+                info = child.loaded["model_info"]
+                check(info["spec_drafter_kind"] == "mtp" and info["spec_fallback_reason"] is None, str(info))
+                _, tokens = child.generate(max_new_tokens=12)
+                check(tokens and cumulative(tokens), str(tokens))
+            finally:
+                child.close()
+        child = Child(spawn_config(TINY_QWEN3_5, speculative_type="off"))
+        try:
+            check(child.loaded["model_info"]["spec_drafter_kind"] is None, str(child.loaded["model_info"]))
+            _, plain = child.generate(max_new_tokens=12)
+            check(plain[-1] == tokens[-1], f"with the head {tokens[-1]!r}, without {plain[-1]!r}")
+        finally:
+            child.close()
+
     results[("Gemma 3 270M: load with 8-bit KV, chat", "worker")] = attempt(gemma3)
+    results[("Qwen3.5: its own MTP head as Studio's mtp / auto drafter", "worker")] = attempt(mtp)
     results[("thinking (template opens <think>), tools", "worker")] = attempt(thinking_and_tools)
     results[("gpt-oss harmony: analysis as <think>, final answer", "worker")] = attempt(harmony)
     results[("LoRA: adapter on, off, on", "worker")] = attempt(lora)

@@ -847,10 +847,8 @@ def openai_experts(model, config):
     return out
 
 
-def mtp_head(config, layers, seed, scale, hf_norms):
-    """A multi-token-prediction head of `layers` layers for a Qwen3.5 text config, made with
-    mlx-vlm's own drafter class (`qwen3_5_mtp`), its layers scaled as the model's blocks, named
-    as Qwen3.5's releases store it (`mtp.*`; norms as offsets from 1 where the model's are)."""
+def mtp_drafter(config, layers):
+    """mlx-vlm's drafter (`qwen3_5_mtp`) for a Qwen3.5 text config, `layers` deep."""
     from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
 
     text = dict(config, mtp_num_hidden_layers=layers)
@@ -858,8 +856,15 @@ def mtp_head(config, layers, seed, scale, hf_norms):
     # mlx-vlm's config wants an M-RoPE split; text positions are one row repeated, so any will do.
     sections = [rotary - 2 * (rotary // 3), rotary // 3, rotary // 3]
     text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=sections)
+    return Model(ModelConfig.from_dict({"text_config": text}))
+
+
+def mtp_head(config, layers, seed, scale, hf_norms):
+    """A multi-token-prediction head of `layers` layers for a Qwen3.5 text config, made with
+    mlx-vlm's own drafter class, its layers scaled as the model's blocks, named as Qwen3.5's
+    releases store it (`mtp.*`; norms as offsets from 1 where the model's are)."""
     mx.random.seed(seed)
-    head = Model(ModelConfig.from_dict({"text_config": text}))
+    head = mtp_drafter(config, layers)
     head.update(
         tree_map_with_path(
             lambda path, p: p * scale if path.startswith("layers.") and "norm" not in path else p,
@@ -868,10 +873,29 @@ def mtp_head(config, layers, seed, scale, hf_norms):
     )
     weights = {}
     for name, value in tree_flatten(head.parameters()):
-        if hf_norms and name.endswith("norm.weight"):
+        if hf_norms and "norm" in name.split(".")[-2]:
             value = value - 1.0
         weights[f"mtp.{name}"] = value
     return weights
+
+
+def mtp_reference(model, head, prompt, chain):
+    """What mlx-vlm's drafter `head` (loaded as mlx-vlm loads a checkpoint's `mtp.*`) guesses
+    over `prompt` beside mlx-lm's model: the model's greedy
+    next token (the first taken), the head's guess at every position of the prompt shifted by
+    one with that token (`prefill_from_target_hidden`'s pass; the last is the seed), then `chain`
+    guesses chained on its own hidden states (`draft_block`, greedy). The worker's head must
+    guess the same (`models/decoder/mtp.rs`'s test)."""
+    ids = mx.array([prompt])
+    hidden = model.language_model.model(ids)
+    first = int(mx.argmax(model.language_model.lm_head(hidden)[0, -1]).item())
+    head.reset(model)
+    shifted = mx.concatenate([ids[:, 1:], mx.array([[first]])], axis=1)
+    out = head._forward_tokens(shifted, hidden, mx.int32)
+    guesses = mx.argmax(head._lm_head_fn(out), axis=-1)[0].tolist()
+    head._set_seed_from_hidden(out[:, -1:, :], None, True)
+    block = head.draft_block(first, hidden[:, -1:, :], None, chain + 2, None, mx.int32, True)
+    return {"prompt": prompt, "first": first, "guesses": guesses, "chained": block[0, 1:].tolist()}
 
 
 def build(spec, out):
@@ -975,8 +999,7 @@ def build(spec, out):
     # with.
     if layers := spec.get("mtp"):
         config["mtp_num_hidden_layers"] = layers
-        head = mtp_head(config, layers, spec.get("seed", 0) + 1000, scale, spec.get("hf_conv1d"))
-        weights.update(head)
+        weights.update(mtp_head(config, layers, spec.get("seed", 0) + 1000, scale, spec.get("hf_conv1d")))
     # e.g. Gemma 3's lm_head: without it mlx-lm ties the head to the embedding.
     for name in spec.get("drop_tensors", []):
         del weights[name]
@@ -1007,6 +1030,16 @@ def build(spec, out):
         from gguf_fixture import write_gguf
 
         write_gguf(config, weights, tmp, out.name, gguf_spec)
+    if spec.get("mtp"):
+        # Beside the model as mlx-lm loads it from the files (its sanitize shifts norms).
+        from mlx_lm.utils import load_model
+
+        loaded, _ = load_model(tmp)
+        head = mtp_drafter(config, spec["mtp"])
+        stored = {k: v for k, v in weights.items() if k.startswith("mtp.")}
+        head.load_weights(list(head.sanitize(stored).items()))
+        reference = mtp_reference(loaded, head, list(range(100, 140)), 3)
+        (tmp / "mtp_reference.json").write_text(json.dumps(reference))
     (tmp / "spec.json").write_text(json.dumps(spec, sort_keys=True))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -49,7 +49,9 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
     let backend = patched_backend(&python, &root)?;
 
     let cases = parity::Options::default().cases;
-    let tiny_gpt_oss = parity::make_fixtures(&cases)?.join("tiny-gpt-oss");
+    let fixtures = parity::make_fixtures(&cases)?;
+    let (tiny_gpt_oss, tiny_qwen3_5) =
+        (fixtures.join("tiny-gpt-oss"), fixtures.join("tiny-qwen3-5"));
     let tiny_lora = target_dir().join("parity-fixtures/tiny-lora");
     if !tiny_lora.join("adapter/adapter_config.json").is_file() {
         parity::run(&parity::Options {
@@ -78,7 +80,8 @@ pub fn run(built: Option<PathBuf>) -> anyhow::Result<()> {
             .env("MLX_WORKER_GEMMA3_DIR", setup::gemma3_270m_dir()?)
             .env("MLX_WORKER_TINY_LORA_DIR", &tiny_lora)
             .env("MLX_WORKER_VISION_MODEL", &vision)
-            .env("MLX_WORKER_TINY_GPT_OSS", &tiny_gpt_oss),
+            .env("MLX_WORKER_TINY_GPT_OSS", &tiny_gpt_oss)
+            .env("MLX_WORKER_TINY_QWEN3_5", &tiny_qwen3_5),
         "studio/scenarios.py",
     )
 }

@@ -383,7 +383,9 @@ class MLXInferenceBackend:
             raise
         info = loaded["info"]
         kv = info["kv_quantization"]
-        speculation = _speculation(mode, spec_draft_model, draft_model, draft_refused, kv.get("applied"), spec_draft_n_max)
+        speculation = _speculation(
+            mode, spec_draft_model, draft_model, draft_refused, kv.get("applied"), spec_draft_n_max, info.get("mtp_layers", 0)
+        )
         template = info["chat_template"]
         entry: dict[str, Any] = {
             "model_id": loaded["model_id"],
@@ -1050,13 +1052,20 @@ def _offload_fields(offload: Any) -> dict[str, Any]:
 
 
 def _speculation(
-    mode: str, named: str | None, draft_model: str | None, draft_refused: bool, kv_applied: Any, n_max: Any
+    mode: str,
+    named: str | None,
+    draft_model: str | None,
+    draft_refused: bool,
+    kv_applied: Any,
+    n_max: Any,
+    mtp_layers: int,
 ) -> dict[str, Any]:
     """Studio's ``speculative_type`` / ``spec_*`` fields and the worker's ``speculative``
-    request for them: ``ngram`` is the worker's prompt lookup; ``auto`` with a named drafter
-    its draft model; the drafter kinds it lacks (MTP, DFlash, DSpark, EAGLE-3) fall back to the
-    copy-only n-gram draft with Studio's reason, as Studio's backend falls back when it finds
-    none."""
+    request for them: ``ngram`` is the worker's prompt lookup; ``mtp`` the checkpoint's own
+    multi-token-prediction head where the worker loaded one; ``auto`` a named drafter (its draft
+    model), else that head (Studio's order); the drafter kinds it lacks (DFlash, DSpark,
+    EAGLE-3, MTP without a head) fall back to the copy-only n-gram draft with Studio's reason, as
+    Studio's backend falls back when it finds none."""
     try:  # reported as asked (Studio's load route compares it), capped where it is used
         asked = int(n_max) if n_max is not None and int(n_max) > 0 else None
     except (TypeError, ValueError):
@@ -1072,9 +1081,16 @@ def _speculation(
     elif mode == "auto":
         if draft_model:
             kind, method = "draft_model", "draft_model"
+        elif mtp_layers:
+            kind, method = "mtp", "mtp"
+            reason = "drafter_incompatible" if draft_refused else None
         elif draft_refused:
             reason = "drafter_incompatible"
-    else:  # mtp, dflash, dspark, eagle3: no such drafter here
+    elif mode == "mtp" and mtp_layers:
+        # A named companion is not loaded here: Studio passes over it to the built-in head.
+        kind, method = "mtp", "mtp"
+        reason = "drafter_incompatible" if named else None
+    else:  # dflash, dspark, eagle3, mtp without a head: no such drafter here
         kind, method = "ngram", "prompt_lookup"
         reason = "drafter_incompatible" if named else "drafter_not_found"
     speculative = None

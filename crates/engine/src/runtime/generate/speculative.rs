@@ -325,6 +325,14 @@ impl<'a> MtpDraft<'a> {
     }
 }
 
+/// A verification pass: the step sampled at each position, the penalty history each had, and
+/// (when asked) the model's final hidden states `(1, k + 1, H)`.
+struct Verified {
+    steps: Vec<Step>,
+    recents: Vec<Option<Array>>,
+    hidden: Option<Array>,
+}
+
 impl SequenceState<'_> {
     /// Whether draft positions can be taken back: every cache a plain KV cache or a recurrent
     /// state (which records the verification's steps; not a sliding-window ring or a quantized
@@ -338,14 +346,9 @@ impl SequenceState<'_> {
 
     /// Runs `tokens` through the model in one pass and samples at every position, each with the
     /// penalty history it would have had as a single step and the constraint's mask there
-    /// (`masks[i]` at position `i`; a position past them is never taken). Returns the steps and
-    /// those histories.
-    fn verify(
-        &mut self,
-        tokens: &[u32],
-        masks: Vec<Array>,
-        hidden: bool,
-    ) -> Result<(Vec<Step>, Vec<Option<Array>>, Option<Array>)> {
+    /// (`masks[i]` at position `i`; a position past them is never taken); with `hidden`, the
+    /// model's hidden states too.
+    fn verify(&mut self, tokens: &[u32], masks: Vec<Array>, hidden: bool) -> Result<Verified> {
         self.caches.iter_mut().for_each(KvCache::record_steps);
         let input = Array::from_slice(tokens, &[tokens.len() as i32]);
         let (logits, hidden) = self.run(&input, None, hidden)?;
@@ -358,7 +361,11 @@ impl SequenceState<'_> {
             steps.push(self.sample(row, masks.next())?);
             recents.push(self.recent.clone());
         }
-        Ok((steps, recents, hidden))
+        Ok(Verified {
+            steps,
+            recents,
+            hidden,
+        })
     }
 
     /// Forgets the last `n` positions fed to the model (of the verification pass just run).
@@ -427,7 +434,11 @@ pub(super) fn decode(
             None => Vec::new(),
         };
         let tokens: Vec<u32> = std::iter::once(last).chain(draft.iter().copied()).collect();
-        let (steps, mut recents, verified) = dec.verify(&tokens, masks, drafter.reads_hidden())?;
+        let Verified {
+            steps,
+            mut recents,
+            hidden: verified,
+        } = dec.verify(&tokens, masks, drafter.reads_hidden())?;
         hidden = verified;
         transforms::eval(steps.iter().map(|s| &s.token))?;
         accepted = (draft.iter().zip(&steps))
