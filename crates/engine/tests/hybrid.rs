@@ -127,6 +127,23 @@ fn the_checkpoints_own_mtp_head_drafts_and_changes_nothing() {
             }
         }
     }
+    // Sampled: the head's guesses drawn from its distribution and judged by speculative
+    // sampling's rule (`acceptance.rs`); the same seed, the same tokens. (This random head
+    // agrees with its random model on nothing: every draft is refused, the residual drawn.)
+    let mut request = GenerateRequest::greedy(Prompt::Tokens((100..140).collect()), 32);
+    request.sampler.temperature = 1.0;
+    request.sampler.seed = Some(3);
+    request.speculative = Some(Speculative {
+        method: Drafts::Mtp,
+        num_draft_tokens: Some(3),
+    });
+    let mut sampled = || {
+        engine.reset(true);
+        (engine.generate(&request, &mut |_| {}, &CancelToken::new())).unwrap()
+    };
+    let (first, again) = (sampled(), sampled());
+    assert_eq!(first.token_ids, again.token_ids);
+    assert!(first.usage.drafted_tokens > 0, "{:?}", first.usage);
 
     let Some(dir) = fixtures::vision_fixture("tiny-qwen3-next") else {
         return;

@@ -214,6 +214,25 @@ fn a_draft_model_drafts_and_changes_nothing() {
     assert!(fast.usage.accepted_tokens > 0, "{:?}", fast.usage);
     req.constraint = None;
 
+    // Sampled: drafts drawn from the draft model's distribution, kept by the ratio of the two
+    // models' probabilities (`acceptance.rs` proves the output distribution on its own); the
+    // same seed gives the same tokens.
+    req.sampler = mlx_engine::Sampling {
+        temperature: 1.0,
+        seed: Some(7),
+        ..mlx_engine::Sampling::default()
+    };
+    req.max_new_tokens = 60;
+    let sampled = fresh(&mut engine, &req);
+    let (drafted, accepted) = (sampled.usage.drafted_tokens, sampled.usage.accepted_tokens);
+    assert!(
+        drafted > 20 && accepted * 4 > drafted,
+        "{:?}",
+        sampled.usage
+    );
+    assert_eq!(fresh(&mut engine, &req).token_ids, sampled.token_ids);
+    req.sampler = mlx_engine::Sampling::greedy();
+
     let Some(gemma) = fixtures::gemma3_dir() else {
         return;
     };

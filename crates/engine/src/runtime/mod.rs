@@ -13,6 +13,8 @@ pub mod load;
 pub mod memory;
 #[cfg(test)]
 mod moe_load_tests;
+#[cfg(test)]
+mod mtp_tests;
 pub mod prepare;
 pub mod prompt;
 pub mod prompt_cache;

@@ -143,11 +143,43 @@ impl Sampler {
 
     /// Picks the next token from `(1, vocab)` log-probabilities; returns `(1,)` uint32.
     pub fn sample(&mut self, logprobs: &Array) -> Result<Array> {
-        let p = &self.params;
-        let temperature = p.temperature as f32;
-        if temperature == 0.0 {
+        if !self.is_random() {
             return ops::indexing::argmax_axis(logprobs, -1, None);
         }
+        let scaled = self.scaled(logprobs)?;
+        self.draw(&scaled)
+    }
+
+    /// Whether tokens are drawn at random (temperature > 0), not the most likely one.
+    pub fn is_random(&self) -> bool {
+        self.params.temperature != 0.0
+    }
+
+    /// The log-probabilities `(1, vocab)` that [`Self::sample`] draws from, given the
+    /// log-probabilities it is given (temperature > 0): filtered, scaled, normalised.
+    pub fn distribution(&self, logprobs: &Array) -> Result<Array> {
+        log_softmax(&self.scaled(logprobs)?)
+    }
+
+    /// A token `(1,)` drawn from log-weights `(1, vocab)` (normalised or not), with the next
+    /// random key.
+    pub fn draw(&mut self, weights: &Array) -> Result<Array> {
+        let (key, next) = random::split(&self.key, 2)?;
+        self.key = next;
+        random::categorical(weights, -1, None, &key)
+    }
+
+    /// `n` draws in `[0, 1)`, with the next random key.
+    pub fn uniform(&mut self, n: i32) -> Result<Array> {
+        let (key, next) = random::split(&self.key, 2)?;
+        self.key = next;
+        random::uniform::<_, f32>(0.0, 1.0, &[n], &key)
+    }
+
+    /// The filters (top-p, min-p, top-k), then the temperature.
+    fn scaled(&self, logprobs: &Array) -> Result<Array> {
+        let p = &self.params;
+        let temperature = p.temperature as f32;
         let mut lp = logprobs.clone();
         let top_p_mass = p.top_p as f32;
         if top_p_mass > 0.0 && top_p_mass < 1.0 {
@@ -161,10 +193,7 @@ impl Sampler {
         if p.top_k > 0 && p.top_k < lp.dim(-1) {
             lp = top_k(&lp, p.top_k)?;
         }
-        let (key, next) = random::split(&self.key, 2)?;
-        self.key = next;
-        let scaled = lp.multiply(scalar_like((1.0 / temperature as f64) as f32, &lp)?)?;
-        random::categorical(&scaled, -1, None, &key)
+        lp.multiply(scalar_like((1.0 / temperature as f64) as f32, &lp)?)
     }
 }
 

@@ -5,6 +5,7 @@ use super::{
     block::{Block, DenseAndMoe, Mixer, Mlp, Norms},
     family::{Family, Llama},
     model::Decoder,
+    mtp::MtpHead,
     parallel::{shard_block, stage},
     spec::{AttentionKind, CommonArgs, DecoderSpec, LayerSpec, LlamaArgs, MlpSpec, NormLayout},
 };
@@ -143,6 +144,49 @@ impl<F: Family> Decoder<F> {
     pub fn with_mrope(mut self, mrope: MRope) -> Self {
         self.mrope = Some(mrope);
         self
+    }
+
+    /// Loads the checkpoint's multi-token-prediction head ([`MtpHead`]: `mtp.fc`,
+    /// `mtp.pre_fc_norm_*`, `mtp.layers.N`, `mtp.norm`, prefix taken off) when it has
+    /// `count > 0` layers, each built as `layer` (the model's full-attention layer).
+    pub fn with_mtp(
+        mut self,
+        mut weights: Weights,
+        count: usize,
+        layer: &LayerSpec,
+    ) -> LoadResult<Self> {
+        // A rank of a split model holds part of the hidden state: no head.
+        if count == 0 || !weights.contains("fc.weight") || self.placement.is_some() {
+            return Ok(self);
+        }
+        let (eps, family) = (layer.rms_norm_eps, &self.family);
+        let mut norm = |name: &str| norm(&mut weights, name, eps, family);
+        let (pre_fc_norm_embedding, pre_fc_norm_hidden, last) = (
+            norm("pre_fc_norm_embedding")?,
+            norm("pre_fc_norm_hidden")?,
+            norm("norm")?,
+        );
+        let layers = (0..count)
+            .map(|i| {
+                load_block(
+                    &mut weights,
+                    &format!("layers.{i}"),
+                    layer.clone(),
+                    family,
+                    0,
+                )
+            })
+            .collect::<LoadResult<_>>()?;
+        let head = MtpHead {
+            fc: weights.linear("fc")?,
+            pre_fc_norm_embedding,
+            pre_fc_norm_hidden,
+            layers,
+            norm: last,
+        };
+        head.check()?;
+        self.mtp = Some(head);
+        Ok(self)
     }
 }
 

@@ -114,11 +114,11 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn mtp_depth(&self) -> usize {
-        Decoder::mtp_depth(self)
+        self.mtp.as_ref().map_or(0, MtpHead::depth)
     }
 
     fn mtp_caches(&self) -> Vec<KvCache> {
-        Decoder::mtp_caches(self)
+        self.mtp.as_ref().map_or_else(Vec::new, MtpHead::caches)
     }
 
     fn mtp_forward(
@@ -127,7 +127,12 @@ impl<F: Family> LanguageModel for Decoder<F> {
         hidden: &Array,
         caches: &mut [KvCache],
     ) -> Result<(Array, Array)> {
-        Decoder::mtp_forward(self, tokens, hidden, caches)
+        let mtp = self.mtp.as_ref().ok_or_else(|| {
+            mlx_rs::error::Exception::custom("this model has no multi-token-prediction head")
+        })?;
+        let embedded = self.embed_tokens.forward(tokens)?;
+        let h = mtp.forward(&self.family, &embedded, hidden, caches)?;
+        Ok((self.project(&h)?, h))
     }
 
     fn facts(&self) -> Facts {

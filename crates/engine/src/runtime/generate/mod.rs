@@ -3,7 +3,9 @@
 //! streaming detokenization and stop-sequence holdback on the host; a constraint's token mask
 //! (`constrain`) is applied before sampling.
 
+mod acceptance;
 mod context;
+mod drafters;
 mod guided;
 mod interleave;
 mod output;

@@ -12,23 +12,23 @@
 //! Under a constraint, the grammar follows the draft to give each position its mask, cuts the
 //! draft where it refuses a token, and rolls back; the tokens taken are then followed as usual.
 
-use mlx_rs::{ops, transforms, Array};
+use mlx_rs::{transforms, Array};
 
 use super::{
-    context::GenerationContext, context::Result, context::CLEAR_CACHE_EVERY, output::Output,
-    state::SequenceState, state::Step,
+    acceptance,
+    context::Result,
+    context::CLEAR_CACHE_EVERY,
+    drafters::{lookup, DraftModel, MtpDraft},
+    output::Output,
+    state::SequenceState,
+    state::Step,
 };
 use crate::{
-    layers::kv_cache::Caches,
     layers::kv_cache::KvCache,
-    models::Input,
-    models::LanguageModel,
     runtime::request::{Delta, Drafts, FinishReason, GenerateRequest, Speculative},
+    runtime::sampler::Sampler,
     CancelToken,
 };
-
-/// The longest suffix of the sequence looked up in it; shorter ones are tried after.
-const MAX_NGRAM: usize = 3;
 
 /// Where drafts come from, and how many were drafted and accepted.
 pub(super) struct Drafter<'a> {
@@ -36,6 +36,9 @@ pub(super) struct Drafter<'a> {
     num_draft_tokens: usize,
     /// The last draft, until its outcome is known.
     last: Vec<u32>,
+    /// The drafter's log-probabilities `(1, V)` each token of the last draft was drawn from,
+    /// when drawn at random (empty when picked greedily or copied).
+    q: Vec<Array>,
     pub drafted: usize,
     pub accepted: usize,
 }
@@ -47,29 +50,6 @@ enum Source<'a> {
     },
     Model(DraftModel<'a>),
     Mtp(MtpDraft<'a>),
-}
-
-/// The model's own multi-token-prediction head (mlx-vlm's MTP drafter): its caches hold a
-/// position for every token taken whose preceding hidden state the model gave.
-struct MtpDraft<'a> {
-    model: &'a dyn LanguageModel,
-    caches: Vec<KvCache>,
-    /// The head's guess `(1, 1)` for the token after the last one taken, and its own hidden
-    /// state there `(1, 1, H)`, from which it chains.
-    seed: Option<(Array, Array)>,
-    /// Positions the head ran while drafting the last draft (on its own hidden states).
-    appended: usize,
-    /// Until the first token is taken: the prompt tokens after the first position whose hidden
-    /// state was kept, and those hidden states `(1, T, H)`.
-    prompt: Option<(Vec<u32>, Array)>,
-}
-
-/// A draft model with its own caches, which hold the sequence up to `unfed`.
-struct DraftModel<'a> {
-    model: &'a dyn LanguageModel,
-    caches: Vec<KvCache>,
-    /// Tokens of the sequence the draft model has not run yet.
-    unfed: Vec<u32>,
 }
 
 impl<'a> Drafter<'a> {
@@ -91,17 +71,8 @@ impl<'a> Drafter<'a> {
             },
             Drafts::DraftModel => {
                 // `Engine::generate` refused the request when no draft model is loaded.
-                let Some(model) = dec.ctx.draft else {
+                let Some(mut draft) = dec.ctx.draft.and_then(DraftModel::new) else {
                     return Ok(None);
-                };
-                let caches = model.make_caches();
-                if !caches.iter().all(|c| matches!(c, KvCache::Standard(_))) {
-                    return Ok(None);
-                }
-                let mut draft = DraftModel {
-                    model,
-                    caches,
-                    unfed: Vec::new(),
                 };
                 draft.prefill(prompt, &dec.ctx, cancel)?;
                 Source::Model(draft)
@@ -117,18 +88,22 @@ impl<'a> Drafter<'a> {
             source,
             num_draft_tokens,
             last: Vec::new(),
+            q: Vec::new(),
             drafted: 0,
             accepted: 0,
         }))
     }
 
-    /// Up to `limit` (and `num_draft_tokens`) tokens to follow the sequence.
-    fn draft(&mut self, limit: usize) -> Result<Vec<u32>> {
+    /// Up to `limit` (and `num_draft_tokens`) tokens to follow the sequence; a model drafter
+    /// draws them at random when `sampler` does.
+    fn draft(&mut self, limit: usize, sampler: &mut Sampler) -> Result<Vec<u32>> {
         let limit = limit.min(self.num_draft_tokens);
+        self.q.clear();
+        let q = sampler.is_random().then_some(&mut self.q);
         self.last = match &mut self.source {
             Source::Lookup { history } => lookup(history, limit),
-            Source::Model(draft) => draft.draft(limit)?,
-            Source::Mtp(mtp) => mtp.draft(limit)?,
+            Source::Model(draft) => draft.draft(limit, sampler, q)?,
+            Source::Mtp(mtp) => mtp.draft(limit, sampler, q)?,
         };
         self.drafted += self.last.len();
         Ok(self.last.clone())
@@ -137,6 +112,9 @@ impl<'a> Drafter<'a> {
     /// Only the first `n` tokens of the last draft are verified (a constraint refused the rest).
     fn cut(&mut self, n: usize) {
         self.drafted -= self.last.len() - n;
+        // The odds of the first draft cut stay: the constraint refused it, so the model's token
+        // there is drawn as for a rejected draft ([`acceptance::judge`]).
+        self.q.truncate(n + 1);
     }
 
     /// Whether drafting needs the model's final hidden states of the verification pass.
@@ -157,170 +135,6 @@ impl<'a> Drafter<'a> {
             Source::Model(model) => model.taken(&draft, accepted, next),
             Source::Mtp(mtp) => mtp.taken(&draft, accepted, next, hidden)?,
         }
-        Ok(())
-    }
-}
-
-/// Up to `limit` tokens that followed the latest earlier occurrence of the history's last `n`
-/// tokens, for the longest `n` (at most [`MAX_NGRAM`]) that occurs earlier at all.
-fn lookup(h: &[u32], limit: usize) -> Vec<u32> {
-    for n in (1..=MAX_NGRAM.min(h.len().saturating_sub(1))).rev() {
-        let tail = &h[h.len() - n..];
-        let found = (0..h.len() - n).rev().find(|&i| &h[i..i + n] == tail);
-        if let Some(i) = found {
-            let from = i + n;
-            return h[from..(from + limit).min(h.len())].to_vec();
-        }
-    }
-    Vec::new()
-}
-
-impl DraftModel<'_> {
-    /// Runs all of `prompt` but its last token, in chunks, checking for cancellation.
-    fn prefill(
-        &mut self,
-        prompt: &[u32],
-        ctx: &GenerationContext<'_>,
-        cancel: &CancelToken,
-    ) -> Result<()> {
-        let (rest, last) = prompt.split_at(prompt.len() - 1);
-        for part in rest.chunks(ctx.prefill_chunk) {
-            if ctx.cancelled(cancel)? {
-                break;
-            }
-            let input = Array::from_slice(part, &[1, part.len() as i32]);
-            (self.model).forward(Input::tokens(&input), Caches::One(&mut self.caches))?;
-            transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
-        }
-        self.unfed = last.to_vec();
-        Ok(())
-    }
-
-    /// `limit` tokens, each the draft model's most likely next one (the last is not run).
-    fn draft(&mut self, limit: usize) -> Result<Vec<u32>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let unfed = std::mem::take(&mut self.unfed);
-        let mut input = Array::from_slice(&unfed, &[1, unfed.len() as i32]);
-        let mut tokens = Vec::with_capacity(limit);
-        for i in 0..limit {
-            let logits =
-                (self.model).forward(Input::tokens(&input), Caches::One(&mut self.caches))?;
-            let last = logits.take_axis(Array::from_int(logits.dim(1) - 1), 1)?;
-            let token = ops::indexing::argmax_axis(&last, -1, None)?;
-            if i + 1 < limit {
-                input = token.reshape(&[1, 1])?;
-                transforms::async_eval([&input])?;
-            }
-            tokens.push(token);
-        }
-        transforms::eval(&tokens)?;
-        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
-    }
-
-    /// After `draft` (all but its last token run), `accepted` of it and then `next` were taken.
-    fn taken(&mut self, draft: &[u32], accepted: usize, next: u32) {
-        if let Some(&last) = draft.last() {
-            if accepted == draft.len() {
-                self.unfed.push(last);
-            } else {
-                let run_but_rejected = draft.len() - 1 - accepted;
-                for cache in &mut self.caches {
-                    cache.trim(run_but_rejected as i32);
-                }
-            }
-        }
-        self.unfed.push(next);
-    }
-}
-
-impl<'a> MtpDraft<'a> {
-    /// The head of `model`, to be prefilled (at the first token taken) with `prompt`'s hidden
-    /// states `hidden` (from the first position kept on, as [`SequenceState::hidden`] holds
-    /// them); `None` when the model has no head or they do not reach the prompt's end (then
-    /// the request runs one token per pass).
-    fn new(
-        model: &'a dyn LanguageModel,
-        prompt: &[u32],
-        hidden: Option<(usize, Vec<Array>)>,
-    ) -> Result<Option<Self>> {
-        let Some((start, chunks)) = hidden.filter(|(_, c)| !c.is_empty()) else {
-            return Ok(None);
-        };
-        let hidden = ops::concatenate(&chunks, 1)?;
-        if model.mtp_depth() == 0 || start + hidden.dim(1) as usize != prompt.len() {
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            model,
-            caches: model.mtp_caches(),
-            seed: None,
-            appended: 0,
-            prompt: Some((prompt[start + 1..].to_vec(), hidden)),
-        }))
-    }
-
-    /// `limit` tokens: the head's guess after the last token taken, then its guesses chained
-    /// on its own hidden states (mlx-vlm's `draft_block`, greedy).
-    fn draft(&mut self, limit: usize) -> Result<Vec<u32>> {
-        self.appended = 0;
-        let Some((mut token, mut hidden)) = self.seed.clone().filter(|_| limit > 0) else {
-            return Ok(Vec::new());
-        };
-        let mut tokens = vec![token.clone()];
-        while tokens.len() < limit {
-            let (logits, h) = (self.model).mtp_forward(&token, &hidden, &mut self.caches)?;
-            self.appended += 1;
-            token = ops::indexing::argmax_axis(&logits, -1, None)?;
-            hidden = h;
-            tokens.push(token.clone());
-        }
-        transforms::eval(&tokens)?;
-        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
-    }
-
-    /// After `draft`, `accepted` of it then `next` were taken: the head's positions run on its
-    /// own (wrong) hidden states past the accepted ones are trimmed, and it runs the accepted
-    /// rest and `next` beside the model's hidden states `hidden` `(1, k + 1, H)` of the
-    /// verification (mlx-vlm's `accept_verified_tokens`), which gives the next seed.
-    fn taken(
-        &mut self,
-        draft: &[u32],
-        accepted: usize,
-        next: u32,
-        hidden: Option<&Array>,
-    ) -> Result<()> {
-        let (tokens, hidden) = match (self.prompt.take(), hidden) {
-            (Some((mut tokens, hidden)), _) => {
-                tokens.push(next);
-                (tokens, hidden)
-            }
-            (None, Some(verified)) => {
-                let keep = accepted.min(self.appended);
-                for cache in &mut self.caches {
-                    cache.trim((self.appended - keep) as i32);
-                }
-                let tokens = [&draft[keep..accepted], &[next]].concat();
-                let rows = ops::arange::<_, i32>(keep as i32, accepted as i32 + 1, 1)?;
-                (tokens, verified.take_axis(&rows, 1)?)
-            }
-            (None, None) => {
-                return Err(mlx_rs::error::Exception::custom(
-                    "a multi-token-prediction draft needs the model's hidden states",
-                )
-                .into())
-            }
-        };
-        self.appended = 0;
-        let input = Array::from_slice(&tokens, &[1, tokens.len() as i32]);
-        let (logits, h) = (self.model).mtp_forward(&input, &hidden, &mut self.caches)?;
-        let last = Array::from_int(h.dim(1) - 1);
-        let token = ops::indexing::argmax_axis(&logits.take_axis(&last, 1)?, -1, None)?;
-        let token = token.reshape(&[1, 1])?;
-        let h = h.take_axis(&last, 1)?.expand_dims(1)?;
-        transforms::async_eval([&token, &h])?;
-        self.seed = Some((token, h));
         Ok(())
     }
 }
@@ -424,7 +238,7 @@ pub(super) fn decode(
             since_clear = 0;
         }
         // The token after the last draft must fit in max_new_tokens too.
-        let mut draft = drafter.draft(req.max_new_tokens - n - 1)?;
+        let mut draft = drafter.draft(req.max_new_tokens - n - 1, &mut dec.sampler)?;
         let masks = match dec.guide.as_mut() {
             Some(guide) => {
                 let masks = guide.draft_masks(&mut draft, dec.ctx.eos)?;
@@ -435,42 +249,25 @@ pub(super) fn decode(
         };
         let tokens: Vec<u32> = std::iter::once(last).chain(draft.iter().copied()).collect();
         let Verified {
-            steps,
+            mut steps,
             mut recents,
             hidden: verified,
         } = dec.verify(&tokens, masks, drafter.reads_hidden())?;
         hidden = verified;
-        transforms::eval(steps.iter().map(|s| &s.token))?;
-        accepted = (draft.iter().zip(&steps))
-            .take_while(|(d, s)| s.token.item_exact::<u32>() == **d)
-            .count();
+        accepted = match drafter.q.is_empty() {
+            // Drafts drawn at random: speculative sampling's rule, by the drafter's odds.
+            false => acceptance::judge(&mut dec.sampler, &mut steps, &draft, &drafter.q)?,
+            // Drafts copied or picked greedily: kept while the model's own choice equals them.
+            true => {
+                transforms::eval(steps.iter().map(|s| &s.token))?;
+                (draft.iter().zip(&steps))
+                    .take_while(|(d, s)| s.token.item_exact::<u32>() == **d)
+                    .count()
+            }
+        };
         dec.rewind(draft.len() - accepted)?;
         dec.recent = recents.swap_remove(accepted);
         pending = steps;
         pending.truncate(accepted + 1);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::lookup as draft;
-
-    #[test]
-    fn drafts_what_followed_the_latest_earlier_match_of_the_longest_suffix() {
-        // "3 4" occurred before, followed by 5 6 7.
-        assert_eq!(draft(&[1, 2, 3, 4, 5, 6, 7, 9, 3, 4], 3), vec![5, 6, 7]);
-        // The longer suffix "2 3 4" wins over the later "3 4".
-        assert_eq!(draft(&[2, 3, 4, 8, 0, 3, 4, 9, 2, 3, 4], 2), vec![8, 0]);
-        // Of two matches of the same length, the latest.
-        assert_eq!(draft(&[7, 1, 7, 2, 7], 1), vec![2]);
-        // The draft stops at the end of the history.
-        assert_eq!(draft(&[5, 6, 5], 4), vec![6, 5]);
-    }
-
-    #[test]
-    fn nothing_to_draft_without_a_match() {
-        assert!(draft(&[1, 2, 3, 4], 4).is_empty());
-        assert!(draft(&[1], 4).is_empty());
-        assert!(draft(&[], 4).is_empty());
     }
 }

@@ -1,0 +1,268 @@
+//! Where drafts come from: the sequence itself (prompt lookup), a draft model with its own
+//! caches, the model's own multi-token-prediction head. Model drafters pick each token greedily,
+//! or draw it from their distribution when the request samples ([`pick`]).
+
+use mlx_rs::{ops, transforms, Array};
+
+use super::{context::GenerationContext, context::Result};
+use crate::{
+    layers::kv_cache::Caches,
+    layers::kv_cache::KvCache,
+    models::Input,
+    models::LanguageModel,
+    runtime::sampler::{log_softmax, Sampler},
+    CancelToken,
+};
+
+/// The longest suffix of the sequence looked up in it; shorter ones are tried after.
+const MAX_NGRAM: usize = 3;
+
+/// The model's own multi-token-prediction head (mlx-vlm's MTP drafter): its caches hold a
+/// position for every token taken whose preceding hidden state the model gave.
+pub(super) struct MtpDraft<'a> {
+    model: &'a dyn LanguageModel,
+    caches: Vec<KvCache>,
+    /// The head's logits `(1, V)` for the token after the last one taken, and its own hidden
+    /// state there `(1, 1, H)`, from which it chains.
+    seed: Option<(Array, Array)>,
+    /// Positions the head ran while drafting the last draft (on its own hidden states).
+    appended: usize,
+    /// Until the first token is taken: the prompt tokens after the first position whose hidden
+    /// state was kept, and those hidden states `(1, T, H)`.
+    prompt: Option<(Vec<u32>, Array)>,
+}
+
+/// A draft model with its own caches, which hold the sequence up to `unfed`.
+pub(super) struct DraftModel<'a> {
+    model: &'a dyn LanguageModel,
+    caches: Vec<KvCache>,
+    /// Tokens of the sequence the draft model has not run yet.
+    unfed: Vec<u32>,
+}
+
+/// Up to `limit` tokens that followed the latest earlier occurrence of the history's last `n`
+/// tokens, for the longest `n` (at most [`MAX_NGRAM`]) that occurs earlier at all.
+pub(super) fn lookup(h: &[u32], limit: usize) -> Vec<u32> {
+    for n in (1..=MAX_NGRAM.min(h.len().saturating_sub(1))).rev() {
+        let tail = &h[h.len() - n..];
+        let found = (0..h.len() - n).rev().find(|&i| &h[i..i + n] == tail);
+        if let Some(i) = found {
+            let from = i + n;
+            return h[from..(from + limit).min(h.len())].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// A draft token `(1,)` from drafter logits `(1, V)`: the most likely one, or, when the request
+/// samples (`q` given), one drawn from the drafter's distribution under the request's filters and
+/// temperature, whose log-probabilities `(1, V)` go to `q` for the acceptance rule
+/// (`acceptance.rs`).
+pub(super) fn pick(
+    logits: &Array,
+    sampler: &mut Sampler,
+    q: Option<&mut Vec<Array>>,
+) -> Result<Array> {
+    let Some(q) = q else {
+        return Ok(ops::indexing::argmax_axis(logits, -1, None)?);
+    };
+    let distribution = sampler.distribution(&log_softmax(logits)?)?;
+    let token = sampler.draw(&distribution)?;
+    q.push(distribution);
+    Ok(token)
+}
+
+impl<'a> DraftModel<'a> {
+    /// A draft model with fresh caches; `None` when they cannot take positions back.
+    pub(super) fn new(model: &'a dyn LanguageModel) -> Option<Self> {
+        let caches = model.make_caches();
+        (caches.iter().all(|c| matches!(c, KvCache::Standard(_)))).then_some(Self {
+            model,
+            caches,
+            unfed: Vec::new(),
+        })
+    }
+
+    /// Runs all of `prompt` but its last token, in chunks, checking for cancellation.
+    pub(super) fn prefill(
+        &mut self,
+        prompt: &[u32],
+        ctx: &GenerationContext<'_>,
+        cancel: &CancelToken,
+    ) -> Result<()> {
+        let (rest, last) = prompt.split_at(prompt.len() - 1);
+        for part in rest.chunks(ctx.prefill_chunk) {
+            if ctx.cancelled(cancel)? {
+                break;
+            }
+            let input = Array::from_slice(part, &[1, part.len() as i32]);
+            (self.model).forward(Input::tokens(&input), Caches::One(&mut self.caches))?;
+            transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
+        }
+        self.unfed = last.to_vec();
+        Ok(())
+    }
+
+    /// `limit` tokens, each the draft model's pick ([`pick`]) for the next (the last is not run).
+    pub(super) fn draft(
+        &mut self,
+        limit: usize,
+        sampler: &mut Sampler,
+        mut q: Option<&mut Vec<Array>>,
+    ) -> Result<Vec<u32>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let unfed = std::mem::take(&mut self.unfed);
+        let mut input = Array::from_slice(&unfed, &[1, unfed.len() as i32]);
+        let mut tokens = Vec::with_capacity(limit);
+        for i in 0..limit {
+            let logits =
+                (self.model).forward(Input::tokens(&input), Caches::One(&mut self.caches))?;
+            let last = logits.take_axis(Array::from_int(logits.dim(1) - 1), 1)?;
+            let token = pick(&last, sampler, q.as_deref_mut())?;
+            if i + 1 < limit {
+                input = token.reshape(&[1, 1])?;
+                transforms::async_eval([&input])?;
+            }
+            tokens.push(token);
+        }
+        transforms::eval(&tokens)?;
+        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
+    }
+
+    /// After `draft` (all but its last token run), `accepted` of it and then `next` were taken.
+    pub(super) fn taken(&mut self, draft: &[u32], accepted: usize, next: u32) {
+        if let Some(&last) = draft.last() {
+            if accepted == draft.len() {
+                self.unfed.push(last);
+            } else {
+                let run_but_rejected = draft.len() - 1 - accepted;
+                for cache in &mut self.caches {
+                    cache.trim(run_but_rejected as i32);
+                }
+            }
+        }
+        self.unfed.push(next);
+    }
+}
+
+impl<'a> MtpDraft<'a> {
+    /// The head of `model`, to be prefilled (at the first token taken) with `prompt`'s hidden
+    /// states `hidden` (from the first position kept on, as [`SequenceState::hidden`] holds
+    /// them); `None` when the model has no head or they do not reach the prompt's end (then
+    /// the request runs one token per pass).
+    pub(super) fn new(
+        model: &'a dyn LanguageModel,
+        prompt: &[u32],
+        hidden: Option<(usize, Vec<Array>)>,
+    ) -> Result<Option<Self>> {
+        let Some((start, chunks)) = hidden.filter(|(_, c)| !c.is_empty()) else {
+            return Ok(None);
+        };
+        let hidden = ops::concatenate(&chunks, 1)?;
+        if model.mtp_depth() == 0 || start + hidden.dim(1) as usize != prompt.len() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            model,
+            caches: model.mtp_caches(),
+            seed: None,
+            appended: 0,
+            prompt: Some((prompt[start + 1..].to_vec(), hidden)),
+        }))
+    }
+
+    /// `limit` tokens: the head's pick ([`pick`]) after the last token taken, then its picks
+    /// chained on its own hidden states (mlx-vlm's `draft_block`).
+    pub(super) fn draft(
+        &mut self,
+        limit: usize,
+        sampler: &mut Sampler,
+        mut q: Option<&mut Vec<Array>>,
+    ) -> Result<Vec<u32>> {
+        self.appended = 0;
+        let Some((logits, mut hidden)) = self.seed.clone().filter(|_| limit > 0) else {
+            return Ok(Vec::new());
+        };
+        let mut token = pick(&logits, sampler, q.as_deref_mut())?.reshape(&[1, 1])?;
+        let mut tokens = vec![token.clone()];
+        while tokens.len() < limit {
+            let (logits, h) = (self.model).mtp_forward(&token, &hidden, &mut self.caches)?;
+            self.appended += 1;
+            let logits = logits.take_axis(Array::from_int(0), 1)?;
+            token = pick(&logits, sampler, q.as_deref_mut())?.reshape(&[1, 1])?;
+            hidden = h;
+            tokens.push(token.clone());
+        }
+        transforms::eval(&tokens)?;
+        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
+    }
+
+    /// After `draft`, `accepted` of it then `next` were taken: the head's positions run on its
+    /// own (wrong) hidden states past the accepted ones are trimmed, and it runs the accepted
+    /// rest and `next` beside the model's hidden states `hidden` `(1, k + 1, H)` of the
+    /// verification (mlx-vlm's `accept_verified_tokens`), which gives the next seed.
+    pub(super) fn taken(
+        &mut self,
+        draft: &[u32],
+        accepted: usize,
+        next: u32,
+        hidden: Option<&Array>,
+    ) -> Result<()> {
+        let (tokens, hidden) = match (self.prompt.take(), hidden) {
+            (Some((mut tokens, hidden)), _) => {
+                tokens.push(next);
+                (tokens, hidden)
+            }
+            (None, Some(verified)) => {
+                let keep = accepted.min(self.appended);
+                for cache in &mut self.caches {
+                    cache.trim((self.appended - keep) as i32);
+                }
+                let tokens = [&draft[keep..accepted], &[next]].concat();
+                let rows = ops::arange::<_, i32>(keep as i32, accepted as i32 + 1, 1)?;
+                (tokens, verified.take_axis(&rows, 1)?)
+            }
+            (None, None) => {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a multi-token-prediction draft needs the model's hidden states",
+                )
+                .into())
+            }
+        };
+        self.appended = 0;
+        let input = Array::from_slice(&tokens, &[1, tokens.len() as i32]);
+        let (logits, h) = (self.model).mtp_forward(&input, &hidden, &mut self.caches)?;
+        let last = Array::from_int(h.dim(1) - 1);
+        let logits = logits.take_axis(&last, 1)?;
+        let h = h.take_axis(&last, 1)?.expand_dims(1)?;
+        transforms::async_eval([&logits, &h])?;
+        self.seed = Some((logits, h));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lookup as draft;
+
+    #[test]
+    fn drafts_what_followed_the_latest_earlier_match_of_the_longest_suffix() {
+        // "3 4" occurred before, followed by 5 6 7.
+        assert_eq!(draft(&[1, 2, 3, 4, 5, 6, 7, 9, 3, 4], 3), vec![5, 6, 7]);
+        // The longer suffix "2 3 4" wins over the later "3 4".
+        assert_eq!(draft(&[2, 3, 4, 8, 0, 3, 4, 9, 2, 3, 4], 2), vec![8, 0]);
+        // Of two matches of the same length, the latest.
+        assert_eq!(draft(&[7, 1, 7, 2, 7], 1), vec![2]);
+        // The draft stops at the end of the history.
+        assert_eq!(draft(&[5, 6, 5], 4), vec![6, 5]);
+    }
+
+    #[test]
+    fn nothing_to_draft_without_a_match() {
+        assert!(draft(&[1, 2, 3, 4], 4).is_empty());
+        assert!(draft(&[1], 4).is_empty());
+        assert!(draft(&[], 4).is_empty());
+    }
+}
