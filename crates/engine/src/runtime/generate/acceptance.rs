@@ -38,7 +38,7 @@ pub(super) fn judge(
         }
         transforms::eval(&keep)?;
     }
-    let accepted = keep.iter().take_while(|k| k.item::<bool>()).count();
+    let accepted = keep.iter().take_while(|k| k.item_exact::<bool>()).count();
     // A kept draft is the token there (the model's own draw was only for comparing).
     for (step, &x) in steps.iter_mut().zip(draft).take(accepted) {
         step.token = Array::from_slice(&[x], &[1]);
@@ -99,7 +99,7 @@ mod tests {
                 true => vec![x],
                 false => vec![],
             };
-            let accepted = judge(&mut sampler, &mut steps, &draft, &[lq.clone()]).unwrap();
+            let accepted = judge(&mut sampler, &mut steps, &draft, std::slice::from_ref(&lq)).unwrap();
             let token = steps[0].token.item_exact::<u32>();
             if accepted == 1 {
                 assert_eq!(token, x, "a kept draft is the token there");
