@@ -430,6 +430,31 @@ def worker_other_models(results: dict) -> None:
         finally:
             child.close()
 
+    def dflash():
+        # A DFlash block drafter beside the tiny Qwen3.5 (made with mlx-vlm's `qwen3_dflash`
+        # class, saved as z-lab's releases are), named as Studio's `spec_draft_model`: drafts
+        # under `dflash` and `auto`, the same reply as without; under `dspark` it is refused by kind.
+        drafter = os.path.join(TINY_QWEN3_5, "dflash")
+        replies = []
+        for mode in ("dflash", "auto", "off"):
+            child = Child(spawn_config(TINY_QWEN3_5, speculative_type=mode, spec_draft_model=drafter))
+            try:
+                info = child.loaded["model_info"]
+                kind = None if mode == "off" else "dflash"
+                check(info["spec_drafter_kind"] == kind and info["spec_fallback_reason"] is None, str(info))
+                _, tokens = child.generate(max_new_tokens=12)
+                check(tokens and cumulative(tokens), str(tokens))
+                replies.append(tokens[-1])
+            finally:
+                child.close()
+        check(len(set(replies)) == 1, f"replies differ: {replies!r}")
+        child = Child(spawn_config(TINY_QWEN3_5, speculative_type="dspark", spec_draft_model=drafter))
+        try:
+            info = child.loaded["model_info"]
+            check(info["spec_drafter_kind"] == "ngram" and info["spec_fallback_reason"] == "drafter_incompatible", str(info))
+        finally:
+            child.close()
+
     def mtp():
         # Qwen3.5 with its own multi-token-prediction head (the tiny fixture's, made with
         # mlx-vlm's drafter class): Studio's `mtp` mode drafts with it, and with it under `auto`.
@@ -452,6 +477,7 @@ def worker_other_models(results: dict) -> None:
 
     results[("Gemma 3 270M: load with 8-bit KV, chat", "worker")] = attempt(gemma3)
     results[("Qwen3.5: its own MTP head as Studio's mtp / auto drafter", "worker")] = attempt(mtp)
+    results[("Qwen3.5: a DFlash companion as Studio's dflash / auto drafter", "worker")] = attempt(dflash)
     results[("thinking (template opens <think>), tools", "worker")] = attempt(thinking_and_tools)
     results[("gpt-oss harmony: analysis as <think>, final answer", "worker")] = attempt(harmony)
     results[("LoRA: adapter on, off, on", "worker")] = attempt(lora)

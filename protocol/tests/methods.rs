@@ -310,6 +310,7 @@ fn model_info() -> ModelInfo {
         },
         parallel: None,
         mtp_layers: 0,
+        draft_kind: None,
     }
 }
 

@@ -859,18 +859,24 @@ def mtp_drafter(config, layers):
     return Model(ModelConfig.from_dict({"text_config": text}))
 
 
+def scale_layers(drafter, scale):
+    """A drafter's `layers.*` matrices (not its norms) scaled as the model's blocks are, so that
+    its guesses vary."""
+    drafter.update(
+        tree_map_with_path(
+            lambda path, p: p * scale if path.startswith("layers.") and "norm" not in path else p,
+            drafter.parameters(),
+        )
+    )
+
+
 def mtp_head(config, layers, seed, scale, hf_norms):
     """A multi-token-prediction head of `layers` layers for a Qwen3.5 text config, made with
     mlx-vlm's own drafter class, its layers scaled as the model's blocks, named as Qwen3.5's
     releases store it (`mtp.*`; norms as offsets from 1 where the model's are)."""
     mx.random.seed(seed)
     head = mtp_drafter(config, layers)
-    head.update(
-        tree_map_with_path(
-            lambda path, p: p * scale if path.startswith("layers.") and "norm" not in path else p,
-            head.parameters(),
-        )
-    )
+    scale_layers(head, scale)
     weights = {}
     for name, value in tree_flatten(head.parameters()):
         if hf_norms and "norm" in name.split(".")[-2]:
@@ -896,6 +902,124 @@ def mtp_reference(model, head, prompt, chain):
     head._set_seed_from_hidden(out[:, -1:, :], None, True)
     block = head.draft_block(first, hidden[:, -1:, :], None, chain + 2, None, mx.int32, True)
     return {"prompt": prompt, "first": first, "guesses": guesses, "chained": block[0, 1:].tolist()}
+
+
+def dflash_drafter(config, spec):
+    """mlx-vlm's block drafter (`qwen3_dflash`'s `DFlashDraftModel`) for a target config:
+    `spec["layers"]` layers of 4 heads of 16 (2 key/value heads) over the target's hidden size and
+    vocabulary, reading the target's layers `spec["target_layer_ids"]`; the last token of the
+    vocabulary is its mask."""
+    from mlx_vlm.speculative.drafters.qwen3_dflash import DFlashDraftModel
+    from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig
+
+    return DFlashDraftModel(DFlashConfig(**dflash_config(config, spec)))
+
+
+def dflash_config(config, spec):
+    """The drafter's fields, flat, as mlx-vlm's `DFlashConfig` takes them."""
+    return {
+        "hidden_size": config["hidden_size"],
+        "intermediate_size": 128,
+        "num_hidden_layers": spec["layers"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": config["vocab_size"],
+        "max_position_embeddings": config["max_position_embeddings"],
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "block_size": spec["block_size"],
+        "mask_token_id": config["vocab_size"] - 1,
+        "target_layer_ids": list(spec["target_layer_ids"]),
+        "num_target_layers": config["num_hidden_layers"],
+    }
+
+
+def write_dflash(config, spec, seed, scale, out):
+    """A DFlash drafter for the model, shipped as z-lab's releases ship one: its own directory
+    (`out`) with config.json (a `qwen3` model type, the drafter's fields under `dflash_config`)
+    and model.safetensors named as its module tree, without embedding or lm_head (it binds to
+    the target's). Made with mlx-vlm's class from its own seed, its layers' matrices scaled as
+    the model's blocks (not its norms), so that its guesses vary."""
+    mx.random.seed(seed)
+    drafter = dflash_drafter(config, spec)
+    scale_layers(drafter, scale)
+    fields = dflash_config(config, spec)
+    released = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        **{k: v for k, v in fields.items() if k not in ("mask_token_id", "target_layer_ids")},
+        "dflash_config": {"mask_token_id": fields["mask_token_id"], "target_layer_ids": fields["target_layer_ids"]},
+        "torch_dtype": "float32",
+    }
+    out.mkdir()
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(drafter.parameters())), metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(released, indent=2))
+
+
+def forward_capturing(model, ids, cache, layer_ids):
+    """mlx-lm's Qwen3.5 `model` over `ids` with `cache`: its logits and the outputs of its layers
+    `layer_ids` (the residual stream after each, as mlx-vlm's `capture_layer_ids` takes them),
+    concatenated on the last axis. The layers' class is patched for the pass only."""
+    layers = model.language_model.model.layers
+    wanted = {id(layers[i]): i for i in layer_ids}
+    layer_class = type(layers[0])
+    call = layer_class.__call__
+    outputs = {}
+
+    def capture(self, *args, **kwargs):
+        out = call(self, *args, **kwargs)
+        if id(self) in wanted:
+            outputs[wanted[id(self)]] = out
+        return out
+
+    layer_class.__call__ = capture
+    try:
+        logits = model(ids, cache=cache)
+    finally:
+        layer_class.__call__ = call
+    return logits, mx.concatenate([outputs[i] for i in layer_ids], axis=-1)
+
+
+def dflash_reference(model, drafter, prompt, layer_ids, block):
+    """Two rounds of mlx-vlm's DFlash drafter (as mlx-vlm loads it from its directory) beside
+    mlx-lm's model, greedy, as `_dflash_rounds` runs them: the prompt through the model with a
+    cache (the target layers' outputs captured; `first`, its greedy next token), a block of
+    `block - 1` guesses from `first` and those hidden states (`draft1`), the model over `first`
+    and the guesses (`target1`, its greedy token at each position; `accepted`, how many guesses
+    it agrees with from the start), then the next block (`draft2`) from the token after the
+    accepted ones and the hidden states of `first` and the accepted guesses, on the drafter's
+    same cache. The worker's drafter must guess the same."""
+    argmax = lambda logits: mx.argmax(logits, axis=-1)
+    cache = model.make_cache()
+    logits, hidden = forward_capturing(model, mx.array([prompt]), cache, layer_ids)
+    first = int(mx.argmax(logits[0, -1]).item())
+    drafter.bind(model)
+    dcache = drafter.make_cache()
+    draft1 = drafter.draft_block(first, hidden, dcache, block, argmax)[0].tolist()
+    logits, hidden = forward_capturing(model, mx.array([[first] + draft1]), cache, layer_ids)
+    target1 = argmax(logits)[0].tolist()
+    accepted = 0
+    while accepted < len(draft1) and draft1[accepted] == target1[accepted]:
+        accepted += 1
+    hidden2 = hidden[:, : accepted + 1]
+    draft2 = drafter.draft_block(target1[accepted], hidden2, dcache, block, argmax)[0].tolist()
+    # Guesses all alike would not test the drafter's positions.
+    assert len(set(draft1)) > 1 and len(set(draft2)) > 1, (draft1, draft2)
+    return {
+        "prompt": prompt,
+        "first": first,
+        "draft1": draft1,
+        "target1": target1,
+        "accepted": accepted,
+        "draft2": draft2,
+        "block_size": block,
+        "target_layer_ids": list(layer_ids),
+    }
 
 
 def build(spec, out):
@@ -1040,6 +1164,21 @@ def build(spec, out):
         head.load_weights(list(head.sanitize(stored).items()))
         reference = mtp_reference(loaded, head, list(range(100, 140)), 3)
         (tmp / "mtp_reference.json").write_text(json.dumps(reference))
+    if dflash := spec.get("dflash"):
+        # A companion block drafter in its own directory, and what mlx-vlm drafts with it (as
+        # mlx-vlm loads it) beside the model as mlx-lm loads it from the files.
+        from mlx_lm.utils import load_model
+        from mlx_vlm.utils import load_model as load_vlm_model
+
+        # Its own seed, after the model's: the first offset from 2000 whose drafter guesses a
+        # different token at every position of both reference blocks (many repeat one).
+        write_dflash(config, dflash, spec.get("seed", 0) + 2024, scale, tmp / "dflash")
+        loaded, _ = load_model(tmp)
+        drafter = load_vlm_model(tmp / "dflash")
+        reference = dflash_reference(
+            loaded, drafter, list(range(100, 140)), dflash["target_layer_ids"], dflash["block_size"]
+        )
+        (tmp / "dflash_reference.json").write_text(json.dumps(reference))
     (tmp / "spec.json").write_text(json.dumps(spec, sort_keys=True))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

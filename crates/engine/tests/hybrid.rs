@@ -36,6 +36,18 @@ fn loaded(dir: &std::path::Path) -> Engine {
     engine
 }
 
+/// `request` (sampled with a seed, speculative) run twice from a cold cache: the same tokens,
+/// and drafts were made.
+fn sampled_twice_alike(engine: &mut Engine, request: &GenerateRequest) {
+    let mut sampled = || {
+        engine.reset(true);
+        (engine.generate(request, &mut |_| {}, &CancelToken::new())).unwrap()
+    };
+    let (first, again) = (sampled(), sampled());
+    assert_eq!(first.token_ids, again.token_ids);
+    assert!(first.usage.drafted_tokens > 0, "{:?}", first.usage);
+}
+
 fn greedy(engine: &mut Engine, tokens: &[u32], max_new_tokens: usize) -> Completion {
     let request = GenerateRequest::greedy(Prompt::Tokens(tokens.to_vec()), max_new_tokens);
     engine
@@ -137,13 +149,7 @@ fn the_checkpoints_own_mtp_head_drafts_and_changes_nothing() {
         method: Drafts::Mtp,
         num_draft_tokens: Some(3),
     });
-    let mut sampled = || {
-        engine.reset(true);
-        (engine.generate(&request, &mut |_| {}, &CancelToken::new())).unwrap()
-    };
-    let (first, again) = (sampled(), sampled());
-    assert_eq!(first.token_ids, again.token_ids);
-    assert!(first.usage.drafted_tokens > 0, "{:?}", first.usage);
+    sampled_twice_alike(&mut engine, &request);
 
     let Some(dir) = fixtures::vision_fixture("tiny-qwen3-next") else {
         return;
@@ -250,4 +256,67 @@ fn a_chunked_cache_is_cut_back_only_before_it_drops_a_position() {
     let other = greedy(&mut engine, &diverging, 8);
     assert_eq!(other.usage.cached_tokens, 0);
     assert_eq!(other.token_ids, greedy(&mut fresh, &diverging, 8).token_ids);
+}
+
+/// A DFlash block drafter (the tiny-qwen3-5 fixture's `dflash/`, made with mlx-vlm's
+/// `qwen3_dflash` class) loaded as `draft_model`: it drafts a block per pass from the model's
+/// hidden states at its layers, and the greedy output is token for token that of one token per
+/// pass; sampled, the same seed gives the same tokens. A drafter whose layers the model does not
+/// have is refused at load, naming `draft_model`. (This random drafter agrees with its random
+/// model on nothing: every round takes one token back into its context.)
+#[test]
+fn a_dflash_drafter_drafts_blocks_and_changes_nothing() {
+    let _mlx = fixtures::mlx_test_lock();
+    let Some(dir) = fixtures::vision_fixture("tiny-qwen3-5") else {
+        return;
+    };
+    let drafter = dir.join("dflash").display().to_string();
+    let mut engine = Engine::new();
+    let load = LoadRequest {
+        model: dir.display().to_string(),
+        draft_model: Some(drafter.clone()),
+        ..Default::default()
+    };
+    engine
+        .load(&load, &mut |_| {}, &CancelToken::new())
+        .unwrap();
+    let prompt: Vec<u32> = (100..140).collect();
+    let plain = greedy(&mut engine, &prompt, 24);
+    let mut request = GenerateRequest::greedy(Prompt::Tokens(prompt), 24);
+    for drafts in [None, Some(2)] {
+        request.speculative = Some(Speculative {
+            method: Drafts::DraftModel,
+            num_draft_tokens: drafts,
+        });
+        engine.reset(true);
+        let fast = (engine.generate(&request, &mut |_| {}, &CancelToken::new())).unwrap();
+        assert_eq!(fast.token_ids, plain.token_ids, "{drafts:?} drafts");
+        // Blocks of 4: three guesses a pass by default, never more than asked.
+        let per_pass = drafts.unwrap_or(3);
+        let usage = &fast.usage;
+        assert!(
+            usage.drafted_tokens >= 23 && usage.drafted_tokens <= per_pass * 23,
+            "{usage:?}"
+        );
+    }
+    request.sampler.temperature = 1.0;
+    request.sampler.seed = Some(5);
+    sampled_twice_alike(&mut engine, &request);
+
+    let Some(mamba) = fixtures::vision_fixture("tiny-mamba") else {
+        return;
+    };
+    let other = LoadRequest {
+        model: mamba.display().to_string(),
+        draft_model: Some(drafter),
+        ..Default::default()
+    };
+    match Engine::new().load(&other, &mut |_| {}, &CancelToken::new()) {
+        Err(mlx_engine::EngineError::InvalidParams { field, reason }) => {
+            assert_eq!(field, "draft_model");
+            assert!(reason.contains("target_layer_ids"), "{reason}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a drafter for layers the model does not have loaded"),
+    }
 }

@@ -6,11 +6,11 @@ use mlx_engine::{
 };
 use protocol::methods::{
     Backend, Channel, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo,
-    Dtype, FinishReason, FunctionCall, FunctionKind, GenerateDelta, GenerateParams, GenerateResult,
-    GroupInfo, KvQuantization, LoadParams, LoadStage, MemoryInfo, MessageContent, MlxInfo,
-    ModelInfo, ParallelInfo, ParallelMode, Quantization, RankShare, ResidentModel, ResponseFormat,
-    SpecialTokens, SpeculativeMethod, Timings, TokenLogprob, ToolCallOut, ToolChoice,
-    ToolChoiceMode, TopLogprob, Usage,
+    DraftKind, Dtype, FinishReason, FunctionCall, FunctionKind, GenerateDelta, GenerateParams,
+    GenerateResult, GroupInfo, KvQuantization, LoadParams, LoadStage, MemoryInfo, MessageContent,
+    MlxInfo, ModelInfo, ParallelInfo, ParallelMode, Quantization, RankShare, ResidentModel,
+    ResponseFormat, SpecialTokens, SpeculativeMethod, Timings, TokenLogprob, ToolCallOut,
+    ToolChoice, ToolChoiceMode, TopLogprob, Usage,
 };
 use protocol::{RequestId, ResponseError};
 use serde_json::{json, Map, Value};
@@ -359,6 +359,10 @@ pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
         },
         parallel: info.parallel.as_ref().map(parallel_info),
         mtp_layers: info.mtp_layers as u32,
+        draft_kind: info.draft_kind.map(|kind| match kind {
+            mlx_engine::DraftKind::Model => DraftKind::Model,
+            mlx_engine::DraftKind::Dflash => DraftKind::Dflash,
+        }),
     }
 }
 

@@ -143,6 +143,21 @@ pub struct ModelInfo {
     /// `speculative: {"method": "mtp"}`; 0: it has none.
     #[serde(default)]
     pub mtp_layers: u32,
+    /// What `draft_model` turned out to be, when one was loaded: `"model"` (a smaller model of
+    /// the same vocabulary) or `"dflash"` (a DFlash block drafter reading this model's hidden
+    /// states); either drafts for `speculative: {"method": "draft_model"}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_kind: Option<DraftKind>,
+}
+
+/// What a load's `draft_model` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftKind {
+    /// A smaller model of the same vocabulary, decoding ahead.
+    Model,
+    /// A DFlash block drafter.
+    Dflash,
 }
 
 /// How a model is split over the ranks of a group (`load`'s `parallel`; mlx-lm's names).

@@ -7,6 +7,7 @@
 mod cohere2;
 mod decoder;
 mod deepseek_v3;
+mod dflash;
 mod ernie4_5;
 mod exaone4;
 mod falcon_h1;
@@ -45,9 +46,10 @@ mod qwen3_vl_text;
 mod seed_oss;
 mod smollm3;
 
+pub use dflash::DFlash;
 pub(crate) use mistral3::text_config as mistral3_text_config;
 pub(crate) use model::parse_args;
-pub use model::{Batching, Input, LanguageModel};
+pub use model::{Batching, Input, LanguageModel, Tap};
 
 use serde_json::Value;
 

@@ -52,6 +52,15 @@ impl<'a> Input<'a> {
     }
 }
 
+/// The hidden states a forward pass also returns, for a drafter that reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tap {
+    /// After the final norm, before the head (a multi-token-prediction head reads them).
+    Final,
+    /// The outputs of these layers, joined on the last axis (a DFlash drafter's context).
+    Layers(Vec<usize>),
+}
+
 /// How a model's batches can run ([`Caches`]'s kinds beyond one sequence).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batching {
@@ -66,6 +75,9 @@ pub struct Batching {
 pub struct Facts {
     /// Layers this rank runs.
     pub layers: usize,
+    /// Features of the hidden state, and rows of the embedding (token ids it embeds).
+    pub hidden_size: i32,
+    pub embedding_rows: i32,
     /// Context length the model was trained for, if config.json says.
     pub max_position_embeddings: Option<usize>,
     /// Head sizes of the layers whose KV cache `kv_bits` would quantize (full attention).
@@ -121,11 +133,21 @@ pub trait LanguageModel {
     fn discard_stage_input(&self, _tokens: &Array) -> Result<()> {
         Ok(())
     }
-    /// [`Self::forward`] of one sequence, with its final hidden states `(1, L, hidden)` (after
-    /// the final norm, before the head), which a multi-token-prediction head reads.
-    fn forward_with_hidden(&self, _input: Input, _caches: Caches) -> Result<(Array, Array)> {
+    /// [`Self::forward`] of one sequence, with the hidden states `tap` names `(1, L, _)`.
+    fn forward_with_hidden(
+        &self,
+        _input: Input,
+        _caches: Caches,
+        _tap: &Tap,
+    ) -> Result<(Array, Array)> {
         Err(mlx_rs::error::Exception::custom(
             "this model does not give its hidden states",
+        ))
+    }
+    /// The model's head over hidden states after its final norm `(1, L, hidden)`: logits.
+    fn head_logits(&self, _hidden: &Array) -> Result<Array> {
+        Err(mlx_rs::error::Exception::custom(
+            "this model's head does not take outside hidden states",
         ))
     }
     /// The layers of the checkpoint's own multi-token-prediction head; 0: none.

@@ -16,7 +16,7 @@ use crate::{
     runtime::prompt,
     runtime::prompt_cache::{PromptCache, DEFAULT_PROMPT_CACHE_BYTES},
     runtime::request::*,
-    runtime::resident::Resident,
+    runtime::resident::{Draft, Resident},
     runtime::scheduler::BatchAttention,
     runtime::scheduler::{self, Admission, More, Setting},
     vision::{self},
@@ -235,14 +235,9 @@ impl Engine {
         let mut built = load::build(&files, &config, req, placement, progress)?;
         let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
         load::check_experts_run_on(built.model.as_mut(), self.device.backend)?;
-        if req.draft_model.is_some() && built.vision.is_some() {
-            return Err(EngineError::InvalidParams {
-                field: "draft_model".into(),
-                reason: "speculative decoding with a draft model is for text models".into(),
-            });
-        }
-        let draft = load::draft(req, &tokenizer, progress, cancel)?;
-        let info = load::describe(req, &files, &config, &tokenizer, &built);
+        let draft = load::draft(req, &tokenizer, &built, progress, cancel)?;
+        let mut info = load::describe(req, &files, &config, &tokenizer, &built);
+        info.draft_kind = draft.as_ref().map(Draft::kind);
         Ok(Resident {
             info,
             model: built.model,

@@ -18,6 +18,7 @@ use crate::{
     layers::weights::Weights,
     models::{self, LanguageModel},
     runtime::request::*,
+    runtime::resident::Draft,
     vision::{self, VisionModel},
     CancelToken,
 };
@@ -231,14 +232,16 @@ pub(crate) fn quantize(
     Ok(adapter)
 }
 
-/// The draft model of `main` for speculative decoding: a text model whose tokenizer has the
-/// same vocabulary (token ids) as `tokenizer`, loaded with the same token and nothing else.
+/// The drafter of `main` for speculative decoding, loaded with the same token and nothing
+/// else: a DFlash block drafter made for `model` (config.json's `dflash_config`), or a text
+/// model whose tokenizer has the same vocabulary (token ids) as `tokenizer`.
 pub(crate) fn draft(
     main: &LoadRequest,
     tokenizer: &ModelTokenizer,
+    built: &Built,
     progress: &mut dyn FnMut(LoadProgress),
     cancel: &CancelToken,
-) -> Result<Option<Box<dyn LanguageModel>>, EngineError> {
+) -> Result<Option<Draft>, EngineError> {
     let Some(name) = &main.draft_model else {
         return Ok(None);
     };
@@ -252,6 +255,27 @@ pub(crate) fn draft(
         ..LoadRequest::default()
     };
     let files = resolve(&req, progress, cancel)?;
+    let config = read_config(&files.path)?;
+    if models::DFlash::is_dflash(&config) {
+        let weights = Weights::load_dir(&files.path, &config)?;
+        let facts = built.model.facts();
+        let drafter = models::DFlash::load(&config, weights, facts.hidden_size, facts.layers)?;
+        if drafter.mask_token as i64 >= i64::from(facts.embedding_rows) {
+            return Err(refuse(format!(
+                "{name}'s mask token {} is not in the model's vocabulary: the drafter was made \
+                 for another model",
+                drafter.mask_token
+            )));
+        }
+        return Ok(Some(Draft::Block(Box::new(drafter))));
+    }
+    if built.vision.is_some() {
+        return Err(refuse(
+            "speculative decoding with a draft model is for text models (a DFlash drafter or the \
+             model's own multi-token-prediction head drafts for a vision-language model)"
+                .into(),
+        ));
+    }
     let (config, draft_tokenizer) = read(&files, &req, progress, cancel)?;
     if draft_tokenizer.inner().get_vocab(true) != tokenizer.inner().get_vocab(true) {
         return Err(refuse(format!(
@@ -265,7 +289,7 @@ pub(crate) fn draft(
         )));
     }
     quantize(&mut built, &files, &req, progress)?;
-    Ok(Some(built.model))
+    Ok(Some(Draft::Model(built.model)))
 }
 
 /// `load_in_4bit`: every linear layer whose rows split into groups of 64 (a mixture of
@@ -354,6 +378,7 @@ pub(crate) fn describe(
         kv_bits_reason: built.kv_bits_refused.clone(),
         parallel: None,
         mtp_layers: built.model.mtp_depth(),
+        draft_kind: None,
         chat_template_source: match tokenizer.chat_template_source() {
             // The importer carried the GGUF's own template into tokenizer_config.json.
             text::ChatTemplateSource::TokenizerConfig if files.is_gguf => {

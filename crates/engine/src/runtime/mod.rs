@@ -7,14 +7,14 @@
 mod batching_tests;
 pub mod cancel;
 pub mod constrained;
+#[cfg(test)]
+mod drafter_tests;
 pub mod engine;
 pub mod generate;
 pub mod load;
 pub mod memory;
 #[cfg(test)]
 mod moe_load_tests;
-#[cfg(test)]
-mod mtp_tests;
 pub mod prepare;
 pub mod prompt;
 pub mod prompt_cache;

@@ -111,6 +111,17 @@ pub struct ModelInfo {
     pub parallel: Option<ParallelInfo>,
     /// Layers of the checkpoint's own multi-token-prediction head (0: none).
     pub mtp_layers: usize,
+    /// What the load's `draft_model` is, when one was loaded.
+    pub draft_kind: Option<DraftKind>,
+}
+
+/// What a load's `draft_model` turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftKind {
+    /// A smaller model of the same vocabulary.
+    Model,
+    /// A DFlash block drafter.
+    Dflash,
 }
 
 /// A split model: its mode and each rank's share, by rank.

@@ -6,11 +6,28 @@ use text::ModelTokenizer;
 
 use crate::{
     layers::lora::AdapterSwitch,
-    models::LanguageModel,
+    models::{DFlash, LanguageModel},
     runtime::prompt_cache::PromptCache,
-    runtime::request::{LoadRequest, ModelInfo},
+    runtime::request::{DraftKind, LoadRequest, ModelInfo},
     vision::VisionModel,
 };
+
+/// What drafts beside a model for speculative decoding (`load`'s `draft_model`).
+pub(crate) enum Draft {
+    /// A smaller model of the same vocabulary, decoding ahead of it.
+    Model(Box<dyn LanguageModel>),
+    /// A DFlash block drafter, reading the model's hidden states.
+    Block(Box<DFlash>),
+}
+
+impl Draft {
+    pub(crate) fn kind(&self) -> DraftKind {
+        match self {
+            Draft::Model(_) => DraftKind::Model,
+            Draft::Block(_) => DraftKind::Dflash,
+        }
+    }
+}
 
 /// A model made resident by `load`.
 pub(crate) struct Resident {
@@ -23,8 +40,8 @@ pub(crate) struct Resident {
     pub(crate) load: LoadRequest,
     /// The switch of the attached adapter, if any.
     pub(crate) adapter: Option<AdapterSwitch>,
-    /// The draft model for speculative decoding, if one was loaded with it.
-    pub(crate) draft: Option<Box<dyn LanguageModel>>,
+    /// The drafter for speculative decoding, if one was loaded with it.
+    pub(crate) draft: Option<Draft>,
     /// Recent generations' KV caches, for the next prompts that start the same way.
     pub(crate) prompt_cache: PromptCache,
     /// The tokenizer as the grammar engine reads it, made by the first constrained request.
@@ -36,7 +53,7 @@ pub(crate) struct Resident {
 #[derive(Clone, Copy)]
 pub(crate) struct View<'r> {
     pub model: &'r dyn LanguageModel,
-    pub draft: Option<&'r dyn LanguageModel>,
+    pub draft: Option<&'r Draft>,
     pub vision: Option<&'r dyn VisionModel>,
     pub tokenizer: &'r ModelTokenizer,
     pub info: &'r ModelInfo,
@@ -53,7 +70,7 @@ impl Resident {
     ) {
         let view = View {
             model: self.model.as_ref(),
-            draft: self.draft.as_deref(),
+            draft: self.draft.as_ref(),
             vision: self.vision.as_deref(),
             tokenizer: &self.tokenizer,
             info: &self.info,

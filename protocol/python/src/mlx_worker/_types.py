@@ -235,6 +235,10 @@ class ModelInfo(_ModelInfoRequired, total=False):
     #: `speculative: {"method": "mtp"}`; 0: it has none.
     #: default: 0
     mtp_layers: int
+    #: What `draft_model` turned out to be, when one was loaded: `"model"` (a smaller model of
+    #: the same vocabulary) or `"dflash"` (a DFlash block drafter reading this model's hidden
+    #: states); either drafts for `speculative: {"method": "draft_model"}`.
+    draft_kind: DraftKind | None
 
 
 class Quantization(TypedDict):
@@ -301,6 +305,10 @@ class RankShare(TypedDict):
     layers: list[int]
     #: Bytes of the weights it holds (its linear layers and embedding).
     weight_bytes: int
+
+
+#: What a load's `draft_model` is.
+DraftKind = Literal['model', 'dflash']
 
 
 class MemoryInfo(TypedDict):
@@ -736,6 +744,10 @@ class ResidentModel(_ResidentModelRequired, total=False):
     #: `speculative: {"method": "mtp"}`; 0: it has none.
     #: default: 0
     mtp_layers: int
+    #: What `draft_model` turned out to be, when one was loaded: `"model"` (a smaller model of
+    #: the same vocabulary) or `"dflash"` (a DFlash block drafter reading this model's hidden
+    #: states); either drafts for `speculative: {"method": "draft_model"}`.
+    draft_kind: DraftKind | None
 
 
 class QueueInfo(TypedDict):

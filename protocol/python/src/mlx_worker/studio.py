@@ -346,7 +346,7 @@ class MLXInferenceBackend:
         kv_bits, turboquant = parse_kv_quant(kv_quant)
         kv_sent = kv_bits if (not turboquant and kv_bits in WORKER_KV_BITS) else None
         mode = spec_mode(speculative_type)
-        draft_model = spec_draft_model if (spec_draft_model and mode in ("auto",)) else None
+        draft_model = spec_draft_model if (spec_draft_model and mode in ("auto", "dflash")) else None
         params: dict[str, Any] = {
             "max_seq_length": int(max_seq_length) if max_seq_length and int(max_seq_length) > 0 else 0,
             "load_in_4bit": bool(load_in_4bit),
@@ -384,7 +384,8 @@ class MLXInferenceBackend:
         info = loaded["info"]
         kv = info["kv_quantization"]
         speculation = _speculation(
-            mode, spec_draft_model, draft_model, draft_refused, kv.get("applied"), spec_draft_n_max, info.get("mtp_layers", 0)
+            mode, spec_draft_model, draft_model, draft_refused, kv.get("applied"), spec_draft_n_max,
+            info.get("mtp_layers", 0), info.get("draft_kind"),
         )
         template = info["chat_template"]
         entry: dict[str, Any] = {
@@ -1059,13 +1060,15 @@ def _speculation(
     kv_applied: Any,
     n_max: Any,
     mtp_layers: int,
+    draft_kind: str | None = None,
 ) -> dict[str, Any]:
     """Studio's ``speculative_type`` / ``spec_*`` fields and the worker's ``speculative``
     request for them: ``ngram`` is the worker's prompt lookup; ``mtp`` the checkpoint's own
-    multi-token-prediction head where the worker loaded one; ``auto`` a named drafter (its draft
-    model), else that head (Studio's order); the drafter kinds it lacks (DFlash, DSpark,
-    EAGLE-3, MTP without a head) fall back to the copy-only n-gram draft with Studio's reason, as
-    Studio's backend falls back when it finds none."""
+    multi-token-prediction head where the worker loaded one; ``dflash`` the named DFlash
+    companion the worker loaded as its draft model (``draft_kind``); ``auto`` a named drafter,
+    else that head (Studio's order); the drafter kinds it lacks (DSpark, EAGLE-3, DFlash or
+    MTP not found) fall back to the copy-only n-gram draft with Studio's reason, as Studio's
+    backend falls back when it finds none."""
     try:  # reported as asked (Studio's load route compares it), capped where it is used
         asked = int(n_max) if n_max is not None and int(n_max) > 0 else None
     except (TypeError, ValueError):
@@ -1080,7 +1083,7 @@ def _speculation(
         kind, method = "ngram", "prompt_lookup"
     elif mode == "auto":
         if draft_model:
-            kind, method = "draft_model", "draft_model"
+            kind, method = ("dflash" if draft_kind == "dflash" else "draft_model"), "draft_model"
         elif mtp_layers:
             kind, method = "mtp", "mtp"
             reason = "drafter_incompatible" if draft_refused else None
@@ -1090,7 +1093,9 @@ def _speculation(
         # A named companion is not loaded here: Studio passes over it to the built-in head.
         kind, method = "mtp", "mtp"
         reason = "drafter_incompatible" if named else None
-    else:  # dflash, dspark, eagle3, mtp without a head: no such drafter here
+    elif mode == "dflash" and draft_kind == "dflash":
+        kind, method = "dflash", "draft_model"
+    else:  # dspark, eagle3, dflash or mtp not found: no such drafter here
         kind, method = "ngram", "prompt_lookup"
         reason = "drafter_incompatible" if named else "drafter_not_found"
     speculative = None

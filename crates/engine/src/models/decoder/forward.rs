@@ -61,7 +61,23 @@ impl<F: Family> Decoder<F> {
     /// position of the pass at once; how each sequence's positions are rotated, stored and
     /// attended is `caches`'s kind's (`layers/kv_cache/pass.rs`). Returns the hidden states
     /// before the final norm, of the positions the head reads.
-    pub(super) fn forward_pass(&self, input: Input, mut caches: Caches) -> Result<Array> {
+    pub(super) fn forward_pass(&self, input: Input, caches: Caches) -> Result<Array> {
+        Ok(self.forward_capturing(input, caches, &[])?.0)
+    }
+
+    /// [`Self::forward_pass`], with the outputs of the layers `capture` (indices in the whole
+    /// model, in that order) of one sequence, every position `(1, L, hidden)`.
+    pub(super) fn forward_capturing(
+        &self,
+        input: Input,
+        mut caches: Caches,
+        capture: &[usize],
+    ) -> Result<(Array, Vec<Array>)> {
+        if !capture.is_empty() && (self.placement.is_some() || caches.is_batch()) {
+            return Err(mlx_rs::error::Exception::custom(
+                "hidden states of inner layers are taken from one sequence on one rank",
+            ));
+        }
         caches.check(self.cache_count())?;
         // Refused before any cache is touched (a padded step moves every row's offset).
         let batching = self.batching();
@@ -110,6 +126,7 @@ impl<F: Family> Decoder<F> {
         }
         // Keys and values of this pass that later layers share (mlx-lm's `intermediates`).
         let mut kept: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
+        let mut captured: Vec<Option<Array>> = vec![None; capture.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             let kv = match layer.kv_from {
                 Some(src) => {
@@ -140,10 +157,17 @@ impl<F: Family> Decoder<F> {
             if let Some(rows) = input.deepstack.get(i) {
                 h = h.add(rows)?;
             }
+            for (slot, _) in (captured.iter_mut().zip(capture)).filter(|(_, &c)| c == i) {
+                *slot = Some(h.clone());
+            }
         }
+        let captured = captured.into_iter().zip(capture).map(|(h, i)| {
+            h.ok_or_else(|| mlx_rs::error::Exception::custom(format!("the model has no layer {i}")))
+        });
+        let captured = captured.collect::<Result<Vec<_>>>()?;
         if let Some(p) = pipeline {
             h = parallel::hand_on(p, h)?;
         }
-        caches.head_positions(h)
+        Ok((caches.head_positions(h)?, captured))
     }
 }

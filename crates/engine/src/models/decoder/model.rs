@@ -17,7 +17,7 @@ use crate::{
     layers::parallel::{self, Placement},
     layers::weights::checkpoint_name,
     layers::{Embedding, Linear, Norm, Result},
-    models::model::{Facts, Input, LanguageModel, Stage},
+    models::model::{Facts, Input, LanguageModel, Stage, Tap},
 };
 
 pub struct Decoder<F: Family = Llama> {
@@ -108,9 +108,27 @@ impl<F: Family> LanguageModel for Decoder<F> {
         self.head(&self.forward_pass(input, caches)?)
     }
 
-    fn forward_with_hidden(&self, input: Input, caches: Caches) -> Result<(Array, Array)> {
-        let h = self.norm.forward(&self.forward_pass(input, caches)?)?;
-        Ok((self.project(&h)?, h))
+    fn forward_with_hidden(
+        &self,
+        input: Input,
+        caches: Caches,
+        tap: &Tap,
+    ) -> Result<(Array, Array)> {
+        let layers = match tap {
+            Tap::Final => &[][..],
+            Tap::Layers(layers) => layers,
+        };
+        let (h, captured) = self.forward_capturing(input, caches, layers)?;
+        let h = self.norm.forward(&h)?;
+        let logits = self.project(&h)?;
+        match tap {
+            Tap::Final => Ok((logits, h)),
+            Tap::Layers(_) => Ok((logits, mlx_rs::ops::concatenate(&captured, -1)?)),
+        }
+    }
+
+    fn head_logits(&self, hidden: &Array) -> Result<Array> {
+        self.project(hidden)
     }
 
     fn mtp_depth(&self) -> usize {
@@ -136,8 +154,11 @@ impl<F: Family> LanguageModel for Decoder<F> {
     }
 
     fn facts(&self) -> Facts {
+        let (embedding_rows, hidden_size) = self.embed_tokens.table.dims();
         Facts {
             layers: self.layers.len(),
+            hidden_size,
+            embedding_rows,
             max_position_embeddings: self.max_position_embeddings,
             quantizable_kv_head_dims: self.quantizable_kv_head_dims(),
             kv_bits_refusal: self.kv_bits_refusal(),

@@ -99,7 +99,8 @@ mod tests {
                 true => vec![x],
                 false => vec![],
             };
-            let accepted = judge(&mut sampler, &mut steps, &draft, std::slice::from_ref(&lq)).unwrap();
+            let accepted =
+                judge(&mut sampler, &mut steps, &draft, std::slice::from_ref(&lq)).unwrap();
             let token = steps[0].token.item_exact::<u32>();
             if accepted == 1 {
                 assert_eq!(token, x, "a kept draft is the token there");

@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use crate::{
     layers::distributed::Group, layers::parallel::Placement, models::Batching,
-    models::LanguageModel, runtime::constrained::Markup, vision::VisionModel, CancelToken,
-    EngineError,
+    models::LanguageModel, runtime::constrained::Markup, runtime::resident::Draft,
+    vision::VisionModel, CancelToken, EngineError,
 };
 
 pub(super) type Result<T> = std::result::Result<T, EngineError>;
@@ -26,8 +26,8 @@ pub(super) const CLEAR_CACHE_EVERY: usize = 256;
 /// A model and what generating with it needs.
 pub(crate) struct GenerationContext<'a> {
     pub model: &'a dyn LanguageModel,
-    /// The draft model for speculative decoding, if one was loaded.
-    pub draft: Option<&'a dyn LanguageModel>,
+    /// The drafter for speculative decoding, if one was loaded.
+    pub draft: Option<&'a Draft>,
     /// The vision side, for a vision-language model.
     pub vision: Option<&'a dyn VisionModel>,
     pub tokenizer: &'a text::ModelTokenizer,

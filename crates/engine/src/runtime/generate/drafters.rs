@@ -1,6 +1,7 @@
 //! Where drafts come from: the sequence itself (prompt lookup), a draft model with its own
-//! caches, the model's own multi-token-prediction head. Model drafters pick each token greedily,
-//! or draw it from their distribution when the request samples ([`pick`]).
+//! caches, the model's own multi-token-prediction head, a DFlash block drafter. Model drafters
+//! pick each token greedily, or draw it from their distribution when the request samples
+//! ([`pick`]).
 
 use mlx_rs::{ops, transforms, Array};
 
@@ -8,8 +9,7 @@ use super::{context::GenerationContext, context::Result};
 use crate::{
     layers::kv_cache::Caches,
     layers::kv_cache::KvCache,
-    models::Input,
-    models::LanguageModel,
+    models::{DFlash, Input, LanguageModel, Tap},
     runtime::sampler::{log_softmax, Sampler},
     CancelToken,
 };
@@ -157,11 +157,11 @@ impl<'a> MtpDraft<'a> {
         prompt: &[u32],
         hidden: Option<(usize, Vec<Array>)>,
     ) -> Result<Option<Self>> {
-        let Some((start, chunks)) = hidden.filter(|(_, c)| !c.is_empty()) else {
+        let Some(hidden) = joined(prompt, hidden)? else {
             return Ok(None);
         };
-        let hidden = ops::concatenate(&chunks, 1)?;
-        if model.mtp_depth() == 0 || start + hidden.dim(1) as usize != prompt.len() {
+        let start = prompt.len() - hidden.dim(1) as usize;
+        if model.mtp_depth() == 0 {
             return Ok(None);
         }
         Ok(Some(Self {
@@ -239,6 +239,118 @@ impl<'a> MtpDraft<'a> {
         let h = h.take_axis(&last, 1)?.expand_dims(1)?;
         transforms::async_eval([&logits, &h])?;
         self.seed = Some((logits, h));
+        Ok(())
+    }
+}
+
+/// The prompt's hidden states `hidden` (from position `.0` on, chunk by chunk) joined `(1, S, _)`,
+/// when they reach its end (a prefill run elsewhere kept none).
+fn joined(prompt: &[u32], hidden: Option<(usize, Vec<Array>)>) -> Result<Option<Array>> {
+    let Some((start, chunks)) = hidden.filter(|(_, c)| !c.is_empty()) else {
+        return Ok(None);
+    };
+    let hidden = ops::concatenate(&chunks, 1)?;
+    Ok((start + hidden.dim(1) as usize == prompt.len()).then_some(hidden))
+}
+
+/// A DFlash block drafter beside the model: its caches hold the context (the model's hidden
+/// states at the drafter's layers) of every token taken whose hidden states the model gave.
+pub(super) struct BlockDraft<'a> {
+    model: &'a dyn LanguageModel,
+    drafter: &'a DFlash,
+    caches: Vec<KvCache>,
+    /// The context of the positions taken since the last draft `(1, S, layers * H)`.
+    context: Option<Array>,
+    /// The last token taken, which the model has not run yet.
+    last: u32,
+    /// Until the first token is taken: the prompt's context.
+    prompt: Option<Array>,
+}
+
+impl<'a> BlockDraft<'a> {
+    /// The drafter over the prompt's context `hidden` (from position `.0` on, chunk by chunk);
+    /// `None` when it does not reach the prompt's end (then nothing is drafted).
+    pub(super) fn new(
+        model: &'a dyn LanguageModel,
+        drafter: &'a DFlash,
+        prompt: &[u32],
+        hidden: Option<(usize, Vec<Array>)>,
+    ) -> Result<Option<Self>> {
+        let Some(context) = joined(prompt, hidden)? else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            model,
+            drafter,
+            caches: drafter.caches(),
+            context: None,
+            last: 0,
+            prompt: Some(context),
+        }))
+    }
+
+    pub(super) fn block_size(&self) -> usize {
+        self.drafter.block_size
+    }
+
+    pub(super) fn tap(&self) -> Tap {
+        Tap::Layers(self.drafter.target_layers.clone())
+    }
+
+    /// `limit` guesses in one pass of the drafter (mlx-vlm's `draft_block`): the block is the
+    /// last token taken and `limit` mask tokens; each mask's guess is picked ([`pick`]).
+    pub(super) fn draft(
+        &mut self,
+        limit: usize,
+        sampler: &mut Sampler,
+        mut q: Option<&mut Vec<Array>>,
+    ) -> Result<Vec<u32>> {
+        let Some(context) = self.context.take().filter(|_| limit > 0) else {
+            return Ok(Vec::new());
+        };
+        let block: Vec<u32> = std::iter::once(self.last)
+            .chain(std::iter::repeat_n(self.drafter.mask_token, limit))
+            .collect();
+        let block = Array::from_slice(&block, &[1, block.len() as i32]);
+        let h = (self.drafter).forward(&self.model.embed(&block)?, &context, &mut self.caches)?;
+        let rows = ops::arange::<_, i32>(1, limit as i32 + 1, 1)?;
+        let logits = self.model.head_logits(&h.take_axis(&rows, 1)?)?;
+        let tokens = (0..limit as i32)
+            .map(|i| {
+                pick(
+                    &logits.take_axis(Array::from_int(i), 1)?,
+                    sampler,
+                    q.as_deref_mut(),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        transforms::eval(&tokens)?;
+        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
+    }
+
+    /// `accepted` of the last draft, then `next`, were taken: the context of the positions
+    /// taken is the verification pass's `hidden` `(1, k + 1, _)` up to the last accepted
+    /// (mlx-vlm's `hidden[:, :accepted + 1]`); the first time, the prompt's.
+    pub(super) fn taken(
+        &mut self,
+        accepted: usize,
+        next: u32,
+        hidden: Option<&Array>,
+    ) -> Result<()> {
+        self.context = match (self.prompt.take(), hidden) {
+            (Some(prompt), _) => Some(prompt),
+            (None, Some(verified)) => {
+                let rows = ops::arange::<_, i32>(0, accepted as i32 + 1, 1)?;
+                Some(verified.take_axis(&rows, 1)?)
+            }
+            (None, None) => {
+                return Err(mlx_rs::error::Exception::custom(
+                    "a block draft needs the model's hidden states",
+                )
+                .into())
+            }
+        };
+        self.last = next;
         Ok(())
     }
 }

@@ -12,12 +12,14 @@ use super::{
     guided::Guided,
     output::{ms, Output},
     pipeline, speculative,
-    state::{Next, SequenceState, Step},
+    state::{HiddenSink, Next, SequenceState, Step},
 };
 use crate::{
+    models::Tap,
     runtime::prompt::PromptInputs,
     runtime::prompt_cache::PromptCache,
     runtime::request::{Completion, Delta, Drafts, FinishReason, GenerateRequest, Timings, Usage},
+    runtime::resident::Draft,
     runtime::sampler::Sampler,
     CancelToken, EngineError,
 };
@@ -223,9 +225,20 @@ fn begin<'a>(
         (None, None) => (0, Instant::now(), None),
     };
     dec.next = reused + done;
-    // A multi-token-prediction head starts from the prompt's hidden states.
-    if req.speculative.is_some_and(|s| s.method == Drafts::Mtp) {
-        dec.hidden = Some((dec.next, Vec::new()));
+    // A multi-token-prediction head and a block drafter start from the prompt's hidden states.
+    let tap = match (req.speculative.map(|s| s.method), ctx.draft) {
+        (Some(Drafts::Mtp), _) => Some(Tap::Final),
+        (Some(Drafts::DraftModel), Some(Draft::Block(d))) => {
+            Some(Tap::Layers(d.target_layers.clone()))
+        }
+        _ => None,
+    };
+    if let Some(tap) = tap {
+        dec.hidden = Some(HiddenSink {
+            tap,
+            start: dec.next,
+            chunks: Vec::new(),
+        });
     }
     let mut out = Output::new(
         ctx.tokenizer.detokenizer(),

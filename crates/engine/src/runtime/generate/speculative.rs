@@ -1,12 +1,13 @@
-//! Speculative decoding: draft tokens, from the sequence itself (prompt lookup: what followed an
-//! earlier occurrence of the last few tokens, in the prompt or the output) or from a smaller
-//! draft model with the same tokenizer, or from the model's own multi-token-prediction head
-//! (reading the model's hidden states, `models/decoder/mtp.rs`), are checked by one forward pass of the model over the
-//! last token and the draft, which gives the model's own choice at every position. The choices
-//! are taken while they agree with the draft, plus the first that does not (or one past the
-//! draft): every token is still the model's, sampled with the request's sampler from the logits
-//! of the sequence before it (mlx-lm's acceptance rule), so greedy output is that of one-token
-//! steps, up to float differences between a pass over several positions and one. The cache
+//! Speculative decoding: draft tokens (`drafters.rs`: from the sequence itself, a smaller draft
+//! model with the same tokenizer, the model's own multi-token-prediction head or a DFlash block
+//! drafter, the last two reading the model's hidden states) are checked by one forward pass of
+//! the model over the last token and the draft, which gives the model's own choice at every
+//! position. Drafts picked greedily or copied are taken while they agree with those choices,
+//! plus the first that does not (or one past the draft): every token is still the model's,
+//! sampled with the request's sampler from the logits of the sequence before it (mlx-lm's
+//! acceptance rule), so greedy output is that of one-token steps, up to float differences
+//! between a pass over several positions and one. Drafts drawn at random are judged by
+//! speculative sampling's rule (`acceptance.rs`). The cache
 //! positions of rejected draft tokens are trimmed away, in the model and in the draft model;
 //! a recurrent layer's state is set back to the one it recorded after the last accepted position.
 //! Under a constraint, the grammar follows the draft to give each position its mask, cuts the
@@ -18,14 +19,16 @@ use super::{
     acceptance,
     context::Result,
     context::CLEAR_CACHE_EVERY,
-    drafters::{lookup, DraftModel, MtpDraft},
+    drafters::{lookup, BlockDraft, DraftModel, MtpDraft},
     output::Output,
     state::SequenceState,
     state::Step,
 };
 use crate::{
     layers::kv_cache::KvCache,
+    models::Tap,
     runtime::request::{Delta, Drafts, FinishReason, GenerateRequest, Speculative},
+    runtime::resident::Draft,
     runtime::sampler::Sampler,
     CancelToken,
 };
@@ -50,6 +53,7 @@ enum Source<'a> {
     },
     Model(DraftModel<'a>),
     Mtp(MtpDraft<'a>),
+    Block(BlockDraft<'a>),
 }
 
 impl<'a> Drafter<'a> {
@@ -61,7 +65,7 @@ impl<'a> Drafter<'a> {
         prompt: &[u32],
         cancel: &CancelToken,
     ) -> Result<Option<Self>> {
-        let hidden = dec.hidden.take();
+        let hidden = dec.hidden.take().map(|sink| (sink.start, sink.chunks));
         if !dec.can_speculate() {
             return Ok(None);
         }
@@ -69,21 +73,37 @@ impl<'a> Drafter<'a> {
             Drafts::PromptLookup => Source::Lookup {
                 history: prompt.to_vec(),
             },
-            Drafts::DraftModel => {
-                // `Engine::generate` refused the request when no draft model is loaded.
-                let Some(mut draft) = dec.ctx.draft.and_then(DraftModel::new) else {
-                    return Ok(None);
-                };
-                draft.prefill(prompt, &dec.ctx, cancel)?;
-                Source::Model(draft)
-            }
+            // `Engine::generate` refused the request when no drafter is loaded.
+            Drafts::DraftModel => match dec.ctx.draft {
+                Some(Draft::Model(model)) => {
+                    let Some(mut draft) = DraftModel::new(model.as_ref()) else {
+                        return Ok(None);
+                    };
+                    draft.prefill(prompt, &dec.ctx, cancel)?;
+                    Source::Model(draft)
+                }
+                Some(Draft::Block(dflash)) => {
+                    match BlockDraft::new(dec.ctx.model, dflash, prompt, hidden)? {
+                        Some(block) => Source::Block(block),
+                        None => return Ok(None),
+                    }
+                }
+                None => return Ok(None),
+            },
             Drafts::Mtp => match MtpDraft::new(dec.ctx.model, prompt, hidden)? {
                 Some(mtp) => Source::Mtp(mtp),
                 None => return Ok(None),
             },
         };
         let depth = dec.ctx.model.mtp_depth();
-        let num_draft_tokens = (spec.num_draft_tokens).unwrap_or(spec.method.default_count(depth));
+        let num_draft_tokens = match &source {
+            // A block holds the last token and its guesses.
+            Source::Block(block) => {
+                let most = block.block_size() - 1;
+                spec.num_draft_tokens.unwrap_or(most).min(most)
+            }
+            _ => (spec.num_draft_tokens).unwrap_or(spec.method.default_count(depth)),
+        };
         Ok(Some(Self {
             source,
             num_draft_tokens,
@@ -104,6 +124,7 @@ impl<'a> Drafter<'a> {
             Source::Lookup { history } => lookup(history, limit),
             Source::Model(draft) => draft.draft(limit, sampler, q)?,
             Source::Mtp(mtp) => mtp.draft(limit, sampler, q)?,
+            Source::Block(block) => block.draft(limit, sampler, q)?,
         };
         self.drafted += self.last.len();
         Ok(self.last.clone())
@@ -117,13 +138,17 @@ impl<'a> Drafter<'a> {
         self.q.truncate(n + 1);
     }
 
-    /// Whether drafting needs the model's final hidden states of the verification pass.
-    fn reads_hidden(&self) -> bool {
-        matches!(self.source, Source::Mtp(_))
+    /// The hidden states drafting reads of the verification pass, if any.
+    fn tap(&self) -> Option<Tap> {
+        match &self.source {
+            Source::Mtp(_) => Some(Tap::Final),
+            Source::Block(block) => Some(block.tap()),
+            Source::Lookup { .. } | Source::Model(_) => None,
+        }
     }
 
     /// The first `accepted` tokens of the last draft were taken, then `next`; `hidden`: the
-    /// verification pass's hidden states, when [`Self::reads_hidden`].
+    /// verification pass's hidden states, those [`Self::tap`] names.
     fn taken(&mut self, accepted: usize, next: u32, hidden: Option<&Array>) -> Result<()> {
         self.accepted += accepted;
         let draft = std::mem::take(&mut self.last);
@@ -134,13 +159,14 @@ impl<'a> Drafter<'a> {
             }
             Source::Model(model) => model.taken(&draft, accepted, next),
             Source::Mtp(mtp) => mtp.taken(&draft, accepted, next, hidden)?,
+            Source::Block(block) => block.taken(accepted, next, hidden)?,
         }
         Ok(())
     }
 }
 
 /// A verification pass: the step sampled at each position, the penalty history each had, and
-/// (when asked) the model's final hidden states `(1, k + 1, H)`.
+/// (when asked) the model's hidden states `(1, k + 1, _)`.
 struct Verified {
     steps: Vec<Step>,
     recents: Vec<Option<Array>>,
@@ -160,12 +186,12 @@ impl SequenceState<'_> {
 
     /// Runs `tokens` through the model in one pass and samples at every position, each with the
     /// penalty history it would have had as a single step and the constraint's mask there
-    /// (`masks[i]` at position `i`; a position past them is never taken); with `hidden`, the
-    /// model's hidden states too.
-    fn verify(&mut self, tokens: &[u32], masks: Vec<Array>, hidden: bool) -> Result<Verified> {
+    /// (`masks[i]` at position `i`; a position past them is never taken); with `tap`, the
+    /// model's hidden states it names too.
+    fn verify(&mut self, tokens: &[u32], masks: Vec<Array>, tap: Option<&Tap>) -> Result<Verified> {
         self.caches.iter_mut().for_each(KvCache::record_steps);
         let input = Array::from_slice(tokens, &[tokens.len() as i32]);
-        let (logits, hidden) = self.run(&input, None, hidden)?;
+        let (logits, hidden) = self.run(&input, None, tap)?;
         let mut steps = Vec::with_capacity(tokens.len());
         let mut recents = Vec::with_capacity(tokens.len());
         let mut masks = masks.into_iter();
@@ -252,7 +278,7 @@ pub(super) fn decode(
             mut steps,
             mut recents,
             hidden: verified,
-        } = dec.verify(&tokens, masks, drafter.reads_hidden())?;
+        } = dec.verify(&tokens, masks, drafter.tap().as_ref())?;
         hidden = verified;
         accepted = match drafter.q.is_empty() {
             // Drafts drawn at random: speculative sampling's rule, by the drafter's odds.

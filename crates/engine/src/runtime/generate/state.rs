@@ -15,7 +15,7 @@ use crate::{
     layers::kv_cache::KvCache,
     layers::mrope::MropePositions,
     layers::row,
-    models::Input,
+    models::{Input, Tap},
     runtime::prompt::PromptEmbeds,
     runtime::request::{Delta, FinishReason},
     runtime::sampler::{log_softmax, Sampler},
@@ -42,9 +42,15 @@ pub(super) struct SequenceState<'a> {
     pub(super) next: usize,
     /// The request's constraint, if any.
     pub(super) guide: Option<Guided>,
-    /// While set: the model's final hidden states of every position run, from `.0` on (a
-    /// multi-token-prediction head reads the prompt's).
-    pub(super) hidden: Option<(usize, Vec<Array>)>,
+    /// While set: the hidden states a drafter reads of every position run (the prompt's).
+    pub(super) hidden: Option<HiddenSink>,
+}
+
+/// The hidden states `tap` names, of every position run from `start` on, chunk by chunk.
+pub(super) struct HiddenSink {
+    pub(super) tap: Tap,
+    pub(super) start: usize,
+    pub(super) chunks: Vec<Array>,
 }
 
 impl SequenceState<'_> {
@@ -65,20 +71,20 @@ impl SequenceState<'_> {
         tokens: &Array,
         embeds: Option<PromptEmbeds>,
     ) -> Result<Array> {
-        let keep = self.hidden.is_some();
-        let (logits, hidden) = self.run(tokens, embeds, keep)?;
-        if let (Some((_, sink)), Some(h)) = (&mut self.hidden, hidden) {
-            sink.push(h);
+        let tap = self.hidden.as_ref().map(|sink| sink.tap.clone());
+        let (logits, hidden) = self.run(tokens, embeds, tap.as_ref())?;
+        if let (Some(sink), Some(h)) = (&mut self.hidden, hidden) {
+            sink.chunks.push(h);
         }
         Ok(logits)
     }
 
-    /// [`Self::forward`], with the final hidden states `(1, L, hidden)` when `hidden`.
+    /// [`Self::forward`], with the hidden states `tap` names `(1, L, _)`.
     pub(super) fn run(
         &mut self,
         tokens: &Array,
         embeds: Option<PromptEmbeds>,
-        hidden: bool,
+        tap: Option<&Tap>,
     ) -> Result<(Array, Option<Array>)> {
         let model = self.ctx.model;
         let n = tokens.dim(0) as usize;
@@ -101,11 +107,11 @@ impl SequenceState<'_> {
             None => Input::tokens(&tokens),
         };
         let caches = Caches::One(&mut self.caches);
-        let out = match hidden {
-            true => model
-                .forward_with_hidden(input, caches)
+        let out = match tap {
+            Some(tap) => model
+                .forward_with_hidden(input, caches, tap)
                 .map(|(l, h)| (l, Some(h)))?,
-            false => (model.forward(input, caches)?, None),
+            None => (model.forward(input, caches)?, None),
         };
         self.next += n;
         Ok(out)
