@@ -17,5 +17,6 @@ mod prompt_cache;
 mod queue;
 mod smollm2;
 mod soak;
+mod speculative;
 mod vision;
 mod wire;
