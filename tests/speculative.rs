@@ -39,3 +39,54 @@ async fn the_mtp_head_and_a_dflash_drafter_answer_as_one_token_per_pass() {
     assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
     assert!(w.stray_stdout_lines().is_empty());
 }
+
+/// After an image: Qwen2.5-VL and Qwen3-VL (their M-RoPE positions after the image's grid run
+/// on from the prompt's) speculate with prompt lookup, the greedy answer as without drafts. A
+/// bias keeps the random models to three tokens, so that drafts are found and taken, and which
+/// of the three comes next still depends on every position before it.
+#[tokio::test]
+async fn qwen_vl_speculates_after_an_image_and_answers_the_same() {
+    for name in ["tiny-qwen2.5-vl", "tiny-qwen3-vl"] {
+        let Some(dir) = fixtures::vision_fixture(name) else {
+            return;
+        };
+        let png = dir.parent().unwrap().join("images").join("gradient.png");
+        let w = worker(&[]);
+        within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
+            .await
+            .unwrap();
+        let mut ask = GenerateParams::new(vec![ChatMessage {
+            role: "user".into(),
+            content: MessageContent::Parts(vec![
+                ContentPart::Image {
+                    image: model_id(&png),
+                },
+                ContentPart::Text {
+                    text: "Repeat: the cat sat on the mat, the cat sat on the mat.".into(),
+                },
+            ]),
+            extra: Default::default(),
+        }]);
+        (ask.max_new_tokens, ask.sampling.temperature) = (32, 0.0);
+        ask.sampling.logit_bias = [("100", 50.0), ("200", 50.0), ("300", 50.0)]
+            .into_iter()
+            .map(|(id, bias)| (id.to_string(), bias))
+            .collect();
+        let plain = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+            .await
+            .unwrap();
+        ask.speculative = Some(
+            serde_json::from_value(
+                serde_json::json!({"method": "prompt_lookup", "num_draft_tokens": 4}),
+            )
+            .unwrap(),
+        );
+        let fast = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+            .await
+            .unwrap();
+        assert_eq!(fast.text, plain.text, "{name}");
+        assert!(fast.usage.accepted_tokens > 0, "{name}: {:?}", fast.usage);
+        assert!(fast.usage.drafted_tokens > fast.usage.accepted_tokens, "{name}: {:?}", fast.usage);
+        assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
+    }
+}

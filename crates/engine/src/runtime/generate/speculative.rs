@@ -176,12 +176,10 @@ struct Verified {
 impl SequenceState<'_> {
     /// Whether draft positions can be taken back: every cache a plain KV cache or a recurrent
     /// state (which records the verification's steps; not a sliding-window ring or a quantized
-    /// cache), no explicit rotary positions. A constraint can: its grammar follows a draft and
-    /// rolls back.
+    /// cache). A constraint can: its grammar follows a draft and rolls back. Explicit rotary
+    /// positions (Qwen-VL's M-RoPE after an image) can: a token's are a function of its index.
     fn can_speculate(&self) -> bool {
-        self.positions.is_none()
-            && self.ctx.kv_bits.is_none()
-            && self.caches.iter().all(KvCache::can_take_back)
+        self.ctx.kv_bits.is_none() && self.caches.iter().all(KvCache::can_take_back)
     }
 
     /// Runs `tokens` through the model in one pass and samples at every position, each with the
