@@ -86,7 +86,11 @@ async fn qwen_vl_speculates_after_an_image_and_answers_the_same() {
             .unwrap();
         assert_eq!(fast.text, plain.text, "{name}");
         assert!(fast.usage.accepted_tokens > 0, "{name}: {:?}", fast.usage);
-        assert!(fast.usage.drafted_tokens > fast.usage.accepted_tokens, "{name}: {:?}", fast.usage);
+        assert!(
+            fast.usage.drafted_tokens > fast.usage.accepted_tokens,
+            "{name}: {:?}",
+            fast.usage
+        );
         assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
     }
 }
