@@ -13,14 +13,19 @@ use protocol::{Client, ErrorCode, LoadErrorKind};
 const PROMPT: &str = "Tell me a story about a lighthouse.";
 
 async fn text(w: &Client, model: &str, use_adapter: Option<bool>) -> String {
+    answer(w, model, use_adapter, None).await.text
+}
+
+async fn answer(
+    w: &Client,
+    model: &str,
+    use_adapter: Option<bool>,
+    speculative: Option<SpeculativeParams>,
+) -> GenerateResult {
     let mut p = greedy(PROMPT, 24);
     p.model = Some(model.to_owned());
-    p.use_adapter = use_adapter;
-    within(w.generate(&p).unwrap().collect())
-        .await
-        .unwrap()
-        .1
-        .text
+    (p.use_adapter, p.speculative) = (use_adapter, speculative);
+    within(w.generate(&p).unwrap().collect()).await.unwrap().1
 }
 
 #[tokio::test]
@@ -55,6 +60,17 @@ async fn adapters_change_the_text_and_use_adapter_false_restores_the_base() {
     assert_eq!(text(&w, &base_id, Some(false)).await, base_text);
     assert_eq!(text(&w, &base_id, Some(true)).await, lora_text);
     assert_eq!(text(&w, &base_id, None).await, lora_text);
+    // Speculative decoding with the adapter on and off: the drafts are checked by the weights
+    // the request runs with, so each answers as without drafts.
+    let lookup: SpeculativeParams = serde_json::from_value(serde_json::json!({
+        "method": "prompt_lookup", "num_draft_tokens": 4
+    }))
+    .unwrap();
+    for (use_adapter, expected) in [(None, &lora_text), (Some(false), &base_text)] {
+        let fast = answer(&w, &base_id, use_adapter, Some(lookup.clone())).await;
+        assert_eq!(&fast.text, expected, "use_adapter {use_adapter:?}");
+        assert!(fast.usage.drafted_tokens > 0, "{:?}", fast.usage);
+    }
 
     // A PEFT adapter directory as `model`: its base model comes from adapter_config.json, and
     // the same numbers in PEFT's layout give the same text.
