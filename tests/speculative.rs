@@ -3,7 +3,7 @@
 //! mlx-vlm's drafter classes by `cargo xtask parity`'s fixture builder), each answering what one
 //! token per pass answers.
 
-use crate::support::{model_id, within_for, worker};
+use crate::support::{model_id, tiny_model, within_for, worker};
 use protocol::methods::*;
 use std::time::Duration;
 
@@ -20,6 +20,13 @@ async fn the_mtp_head_and_a_dflash_drafter_answer_as_one_token_per_pass() {
     let loaded = within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
     assert_eq!(loaded.info.mtp_layers, 1);
     assert_eq!(loaded.info.draft_kind, Some(DraftKind::Dflash));
+    // `auto` prefers the checkpoint's own head, and says so.
+    let auto = &loaded.info.speculative_auto;
+    assert_eq!(auto.method, Some(SpeculativeMethod::Mtp), "{auto:?}");
+    assert!(
+        auto.reason.contains("multi-token-prediction head"),
+        "{auto:?}"
+    );
 
     let mut ask = GenerateParams::new(vec![]);
     ask.prompt_ids = Some((100..140).collect());
@@ -27,7 +34,7 @@ async fn the_mtp_head_and_a_dflash_drafter_answer_as_one_token_per_pass() {
     let plain = within_for(LIMIT, w.generate(&ask).unwrap().finish())
         .await
         .unwrap();
-    for method in ["mtp", "draft_model"] {
+    for method in ["mtp", "draft_model", "auto"] {
         ask.speculative =
             Some(serde_json::from_value(serde_json::json!({ "method": method })).unwrap());
         let fast = within_for(LIMIT, w.generate(&ask).unwrap().finish())
@@ -93,4 +100,50 @@ async fn qwen_vl_speculates_after_an_image_and_answers_the_same() {
         );
         assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
     }
+}
+
+/// `auto` on a model with no head and no draft model is prompt lookup; with a quantized KV cache
+/// (which cannot take positions back) it is nothing, and says why; a request for it then runs
+/// one token per pass.
+#[tokio::test]
+async fn auto_names_prompt_lookup_or_nothing_with_the_reason() {
+    let dir = tiny_model(&fixtures::TinyLlama::default());
+    let w = worker(&[]);
+    let load = LoadParams::new(model_id(dir.path()));
+    let loaded = within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
+    let auto = &loaded.info.speculative_auto;
+    assert_eq!(
+        auto.method,
+        Some(SpeculativeMethod::PromptLookup),
+        "{auto:?}"
+    );
+    assert!(auto.reason.contains("prompt lookup"), "{auto:?}");
+
+    // Gemma 3's sliding-window layers keep a ring that forgets.
+    if let Some(gemma3) = fixtures::vision_fixture("tiny-gemma3-vl") {
+        let load = LoadParams::new(model_id(&gemma3));
+        let loaded = within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
+        let auto = &loaded.info.speculative_auto;
+        assert_eq!(auto.method, None, "{auto:?}");
+        assert!(auto.reason.contains("sliding-window"), "{auto:?}");
+    }
+    // SmolLM2's heads of 64 features take a quantized KV cache.
+    let Some(smollm2) = fixtures::smollm2_dir() else {
+        return;
+    };
+    let mut load = LoadParams::new(model_id(&smollm2));
+    load.kv_bits = Some(8);
+    let loaded = within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
+    assert_eq!(loaded.info.kv_quantization.applied, Some(8));
+    let auto = &loaded.info.speculative_auto;
+    assert_eq!(auto.method, None, "{auto:?}");
+    assert!(auto.reason.contains("kv_bits"), "{auto:?}");
+    let mut ask = GenerateParams::new(vec![ChatMessage::new("user", "hi")]);
+    ask.max_new_tokens = 8;
+    ask.speculative = Some(serde_json::from_value(serde_json::json!({"method": "auto"})).unwrap());
+    let result = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+        .await
+        .unwrap();
+    assert_eq!(result.usage.drafted_tokens, 0);
+    assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
 }

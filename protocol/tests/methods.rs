@@ -311,6 +311,10 @@ fn model_info() -> ModelInfo {
         parallel: None,
         mtp_layers: 0,
         draft_kind: None,
+        speculative_auto: AutoDrafter {
+            method: Some(SpeculativeMethod::PromptLookup),
+            reason: "copies".into(),
+        },
     }
 }
 
@@ -343,7 +347,8 @@ fn results_use_the_contracts_names() {
                 },
                 "special_tokens": {"bos": "<s>", "eos": "</s>", "pad": null},
                 "kv_quantization": {"requested": 8, "applied": null, "reason": "heads"},
-                "mtp_layers": 0
+                "mtp_layers": 0,
+                "speculative_auto": {"method": "prompt_lookup", "reason": "copies"}
             }
         })
     );

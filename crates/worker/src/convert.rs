@@ -5,12 +5,12 @@ use mlx_engine::{
     text, Constraint, GenerateRequest, HfToken, LoadRequest, Parallel, Prompt, WeightDtype,
 };
 use protocol::methods::{
-    Backend, Channel, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart, DeviceInfo,
-    DraftKind, Dtype, FinishReason, FunctionCall, FunctionKind, GenerateDelta, GenerateParams,
-    GenerateResult, GroupInfo, KvQuantization, LoadParams, LoadStage, MemoryInfo, MessageContent,
-    MlxInfo, ModelInfo, ParallelInfo, ParallelMode, Quantization, RankShare, ResidentModel,
-    ResponseFormat, SpecialTokens, SpeculativeMethod, Timings, TokenLogprob, ToolCallOut,
-    ToolChoice, ToolChoiceMode, TopLogprob, Usage,
+    AutoDrafter, Backend, Channel, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart,
+    DeviceInfo, DraftKind, Dtype, FinishReason, FunctionCall, FunctionKind, GenerateDelta,
+    GenerateParams, GenerateResult, GroupInfo, KvQuantization, LoadParams, LoadStage, MemoryInfo,
+    MessageContent, MlxInfo, ModelInfo, ParallelInfo, ParallelMode, Quantization, RankShare,
+    ResidentModel, ResponseFormat, SpecialTokens, SpeculativeMethod, Timings, TokenLogprob,
+    ToolCallOut, ToolChoice, ToolChoiceMode, TopLogprob, Usage,
 };
 use protocol::{RequestId, ResponseError};
 use serde_json::{json, Map, Value};
@@ -85,6 +85,7 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
                 SpeculativeMethod::PromptLookup => mlx_engine::Drafts::PromptLookup,
                 SpeculativeMethod::DraftModel => mlx_engine::Drafts::DraftModel,
                 SpeculativeMethod::Mtp => mlx_engine::Drafts::Mtp,
+                SpeculativeMethod::Auto => mlx_engine::Drafts::Auto,
             };
             mlx_engine::Speculative {
                 method,
@@ -363,6 +364,15 @@ pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
             mlx_engine::DraftKind::Model => DraftKind::Model,
             mlx_engine::DraftKind::Dflash => DraftKind::Dflash,
         }),
+        speculative_auto: AutoDrafter {
+            method: info.speculative_auto.0.map(|method| match method {
+                mlx_engine::Drafts::PromptLookup => SpeculativeMethod::PromptLookup,
+                mlx_engine::Drafts::DraftModel => SpeculativeMethod::DraftModel,
+                mlx_engine::Drafts::Mtp => SpeculativeMethod::Mtp,
+                mlx_engine::Drafts::Auto => SpeculativeMethod::Auto,
+            }),
+            reason: info.speculative_auto.1.clone(),
+        },
     }
 }
 

@@ -4,6 +4,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::SpeculativeMethod;
+
 /// The serde default of the boolean params that default to `true`.
 pub(super) fn default_true() -> bool {
     true
@@ -148,6 +150,18 @@ pub struct ModelInfo {
     /// states); either drafts for `speculative: {"method": "draft_model"}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_kind: Option<DraftKind>,
+    /// What `speculative: {"method": "auto"}` drafts with on this model, and why.
+    #[serde(default)]
+    pub speculative_auto: AutoDrafter,
+}
+
+/// `load`'s answer to which drafter `speculative: {"method": "auto"}` uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AutoDrafter {
+    /// The drafter (never `"auto"`); `null` when this model runs one token per pass.
+    pub method: Option<SpeculativeMethod>,
+    /// Why, in words a host can show.
+    pub reason: String,
 }
 
 /// What a load's `draft_model` is.

@@ -216,7 +216,8 @@ pub struct SpeculativeParams {
     /// `"prompt_lookup"`: the tokens that followed an earlier occurrence of the last few tokens,
     /// in the prompt or the output (good for editing, summarising, code changes);
     /// `"draft_model"`: the tokens the model's `draft_model` (see `load`) would write;
-    /// `"mtp"`: the tokens the checkpoint's own multi-token-prediction head guesses.
+    /// `"mtp"`: the tokens the checkpoint's own multi-token-prediction head guesses;
+    /// `"auto"`: the best of these the model has (`load`'s `info.speculative_auto`).
     pub method: SpeculativeMethod,
     /// Most draft tokens per pass (1..=64); default 10, for `mtp` the head's layers + 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -234,6 +235,9 @@ pub enum SpeculativeMethod {
     /// The model's own multi-token-prediction head (Qwen3.5's `mtp.*` layers), chained on its
     /// own hidden states; `load`'s `info.mtp_layers` says whether the model has one.
     Mtp,
+    /// The model's own multi-token-prediction head, else its `draft_model`, else prompt lookup;
+    /// `load`'s `info.speculative_auto` names the choice and why.
+    Auto,
 }
 
 /// `tool_choice`.

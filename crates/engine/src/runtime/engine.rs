@@ -238,6 +238,8 @@ impl Engine {
         let draft = load::draft(req, &tokenizer, &built, progress, cancel)?;
         let mut info = load::describe(req, &files, &config, &tokenizer, &built);
         info.draft_kind = draft.as_ref().map(Draft::kind);
+        info.speculative_auto =
+            load::auto_drafter(built.model.as_ref(), draft.as_ref(), info.kv_bits);
         Ok(Resident {
             info,
             model: built.model,

@@ -12,7 +12,7 @@ use text::ModelTokenizer;
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::adapter::{self, Adapter},
-    layers::kv_cache::KV_GROUP_SIZE,
+    layers::kv_cache::{KvCache, KV_GROUP_SIZE},
     layers::lora::AdapterSwitch,
     layers::parallel::Placement,
     layers::weights::Weights,
@@ -292,6 +292,40 @@ pub(crate) fn draft(
     Ok(Some(Draft::Model(built.model)))
 }
 
+/// What `speculative: {"method": "auto"}` drafts with on `model` loaded beside `draft` (and a KV
+/// cache quantized to `kv_bits`), and why: [`Drafts::resolve`]'s choice, or none where drafted
+/// positions cannot be taken back.
+pub(crate) fn auto_drafter(
+    model: &dyn LanguageModel,
+    draft: Option<&Draft>,
+    kv_bits: Option<u8>,
+) -> (Option<Drafts>, String) {
+    if kv_bits.is_some() {
+        let why = "none: a quantized KV cache (`kv_bits`) cannot take drafted positions back";
+        return (None, why.into());
+    }
+    if !model.make_caches().iter().all(KvCache::can_take_back) {
+        let why = "none: this model's sliding-window or chunked layers cannot take drafted \
+                   positions back";
+        return (None, why.into());
+    }
+    let depth = model.mtp_depth();
+    let method = Drafts::Auto.resolve(depth, draft.is_some());
+    let why = match (method, draft) {
+        (Drafts::Mtp, _) => {
+            format!("the checkpoint's own multi-token-prediction head ({depth} layers)")
+        }
+        (_, Some(Draft::Block(_))) => {
+            "the `draft_model` loaded with it, a DFlash block drafter".into()
+        }
+        (_, Some(Draft::Model(_))) => "the `draft_model` loaded with it".into(),
+        _ => "no drafter beside the model: drafts copied from the prompt and the output (prompt \
+              lookup)"
+            .into(),
+    };
+    (Some(method), why)
+}
+
 /// `load_in_4bit`: every linear layer whose rows split into groups of 64 (a mixture of
 /// experts' stacked expert layers too, each expert's matrix as mlx-lm quantizes them) becomes
 /// affine 4-bit, group 64.
@@ -379,6 +413,7 @@ pub(crate) fn describe(
         parallel: None,
         mtp_layers: built.model.mtp_depth(),
         draft_kind: None,
+        speculative_auto: (None, String::new()),
         chat_template_source: match tokenizer.chat_template_source() {
             // The importer carried the GGUF's own template into tokenizer_config.json.
             text::ChatTemplateSource::TokenizerConfig if files.is_gguf => {

@@ -113,6 +113,9 @@ pub struct ModelInfo {
     pub mtp_layers: usize,
     /// What the load's `draft_model` is, when one was loaded.
     pub draft_kind: Option<DraftKind>,
+    /// What `speculative: auto` drafts with (`None`: this model runs one token per pass), and
+    /// why.
+    pub speculative_auto: (Option<Drafts>, String),
 }
 
 /// What a load's `draft_model` turned out to be.
@@ -214,6 +217,8 @@ pub enum Drafts {
     DraftModel,
     /// The model's own multi-token-prediction head, chained on its own hidden states.
     Mtp,
+    /// The best drafter the resident has ([`Drafts::resolve`]).
+    Auto,
 }
 
 impl Drafts {
@@ -222,8 +227,20 @@ impl Drafts {
     /// one more than its layers (mlx-vlm's block of `depth + 2` positions, the last the model's).
     pub fn default_count(self, mtp_depth: usize) -> usize {
         match self {
-            Self::PromptLookup | Self::DraftModel => 10,
+            Self::PromptLookup | Self::DraftModel | Self::Auto => 10,
             Self::Mtp => mtp_depth + 1,
+        }
+    }
+
+    /// `Auto` made concrete for a resident whose head has `mtp_depth` layers, loaded with a
+    /// draft model or not: its own multi-token-prediction head, else the draft model, else
+    /// prompt lookup (Studio's order: the built-in head, a companion, copies).
+    pub fn resolve(self, mtp_depth: usize, has_draft: bool) -> Self {
+        match self {
+            Self::Auto if mtp_depth > 0 => Self::Mtp,
+            Self::Auto if has_draft => Self::DraftModel,
+            Self::Auto => Self::PromptLookup,
+            method => method,
         }
     }
 }

@@ -239,6 +239,9 @@ class ModelInfo(_ModelInfoRequired, total=False):
     #: the same vocabulary) or `"dflash"` (a DFlash block drafter reading this model's hidden
     #: states); either drafts for `speculative: {"method": "draft_model"}`.
     draft_kind: DraftKind | None
+    #: What `speculative: {"method": "auto"}` drafts with on this model, and why.
+    #: default: {"method": null, "reason": ""}
+    speculative_auto: AutoDrafter
 
 
 class Quantization(TypedDict):
@@ -309,6 +312,21 @@ class RankShare(TypedDict):
 
 #: What a load's `draft_model` is.
 DraftKind = Literal['model', 'dflash']
+
+
+class _AutoDrafterRequired(TypedDict):
+    #: Why, in words a host can show.
+    reason: str
+
+
+class AutoDrafter(_AutoDrafterRequired, total=False):
+    """`load`'s answer to which drafter `speculative: {"method": "auto"}` uses."""
+    #: The drafter (never `"auto"`); `null` when this model runs one token per pass.
+    method: SpeculativeMethod | None
+
+
+#: Where draft tokens come from.
+SpeculativeMethod = Literal['prompt_lookup', 'draft_model', 'mtp', 'auto']
 
 
 class MemoryInfo(TypedDict):
@@ -528,7 +546,8 @@ class _SpeculativeParamsRequired(TypedDict):
     #: `"prompt_lookup"`: the tokens that followed an earlier occurrence of the last few tokens,
     #: in the prompt or the output (good for editing, summarising, code changes);
     #: `"draft_model"`: the tokens the model's `draft_model` (see `load`) would write;
-    #: `"mtp"`: the tokens the checkpoint's own multi-token-prediction head guesses.
+    #: `"mtp"`: the tokens the checkpoint's own multi-token-prediction head guesses;
+    #: `"auto"`: the best of these the model has (`load`'s `info.speculative_auto`).
     method: SpeculativeMethod
 
 
@@ -536,10 +555,6 @@ class SpeculativeParams(_SpeculativeParamsRequired, total=False):
     """`speculative`: how drafts are found, and how many per pass."""
     #: Most draft tokens per pass (1..=64); default 10, for `mtp` the head's layers + 1.
     num_draft_tokens: int | None
-
-
-#: Where draft tokens come from.
-SpeculativeMethod = Literal['prompt_lookup', 'draft_model', 'mtp']
 
 
 class _GenerateResultRequired(TypedDict):
@@ -748,6 +763,9 @@ class ResidentModel(_ResidentModelRequired, total=False):
     #: the same vocabulary) or `"dflash"` (a DFlash block drafter reading this model's hidden
     #: states); either drafts for `speculative: {"method": "draft_model"}`.
     draft_kind: DraftKind | None
+    #: What `speculative: {"method": "auto"}` drafts with on this model, and why.
+    #: default: {"method": null, "reason": ""}
+    speculative_auto: AutoDrafter
 
 
 class QueueInfo(TypedDict):

@@ -226,7 +226,9 @@ fn begin<'a>(
     };
     dec.next = reused + done;
     // A multi-token-prediction head and a block drafter start from the prompt's hidden states.
-    let tap = match (req.speculative.map(|s| s.method), ctx.draft) {
+    let method =
+        (req.speculative).map(|s| s.method.resolve(ctx.model.mtp_depth(), ctx.draft.is_some()));
+    let tap = match (method, ctx.draft) {
         (Some(Drafts::Mtp), _) => Some(Tap::Final),
         (Some(Drafts::DraftModel), Some(Draft::Block(d))) => {
             Some(Tap::Layers(d.target_layers.clone()))

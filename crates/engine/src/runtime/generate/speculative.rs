@@ -69,8 +69,10 @@ impl<'a> Drafter<'a> {
         if !dec.can_speculate() {
             return Ok(None);
         }
-        let source = match spec.method {
-            Drafts::PromptLookup => Source::Lookup {
+        let method = (spec.method).resolve(dec.ctx.model.mtp_depth(), dec.ctx.draft.is_some());
+        let source = match method {
+            // Auto resolves to one of the others.
+            Drafts::PromptLookup | Drafts::Auto => Source::Lookup {
                 history: prompt.to_vec(),
             },
             // `Engine::generate` refused the request when no drafter is loaded.
@@ -102,7 +104,7 @@ impl<'a> Drafter<'a> {
                 let most = block.block_size() - 1;
                 spec.num_draft_tokens.unwrap_or(most).min(most)
             }
-            _ => (spec.num_draft_tokens).unwrap_or(spec.method.default_count(depth)),
+            _ => (spec.num_draft_tokens).unwrap_or(method.default_count(depth)),
         };
         Ok(Some(Self {
             source,
