@@ -3,8 +3,9 @@
 //! mlx-vlm's drafter classes by `cargo xtask parity`'s fixture builder), each answering what one
 //! token per pass answers.
 
-use crate::support::{model_id, tiny_model, within_for, worker};
+use crate::support::{model_id, rpc_error, tiny_model, within_for, worker};
 use protocol::methods::*;
+use protocol::ErrorCode;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -146,4 +147,69 @@ async fn auto_names_prompt_lookup_or_nothing_with_the_reason() {
         .unwrap();
     assert_eq!(result.usage.drafted_tokens, 0);
     assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
+}
+
+/// A damaged or mismatched DFlash drafter is bad input: a truncated weights file and a config
+/// whose shapes its tensors do not have fail the load with `load_failed` naming the problem, a
+/// drafter for layers the model lacks is `-32602` on `draft_model`; the model loaded before
+/// answers as it did.
+#[tokio::test]
+async fn a_damaged_dflash_drafter_fails_its_load_and_nothing_else() {
+    let Some(dir) = fixtures::vision_fixture("tiny-qwen3-5") else {
+        return;
+    };
+    let w = worker(&[]);
+    within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
+        .await
+        .unwrap();
+    let mut ask = GenerateParams::new(vec![]);
+    ask.prompt_ids = Some((100..120).collect());
+    (ask.max_new_tokens, ask.sampling.temperature) = (8, 0.0);
+    let before = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+        .await
+        .unwrap();
+
+    let copy = |edit: &dyn Fn(&std::path::Path)| {
+        let tmp = tempfile::tempdir().unwrap();
+        for name in ["config.json", "model.safetensors"] {
+            std::fs::copy(dir.join("dflash").join(name), tmp.path().join(name)).unwrap();
+        }
+        edit(tmp.path());
+        tmp
+    };
+    let edit_config = |edit: fn(&mut serde_json::Value)| {
+        move |path: &std::path::Path| {
+            let file = path.join("config.json");
+            let mut config: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+            edit(&mut config);
+            std::fs::write(&file, config.to_string()).unwrap();
+        }
+    };
+    let truncated = copy(&|path| {
+        let file = path.join("model.safetensors");
+        let bytes = std::fs::read(&file).unwrap();
+        std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+    });
+    let more_heads = copy(&edit_config(|c| c["num_attention_heads"] = 8.into()));
+    let other_layers = copy(&edit_config(|c| {
+        c["dflash_config"]["target_layer_ids"] = serde_json::json!([0, 9])
+    }));
+    for (drafter, code, names) in [
+        (&truncated, ErrorCode::LoadFailed, "safetensors"),
+        (&more_heads, ErrorCode::LoadFailed, "q_proj"),
+        (&other_layers, ErrorCode::InvalidParams, "target_layer_ids"),
+    ] {
+        let mut load = LoadParams::new(model_id(&dir));
+        load.draft_model = Some(model_id(drafter.path()));
+        let err = rpc_error(within_for(LIMIT, w.call::<Load>(&load)).await, code);
+        let text = format!("{err:?}");
+        assert!(text.contains(names), "{text}");
+        let after = within_for(LIMIT, w.generate(&ask).unwrap().finish())
+            .await
+            .unwrap();
+        assert_eq!(after.text, before.text);
+    }
+    assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
+    assert!(w.stray_stdout_lines().is_empty());
 }

@@ -138,7 +138,7 @@ impl DFlash {
         let layers = (0..count)
             .map(|i| Layer::load(&mut weights, &format!("layers.{i}"), eps))
             .collect::<LoadResult<_>>()?;
-        Ok(Self {
+        let drafter = Self {
             fc: weights.linear("fc")?,
             hidden_norm: weights.rms_norm("hidden_norm", eps)?,
             layers,
@@ -150,7 +150,36 @@ impl DFlash {
             block_size: int("block_size").unwrap_or(16).max(2) as usize,
             mask_token: mask_token as u32,
             target_layers,
-        })
+        };
+        drafter.check(hidden)?;
+        Ok(drafter)
+    }
+
+    /// Refuses tensors whose shapes do not fit the config: caught here, not as a failed
+    /// matrix product in the middle of a generation.
+    fn check(&self, hidden: i32) -> LoadResult<()> {
+        let context = self.target_layers.len() as i32 * hidden;
+        let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let mut expected = vec![("fc", &self.fc, (hidden, context))];
+        for layer in &self.layers {
+            expected.extend([
+                ("q_proj", &layer.q_proj, (q, hidden)),
+                ("k_proj", &layer.k_proj, (kv, hidden)),
+                ("v_proj", &layer.v_proj, (kv, hidden)),
+                ("o_proj", &layer.o_proj, (hidden, q)),
+            ]);
+        }
+        match expected.into_iter().find(|(_, l, dims)| l.dims() != *dims) {
+            Some((name, l, (rows, cols))) => Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!(
+                    "the drafter's {name} is {:?}, its config.json makes it {rows}x{cols}: the \
+                     drafter's files do not agree with its config",
+                    l.dims()
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// One cache per layer, holding the context's keys and values.
