@@ -311,8 +311,9 @@ async fn padded_attention_answers_as_rows_and_alone() {
     }
 }
 
-/// Requests that cannot share a pass (another adapter state, a speculative one) wait for the
-/// batch and answer as they do alone; those after them wait for them.
+/// Requests that cannot share a pass (another adapter state) wait for the batch and answer as
+/// they do alone; those after them wait for them. A speculative one joins, decoding one token
+/// per step in the batch, and answers as alone too.
 #[tokio::test]
 async fn requests_that_cannot_join_wait_their_turn_and_answer_as_alone() {
     let base = tiny_model(&TinyLlama::default());
@@ -361,6 +362,57 @@ async fn requests_that_cannot_join_wait_their_turn_and_answer_as_alone() {
     for w in [one, batched] {
         within_for(LIMIT, w.shutdown()).await.unwrap();
     }
+}
+
+/// A speculative generation speculates while it runs alone; when another arrives, it hands its
+/// sequence to the batch's one-token steps and the newcomer joins at once (both running), and
+/// each answers as it does alone.
+#[tokio::test]
+async fn a_speculative_generation_makes_room_for_one_that_arrives() {
+    let (w, _dir) = worker_with_tiny_model(&["--max-batch", "3"]).await;
+    let mut lookup = greedy(
+        "Repeat: the cat sat on the mat, the cat sat on the mat.",
+        400,
+    );
+    lookup.speculative = Some(SpeculativeParams {
+        method: SpeculativeMethod::PromptLookup,
+        num_draft_tokens: Some(4),
+    });
+    let short = greedy("hey", 5);
+    let expected = alone(&w, &[lookup.clone(), short.clone()]).await;
+    assert!(
+        expected[0].usage.drafted_tokens > 0,
+        "{:?}",
+        expected[0].usage
+    );
+
+    let mut long = w.generate(&lookup).unwrap();
+    let mut streamed = String::new();
+    for _ in 0..60 {
+        streamed.push_str(&within_for(LIMIT, long.next_delta()).await.unwrap().text);
+    }
+    let mut other = w.generate(&short).unwrap();
+    within_for(LIMIT, other.next_delta()).await.unwrap();
+    let status = within_for(LIMIT, w.call::<Status>(&StatusParams {}))
+        .await
+        .unwrap();
+    assert_eq!(status.queue.running, 2, "{status:?}");
+    let other = within_for(LIMIT, other.finish()).await.unwrap();
+    assert_eq!(other.text, expected[1].text);
+    while let Some(d) = within_for(LIMIT, long.next_delta()).await {
+        streamed.push_str(&d.text);
+    }
+    let long = within_for(LIMIT, long.finish()).await.unwrap();
+    assert_eq!(long.text, expected[0].text);
+    assert_eq!(streamed, long.text);
+    // Drafts while alone, none after: fewer than alone, more than none.
+    let drafted = long.usage.drafted_tokens;
+    assert!(
+        0 < drafted && drafted < expected[0].usage.drafted_tokens,
+        "{:?}",
+        long.usage
+    );
+    within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 
 /// A short request answers while a long one runs (it joined it), and a cancel ends one

@@ -121,13 +121,26 @@ pub(crate) fn run<'a, 'f: 'a>(
     let batched = max_batch > 1 && group.is_none() && batching.rows;
     let adapter_on = view.adapter_on(&first.req);
     let id = view.info.model_id.clone();
+    // A speculative generation joins too: it speculates only while it runs alone, then hands
+    // its sequence to one-token steps (`speculative::decode`).
     let fits = |req: &GenerateRequest| {
         batched
-            && req.speculative.is_none()
             && view.adapter_on(req) == adapter_on
             && req.model.as_deref().map_or(active, |m| m == id)
     };
     let open = fits(&first.req);
+    // Whether a waiting generation would join (looked at, not taken).
+    let waiting = |more: &mut More<'f>| {
+        if !open {
+            return false;
+        }
+        let found = std::cell::Cell::new(false);
+        more(&|req| {
+            found.set(found.get() || fits(req));
+            false
+        });
+        found.get()
+    };
     let padded = batched && attention == BatchAttention::Padded && batching.padded;
     let mut batch = Batch {
         view,
@@ -159,9 +172,10 @@ pub(crate) fn run<'a, 'f: 'a>(
             }
         }
         if !arriving.is_empty() {
-            batch.admit(cache, vocabulary, std::mem::take(&mut arriving));
+            let arrived = std::mem::take(&mut arriving);
+            batch.admit(cache, vocabulary, arrived, &mut || waiting(more));
         }
-        batch.prefill_step(cache);
+        batch.prefill_step(cache, &mut || waiting(more));
         if batch.seqs.is_empty() {
             match batch.prefilling.is_empty() {
                 true => return,
@@ -183,6 +197,7 @@ impl<'a> Batch<'a> {
         cache: &mut PromptCache,
         vocabulary: &mut Option<constrain::Vocabulary>,
         admissions: Vec<(Admission<'a>, Instant)>,
+        waiting: &mut dyn FnMut() -> bool,
     ) {
         let mut opened = Vec::new();
         for (admission, started) in admissions {
@@ -226,10 +241,13 @@ impl<'a> Batch<'a> {
             .map(|p| (&mut p.opened, &p.prompt, &p.cancel))
             .collect();
         together::prefill(&mut joint);
-        for p in opened {
+        let count = opened.len();
+        for (i, p) in opened.into_iter().enumerate() {
+            // Those admitted with it count as others, though not yet running.
+            let mut waiting = || i + 1 < count || waiting();
             match self.interleave && p.opened.long(&p.prompt) {
                 true => self.prefilling.push_back(p),
-                false => self.join(p, cache),
+                false => self.join(p, cache, &mut waiting),
             }
         }
     }
@@ -237,10 +255,10 @@ impl<'a> Batch<'a> {
     /// The first long prompt's next chunk; once one chunk is left, it is prefilled and the
     /// generation joins (or is answered: cancelled, failed). A cancelled one is answered at
     /// once, wherever it waits.
-    fn prefill_step(&mut self, cache: &mut PromptCache) {
+    fn prefill_step(&mut self, cache: &mut PromptCache, waiting: &mut dyn FnMut() -> bool) {
         while let Some(i) = (self.prefilling.iter()).position(|p| p.cancel.is_cancelled()) {
             let p = self.prefilling.remove(i).unwrap();
-            self.join(p, cache);
+            self.join(p, cache, waiting);
         }
         let Some(p) = self.prefilling.front_mut() else {
             return;
@@ -254,15 +272,24 @@ impl<'a> Batch<'a> {
             return;
         }
         let p = self.prefilling.pop_front().unwrap();
-        self.join(p, cache);
+        self.join(p, cache, waiting);
     }
 
     /// Prefills what is left of `p`'s prompt and queues its first step: it joins the running
-    /// sequences, or is answered here when it already ended.
-    fn join(&mut self, p: Joiner<'a>, cache: &mut PromptCache) {
+    /// sequences, or is answered here when it already ended. A speculative generation decodes
+    /// here while it is alone: until another runs or one is `waiting` to join.
+    fn join(&mut self, p: Joiner<'a>, cache: &mut PromptCache, waiting: &mut dyn FnMut() -> bool) {
         let id = p.id;
+        let others = !self.seqs.is_empty() || !self.prefilling.is_empty();
+        let mut hand_off = || others || waiting();
         match resume(
-            id, p.opened, &p.req, &p.prompt, cache, p.on_delta, &p.cancel,
+            id,
+            p.opened,
+            &p.req,
+            &p.prompt,
+            cache,
+            p.on_delta,
+            (&p.cancel, &mut hand_off),
         ) {
             Ok(Started::Decoding(seq)) => self.seqs.push(seq),
             Ok(Started::Done(completion)) => self.done(id, Ok(completion)),

@@ -46,7 +46,8 @@ pub(crate) struct Sequence<'a> {
 }
 
 /// What [`resume`] leaves: a finished generation (cancelled during prefill, or decoded
-/// speculatively to its end) or one to [`advance`](super::steps::advance).
+/// speculatively to its end) or one to [`advance`](super::steps::advance) (perhaps handed on
+/// by speculative rounds).
 #[allow(clippy::large_enum_variant)] // made once per request, moved straight into place
 pub(crate) enum Started<'a> {
     Done(Completion),
@@ -142,7 +143,7 @@ pub(crate) fn resume<'a>(
     prompt: &PromptInputs,
     cache: &mut PromptCache,
     mut on_delta: Box<dyn FnMut(Delta) + 'a>,
-    cancel: &CancelToken,
+    (cancel, hand_off): (&CancelToken, &mut dyn FnMut() -> bool),
 ) -> Result<Started<'a>> {
     let Opened {
         mut dec,
@@ -159,7 +160,7 @@ pub(crate) fn resume<'a>(
         prompt,
         (reused, prefilled, ahead),
         &mut *on_delta,
-        cancel,
+        (cancel, hand_off),
     )?;
     match begun {
         Begun::Done(completion) => {
@@ -175,6 +176,7 @@ pub(crate) fn resume<'a>(
             usage,
             timings,
             prefill_start,
+            decoded,
         } => Ok(Started::Decoding(Sequence {
             id,
             dec,
@@ -184,11 +186,11 @@ pub(crate) fn resume<'a>(
             max_new_tokens: req.max_new_tokens,
             keep,
             step,
-            n: 0,
+            n: decoded.map_or(0, |(n, _)| n),
             usage,
             timings,
             prefill_start,
-            decode_start: Instant::now(),
+            decode_start: decoded.map_or_else(Instant::now, |(_, at)| at),
         })),
     }
 }
@@ -203,19 +205,21 @@ enum Begun<'a> {
         usage: Usage,
         timings: Timings,
         prefill_start: Instant,
+        /// Tokens already taken by speculative rounds, and when they began.
+        decoded: Option<(usize, Instant)>,
     },
 }
 
 /// Prefills the prompt from `reused` (what the prompt cache held) on, unless a joint pass
 /// did, after what was prefilled `ahead`, and queues the first step; a speculative request
-/// decodes to its end here.
+/// decodes here, to its end or until `hand_off` (others want the model) returns its next step.
 fn begin<'a>(
     dec: &mut SequenceState<'a>,
     req: &GenerateRequest,
     prompt: &PromptInputs,
     (reused, prefilled, ahead): (usize, Option<Prefilled>, Option<Ahead>),
     on_delta: &mut dyn FnMut(Delta),
-    cancel: &CancelToken,
+    (cancel, hand_off): (&CancelToken, &mut dyn FnMut() -> bool),
 ) -> Result<Begun<'a>> {
     let ctx = dec.ctx.clone();
     let prompt_ids = &prompt.ids[..];
@@ -249,7 +253,7 @@ fn begin<'a>(
         ctx.tokenizer,
         ctx.markup.clone(),
     );
-    let usage = Usage {
+    let mut usage = Usage {
         prompt_tokens: prompt_ids.len(),
         cached_tokens: reused,
         ..Usage::default()
@@ -323,33 +327,44 @@ fn begin<'a>(
         Some(spec) => speculative::Drafter::new(dec, spec, prompt_ids, cancel)?,
         None => None,
     };
-    let Some(mut drafter) = drafter else {
-        return Ok(Begun::Decoding {
-            out,
-            step,
-            usage,
-            timings,
-            prefill_start,
-        });
+    let (step, decoded) = match drafter {
+        None => (step, None),
+        Some(mut drafter) => {
+            step.token.eval()?;
+            timings.prompt_ms = ms(prefill_start);
+            timings.ttft_ms = ms(ctx.started);
+            let decode_start = Instant::now();
+            let decoded = (speculative::decode)(
+                dec,
+                req,
+                &mut drafter,
+                step,
+                &mut out,
+                on_delta,
+                (cancel, hand_off),
+            )?;
+            (usage.drafted_tokens, usage.accepted_tokens) = (drafter.drafted, drafter.accepted);
+            match decoded {
+                speculative::Decoded::HandedOff(step, n) => (step, Some((n, decode_start))),
+                speculative::Decoded::Finished(finish, n) => {
+                    crate::layers::device::synchronize()?;
+                    timings.predicted_n = out.ids.len();
+                    timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
+                    usage.completion_tokens = out.ids.len();
+                    let done = out.finish_with(finish, usage, timings, on_delta);
+                    return Ok(Begun::Done(done));
+                }
+            }
+        }
     };
-    step.token.eval()?;
-    timings.prompt_ms = ms(prefill_start);
-    timings.ttft_ms = ms(ctx.started);
-    let decode_start = Instant::now();
-    let (finish, n) =
-        speculative::decode(dec, req, &mut drafter, step, &mut out, on_delta, cancel)?;
-    crate::layers::device::synchronize()?;
-    timings.predicted_n = out.ids.len();
-    timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };
-    let usage = Usage {
-        completion_tokens: out.ids.len(),
-        drafted_tokens: drafter.drafted,
-        accepted_tokens: drafter.accepted,
-        ..usage
-    };
-    Ok(Begun::Done(
-        out.finish_with(finish, usage, timings, on_delta),
-    ))
+    Ok(Begun::Decoding {
+        out,
+        step,
+        usage,
+        timings,
+        prefill_start,
+        decoded,
+    })
 }
 
 impl Sequence<'_> {

@@ -223,8 +223,16 @@ impl SequenceState<'_> {
     }
 }
 
-/// Decodes from `first` (the prompt's next token, evaluated) with drafts from `drafter`: the
-/// finish reason and how many tokens were taken before it.
+/// How [`decode`] ended, and how many tokens it took.
+pub(super) enum Decoded {
+    Finished(FinishReason, usize),
+    /// Handed back to one-token steps at this step, not yet taken (its token not yet run): the
+    /// sequence goes on in a batch.
+    HandedOff(Step, usize),
+}
+
+/// Decodes from `first` (the prompt's next token, evaluated) with drafts from `drafter`, until
+/// the end or until `hand_off` says other generations want the model (asked before each round).
 pub(super) fn decode(
     dec: &mut SequenceState<'_>,
     req: &GenerateRequest,
@@ -232,31 +240,38 @@ pub(super) fn decode(
     first: Step,
     out: &mut Output<'_>,
     on_delta: &mut dyn FnMut(Delta),
-    cancel: &CancelToken,
-) -> Result<(FinishReason, usize)> {
+    (cancel, hand_off): (&CancelToken, &mut dyn FnMut() -> bool),
+) -> Result<Decoded> {
     let (mut pending, mut accepted, mut hidden) = (vec![first], 0, None);
     let (mut n, mut since_clear) = (0usize, 0usize);
     loop {
+        // The steps before the last are in the caches already (accepted drafts); the last is
+        // not, as a batched sequence's next step is not.
+        let handing = hand_off();
+        let last = handing.then(|| pending.pop().expect("a step to take"));
         for step in &pending {
             if dec.ctx.cancelled(cancel)? {
-                return Ok((FinishReason::Cancelled, n));
+                return Ok(Decoded::Finished(FinishReason::Cancelled, n));
             }
             if n == req.max_new_tokens {
-                return Ok((FinishReason::Length, n));
+                return Ok(Decoded::Finished(FinishReason::Length, n));
             }
             if let Some(finish) = dec.take(step, out, on_delta)? {
-                return Ok((finish, n));
+                return Ok(Decoded::Finished(finish, n));
             }
             n += 1;
+        }
+        if let Some(step) = last {
+            return Ok(Decoded::HandedOff(step, n));
         }
         // The last token is taken but not yet run.
         let last = *dec.sampled.last().expect("a token was taken");
         drafter.taken(accepted, last, hidden.as_ref())?;
         if dec.ctx.cancelled(cancel)? {
-            return Ok((FinishReason::Cancelled, n));
+            return Ok(Decoded::Finished(FinishReason::Cancelled, n));
         }
         if n == req.max_new_tokens {
-            return Ok((FinishReason::Length, n));
+            return Ok(Decoded::Finished(FinishReason::Length, n));
         }
         since_clear += pending.len();
         if since_clear >= CLEAR_CACHE_EVERY {
