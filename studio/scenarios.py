@@ -457,12 +457,13 @@ def worker_other_models(results: dict) -> None:
 
     def mtp():
         # Qwen3.5 with its own multi-token-prediction head (the tiny fixture's, made with
-        # mlx-vlm's drafter class): Studio's `mtp` mode drafts with it, and with it under `auto`.
-        for mode in ("mtp", "auto"):
+        # mlx-vlm's drafter class): Studio's `mtp` mode drafts with it; `auto` on this text-only
+        # model drafts with nothing, as Studio's `speculates_on_route` decides.
+        for mode, kind in (("mtp", "mtp"), ("auto", None)):
             child = Child(spawn_config(TINY_QWEN3_5, speculative_type=mode))
             try:
                 info = child.loaded["model_info"]
-                check(info["spec_drafter_kind"] == "mtp" and info["spec_fallback_reason"] is None, str(info))
+                check(info["spec_drafter_kind"] == kind and info["spec_fallback_reason"] is None, str(info))
                 _, tokens = child.generate(max_new_tokens=12)
                 check(tokens and cumulative(tokens), str(tokens))
             finally:
@@ -476,7 +477,7 @@ def worker_other_models(results: dict) -> None:
             child.close()
 
     results[("Gemma 3 270M: load with 8-bit KV, chat", "worker")] = attempt(gemma3)
-    results[("Qwen3.5: its own MTP head as Studio's mtp / auto drafter", "worker")] = attempt(mtp)
+    results[("Qwen3.5: its own MTP head as Studio's mtp drafter, not auto's on text", "worker")] = attempt(mtp)
     results[("Qwen3.5: a DFlash companion as Studio's dflash / auto drafter", "worker")] = attempt(dflash)
     results[("thinking (template opens <think>), tools", "worker")] = attempt(thinking_and_tools)
     results[("gpt-oss harmony: analysis as <think>, final answer", "worker")] = attempt(harmony)

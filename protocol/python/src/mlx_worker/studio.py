@@ -385,7 +385,7 @@ class MLXInferenceBackend:
         kv = info["kv_quantization"]
         speculation = _speculation(
             mode, spec_draft_model, draft_model, draft_refused, kv.get("applied"), spec_draft_n_max,
-            info.get("mtp_layers", 0), info.get("draft_kind"),
+            info.get("mtp_layers", 0), info.get("draft_kind"), bool(info["is_vision"]),
         )
         template = info["chat_template"]
         entry: dict[str, Any] = {
@@ -1061,12 +1061,14 @@ def _speculation(
     n_max: Any,
     mtp_layers: int,
     draft_kind: str | None = None,
+    vision: bool = False,
 ) -> dict[str, Any]:
     """Studio's ``speculative_type`` / ``spec_*`` fields and the worker's ``speculative``
     request for them: ``ngram`` is the worker's prompt lookup; ``mtp`` the checkpoint's own
     multi-token-prediction head where the worker loaded one; ``dflash`` the named DFlash
     companion the worker loaded as its draft model (``draft_kind``); ``auto`` a named drafter,
-    else that head (Studio's order); the drafter kinds it lacks (DSpark, EAGLE-3, DFlash or
+    else that head, on a vision model or with a named drafter only (Studio's order and its
+    ``speculates_on_route``: ``auto`` on a text model names nothing); the drafter kinds it lacks (DSpark, EAGLE-3, DFlash or
     MTP not found) fall back to the copy-only n-gram draft with Studio's reason, as Studio's
     backend falls back when it finds none."""
     try:  # reported as asked (Studio's load route compares it), capped where it is used
@@ -1081,6 +1083,8 @@ def _speculation(
         reason = "kv_quant"
     elif mode == "ngram":
         kind, method = "ngram", "prompt_lookup"
+    elif mode == "auto" and not (named or vision):
+        pass
     elif mode == "auto":
         if draft_model:
             kind, method = ("dflash" if draft_kind == "dflash" else "draft_model"), "draft_model"
