@@ -5,11 +5,11 @@
 
 use mlx_rs::{ops, transforms, Array};
 
-use super::{context::GenerationContext, context::Result};
+use super::{context::GenerationContext, context::Result, state::HiddenSink};
 use crate::{
     layers::kv_cache::Caches,
     layers::kv_cache::KvCache,
-    models::{DFlash, Input, LanguageModel, Tap},
+    models::{DFlash, Input, LanguageModel},
     runtime::sampler::{log_softmax, Sampler},
     CancelToken,
 };
@@ -155,15 +155,15 @@ impl<'a> MtpDraft<'a> {
     pub(super) fn new(
         model: &'a dyn LanguageModel,
         prompt: &[u32],
-        hidden: Option<(usize, Vec<Array>)>,
+        hidden: Option<HiddenSink>,
     ) -> Result<Option<Self>> {
+        if model.mtp_depth() == 0 {
+            return Ok(None);
+        }
         let Some(hidden) = joined(prompt, hidden)? else {
             return Ok(None);
         };
         let start = prompt.len() - hidden.dim(1) as usize;
-        if model.mtp_depth() == 0 {
-            return Ok(None);
-        }
         Ok(Some(Self {
             model,
             caches: model.mtp_caches(),
@@ -243,14 +243,14 @@ impl<'a> MtpDraft<'a> {
     }
 }
 
-/// The prompt's hidden states `hidden` (from position `.0` on, chunk by chunk) joined `(1, S, _)`,
-/// when they reach its end (a prefill run elsewhere kept none).
-fn joined(prompt: &[u32], hidden: Option<(usize, Vec<Array>)>) -> Result<Option<Array>> {
-    let Some((start, chunks)) = hidden.filter(|(_, c)| !c.is_empty()) else {
+/// The prompt's hidden states the prefill kept in `sink`, joined `(1, S, _)`, when they reach
+/// its end (a prefill run elsewhere kept none).
+fn joined(prompt: &[u32], sink: Option<HiddenSink>) -> Result<Option<Array>> {
+    let Some(sink) = sink.filter(|s| !s.chunks.is_empty()) else {
         return Ok(None);
     };
-    let hidden = ops::concatenate(&chunks, 1)?;
-    Ok((start + hidden.dim(1) as usize == prompt.len()).then_some(hidden))
+    let hidden = ops::concatenate(&sink.chunks, 1)?;
+    Ok((sink.start + hidden.dim(1) as usize == prompt.len()).then_some(hidden))
 }
 
 /// A DFlash block drafter beside the model: its caches hold the context (the model's hidden
@@ -268,13 +268,13 @@ pub(super) struct BlockDraft<'a> {
 }
 
 impl<'a> BlockDraft<'a> {
-    /// The drafter over the prompt's context `hidden` (from position `.0` on, chunk by chunk);
-    /// `None` when it does not reach the prompt's end (then nothing is drafted).
+    /// The drafter over the prompt's context the prefill kept in `hidden`; `None` when it does
+    /// not reach the prompt's end (then nothing is drafted).
     pub(super) fn new(
         model: &'a dyn LanguageModel,
         drafter: &'a DFlash,
         prompt: &[u32],
-        hidden: Option<(usize, Vec<Array>)>,
+        hidden: Option<HiddenSink>,
     ) -> Result<Option<Self>> {
         let Some(context) = joined(prompt, hidden)? else {
             return Ok(None);
@@ -291,10 +291,6 @@ impl<'a> BlockDraft<'a> {
 
     pub(super) fn block_size(&self) -> usize {
         self.drafter.block_size
-    }
-
-    pub(super) fn tap(&self) -> Tap {
-        Tap::Layers(self.drafter.target_layers.clone())
     }
 
     /// `limit` guesses in one pass of the drafter (mlx-vlm's `draft_block`): the block is the
@@ -315,17 +311,19 @@ impl<'a> BlockDraft<'a> {
         let h = (self.drafter).forward(&self.model.embed(&block)?, &context, &mut self.caches)?;
         let rows = ops::arange::<_, i32>(1, limit as i32 + 1, 1)?;
         let logits = self.model.head_logits(&h.take_axis(&rows, 1)?)?;
-        let tokens = (0..limit as i32)
-            .map(|i| {
-                pick(
-                    &logits.take_axis(Array::from_int(i), 1)?,
-                    sampler,
-                    q.as_deref_mut(),
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        transforms::eval(&tokens)?;
-        Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
+        // Greedy: every guess in one argmax; drawn: one draw (and its odds) per position.
+        let tokens = match q.is_some() {
+            false => vec![ops::indexing::argmax_axis(&logits, -1, None)?.reshape(&[-1])?],
+            true => (0..limit as i32)
+                .map(|i| {
+                    let row = logits.take_axis(Array::from_int(i), 1)?;
+                    pick(&row, sampler, q.as_deref_mut())
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let tokens = ops::concatenate(&tokens, 0)?;
+        tokens.eval()?;
+        Ok(tokens.as_slice::<u32>().to_vec())
     }
 
     /// `accepted` of the last draft, then `next`, were taken: the context of the positions

@@ -15,11 +15,9 @@ use super::{
     state::{HiddenSink, Next, SequenceState, Step},
 };
 use crate::{
-    models::Tap,
     runtime::prompt::PromptInputs,
     runtime::prompt_cache::PromptCache,
-    runtime::request::{Completion, Delta, Drafts, FinishReason, GenerateRequest, Timings, Usage},
-    runtime::resident::Draft,
+    runtime::request::{Completion, Delta, FinishReason, GenerateRequest, Timings, Usage},
     runtime::sampler::Sampler,
     CancelToken, EngineError,
 };
@@ -230,16 +228,10 @@ fn begin<'a>(
     };
     dec.next = reused + done;
     // A multi-token-prediction head and a block drafter start from the prompt's hidden states.
-    let method =
-        (req.speculative).map(|s| s.method.resolve(ctx.model.mtp_depth(), ctx.draft.is_some()));
-    let tap = match (method, ctx.draft) {
-        (Some(Drafts::Mtp), _) => Some(Tap::Final),
-        (Some(Drafts::DraftModel), Some(Draft::Block(d))) => {
-            Some(Tap::Layers(d.target_layers.clone()))
-        }
-        _ => None,
-    };
-    if let Some(tap) = tap {
+    if let Some(tap) = req
+        .speculative
+        .and_then(|s| speculative::reads(s.method, &ctx))
+    {
         dec.hidden = Some(HiddenSink {
             tap,
             start: dec.next,

@@ -17,8 +17,7 @@ use mlx_rs::{transforms, Array};
 
 use super::{
     acceptance,
-    context::Result,
-    context::CLEAR_CACHE_EVERY,
+    context::{GenerationContext, Result, CLEAR_CACHE_EVERY},
     drafters::{lookup, BlockDraft, DraftModel, MtpDraft},
     output::Output,
     state::SequenceState,
@@ -33,9 +32,24 @@ use crate::{
     CancelToken,
 };
 
+/// The hidden states of the model's passes that the drafter `method` asks for reads (`Auto`
+/// resolved for the model `ctx` holds), if any.
+pub(super) fn reads(method: Drafts, ctx: &GenerationContext<'_>) -> Option<Tap> {
+    match (
+        method.resolve(ctx.model.mtp_depth(), ctx.draft.is_some()),
+        ctx.draft,
+    ) {
+        (Drafts::Mtp, _) => Some(Tap::Final),
+        (Drafts::DraftModel, Some(Draft::Block(d))) => Some(Tap::Layers(d.target_layers.clone())),
+        _ => None,
+    }
+}
+
 /// Where drafts come from, and how many were drafted and accepted.
 pub(super) struct Drafter<'a> {
     source: Source<'a>,
+    /// The hidden states of the verification pass drafting reads ([`reads`]).
+    tap: Option<Tap>,
     num_draft_tokens: usize,
     /// The last draft, until its outcome is known.
     last: Vec<u32>,
@@ -65,7 +79,7 @@ impl<'a> Drafter<'a> {
         prompt: &[u32],
         cancel: &CancelToken,
     ) -> Result<Option<Self>> {
-        let hidden = dec.hidden.take().map(|sink| (sink.start, sink.chunks));
+        let hidden = dec.hidden.take();
         if !dec.can_speculate() {
             return Ok(None);
         }
@@ -108,6 +122,7 @@ impl<'a> Drafter<'a> {
         };
         Ok(Some(Self {
             source,
+            tap: reads(method, &dec.ctx),
             num_draft_tokens,
             last: Vec::new(),
             q: Vec::new(),
@@ -140,17 +155,8 @@ impl<'a> Drafter<'a> {
         self.q.truncate(n + 1);
     }
 
-    /// The hidden states drafting reads of the verification pass, if any.
-    fn tap(&self) -> Option<Tap> {
-        match &self.source {
-            Source::Mtp(_) => Some(Tap::Final),
-            Source::Block(block) => Some(block.tap()),
-            Source::Lookup { .. } | Source::Model(_) => None,
-        }
-    }
-
     /// The first `accepted` tokens of the last draft were taken, then `next`; `hidden`: the
-    /// verification pass's hidden states, those [`Self::tap`] names.
+    /// verification pass's hidden states, those `tap` names.
     fn taken(&mut self, accepted: usize, next: u32, hidden: Option<&Array>) -> Result<()> {
         self.accepted += accepted;
         let draft = std::mem::take(&mut self.last);
@@ -293,7 +299,7 @@ pub(super) fn decode(
             mut steps,
             mut recents,
             hidden: verified,
-        } = dec.verify(&tokens, masks, drafter.tap().as_ref())?;
+        } = dec.verify(&tokens, masks, drafter.tap.as_ref())?;
         hidden = verified;
         accepted = match drafter.q.is_empty() {
             // Drafts drawn at random: speculative sampling's rule, by the drafter's odds.
