@@ -476,6 +476,39 @@ def worker_other_models(results: dict) -> None:
         finally:
             child.close()
 
+    def memory_budget():
+        # Weights of 0.54 GB (float32) under a 1.04 GB limit: 8192 tokens need 0.69 GB beside
+        # them, so the load fits the context to what fits; under 0.70 GB a long prompt is
+        # refused as Studio refuses one over its context budget, and the child goes on.
+        for limit, check_child in ((1_040_000_000, fitted), (700_000_000, refused)):
+            os.environ["MLX_WORKER_MEMORY_LIMIT"] = str(limit)
+            try:
+                child = Child(spawn_config(SMOLLM2))
+            finally:
+                del os.environ["MLX_WORKER_MEMORY_LIMIT"]
+            try:
+                check_child(child)
+            finally:
+                child.close()
+
+    def fitted(child: Child):
+        info = child.loaded["model_info"]
+        fitted_to = info.get("context_length_fitted")
+        check(fitted_to is not None and 4096 <= fitted_to < 8192 and fitted_to % 256 == 0, str(info)[:600])
+        check(info["context_length"] == fitted_to == info["mlx_context_budget"], str(info)[:600])
+        _, tokens = child.generate()
+        check("Paris" in tokens[-1], str(tokens))
+
+    def refused(child: Child):
+        check(child.loaded["model_info"].get("context_length_fitted") is None, str(child.loaded)[:600])
+        reply, _ = child.generate(messages=[{"role": "user", "content": "word " * 3000}], _expect="gen_error")
+        budget = reply.get("context_budget") or {}
+        check(0 < budget.get("context_tokens", 0) < budget.get("request_tokens", 0), str(reply)[:400])
+        check("Message too long" in reply["error"], reply["error"][:200])
+        _, tokens = child.generate()
+        check("Paris" in tokens[-1], str(tokens))
+
+    results[("SmolLM2 under a memory limit: context fitted, long prompt refused", "worker")] = attempt(memory_budget)
     results[("Gemma 3 270M: load with 8-bit KV, chat", "worker")] = attempt(gemma3)
     results[("Qwen3.5: its own MTP head as Studio's mtp drafter, not auto's on text", "worker")] = attempt(mtp)
     results[("Qwen3.5: a DFlash companion as Studio's dflash / auto drafter", "worker")] = attempt(dflash)

@@ -13,6 +13,7 @@ mod generate;
 mod group;
 mod hub;
 mod lora;
+mod memory;
 mod prompt_cache;
 mod queue;
 mod smollm2;

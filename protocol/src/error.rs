@@ -73,6 +73,8 @@ error_codes! {
     ContextOverflow = -32004, data: ContextOverflowData;
     /// generation failed inside MLX.
     GenerationFailed = -32005, data: GenerationFailedData;
+    /// the request's KV cache and activations do not fit the memory MLX has left.
+    MemoryBudget = -32006, data: MemoryBudgetData;
     /// a request other than `generate` was cancelled before it ran.
     RequestCancelled = -32800;
 }
@@ -245,6 +247,12 @@ impl ResponseError {
         })
     }
 
+    /// [`ErrorCode::MemoryBudget`]: the request does not fit the memory MLX has left; `message`
+    /// says what it needs, what is left and what to do.
+    pub fn memory_budget(message: impl Into<String>, data: MemoryBudgetData) -> Self {
+        Self::new(ErrorCode::MemoryBudget, message).with_data(data)
+    }
+
     /// [`ErrorCode::GenerationFailed`]: MLX failed while generating.
     pub fn generation_failed(detail: impl Into<String>) -> Self {
         let data = GenerationFailedData {
@@ -340,6 +348,19 @@ pub struct ContextOverflowData {
     pub prompt_tokens: u64,
     /// The context limit of the model as loaded.
     pub context_length: u64,
+}
+
+/// `data` of `-32006 memory budget`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryBudgetData {
+    /// Tokens in the templated prompt.
+    pub prompt_tokens: u64,
+    /// Tokens (prompt and answer together) whose KV cache and activations fit what is left.
+    pub tokens_that_fit: u64,
+    /// Bytes of KV cache and activations the prompt and one answer token need.
+    pub needed_bytes: u64,
+    /// Bytes MLX has left under its memory limit.
+    pub available_bytes: u64,
 }
 
 /// `data` of `-32005 generation failed`.

@@ -315,6 +315,7 @@ fn model_info() -> ModelInfo {
             method: Some(SpeculativeMethod::PromptLookup),
             reason: "copies".into(),
         },
+        memory: MemoryPlan::default(),
     }
 }
 

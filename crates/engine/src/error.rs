@@ -15,6 +15,19 @@ pub enum EngineError {
         prompt_tokens: usize,
         context_length: usize,
     },
+    /// The request's KV cache and activations do not fit the memory MLX has left.
+    #[error(
+        "the prompt's {prompt_tokens} tokens need {:.2} GB of KV cache and activations and \
+         {:.2} GB of memory is left ({tokens_that_fit} tokens fit): shorten the conversation, \
+         lower the context length, or unload other models",
+        *needed_bytes as f64 / 1e9, *available_bytes as f64 / 1e9
+    )]
+    MemoryBudget {
+        prompt_tokens: usize,
+        tokens_that_fit: usize,
+        needed_bytes: u64,
+        available_bytes: u64,
+    },
     /// A parameter is out of range in a way serde could not see (e.g. `top_p` > 1).
     #[error("{field}: {reason}")]
     InvalidParams { field: String, reason: String },

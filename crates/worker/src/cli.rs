@@ -33,11 +33,29 @@ pub struct Cli {
     #[arg(long, default_value_t = mlx_engine::DEFAULT_PROMPT_CACHE_BYTES)]
     pub prompt_cache_bytes: u64,
 
+    /// MLX's memory limit in bytes: what `load` fits a model's context to and `generate` admits
+    /// requests within (protocol-additions.md). Default: 85% of the device's memory (Metal:
+    /// of its recommended working set). Also read from MLX_WORKER_MEMORY_LIMIT, for hosts that
+    /// start the worker without arguments of their own.
+    #[arg(long, env = "MLX_WORKER_MEMORY_LIMIT", value_parser = clap::value_parser!(u64).range(1..))]
+    pub memory_limit: Option<u64>,
+
     /// In a group of ranks (rank 0): seconds a generate, unload or reset may go without word
     /// from the other ranks before the group counts as broken and requests are answered with
     /// an error (loads are not watched).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub group_timeout_secs: u64,
+}
+
+impl Cli {
+    /// What the engine is started with.
+    pub fn settings(&self) -> crate::worker_engine::Settings {
+        crate::worker_engine::Settings {
+            prompt_cache_bytes: self.prompt_cache_bytes,
+            memory_limit: self.memory_limit,
+            batch_attention: self.batch_attention.engine(),
+        }
+    }
 }
 
 /// `--batch-attention`.

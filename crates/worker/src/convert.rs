@@ -373,6 +373,7 @@ pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
             }),
             reason: info.speculative_auto.1.clone(),
         },
+        memory: info.memory.clone(),
     }
 }
 

@@ -1,10 +1,11 @@
 //! Engine errors as protocol errors: the one place where each [`EngineError`] gets its code.
 
 use mlx_engine::{EngineError, LoadErrorKind as EngineLoadKind};
-use protocol::{ErrorCode, LoadErrorKind, ResponseError};
+use protocol::{error::MemoryBudgetData, ErrorCode, LoadErrorKind, ResponseError};
 
 /// The protocol error for an engine error (see protocol.md's error table).
 pub fn engine_error(error: EngineError) -> ResponseError {
+    let message = error.to_string();
     match error {
         EngineError::NotResident(message) => ResponseError::new(ErrorCode::NoModel, message),
         EngineError::Load { kind, detail } => ResponseError::load_failed(load_kind(kind), detail),
@@ -12,6 +13,20 @@ pub fn engine_error(error: EngineError) -> ResponseError {
             prompt_tokens,
             context_length,
         } => ResponseError::context_overflow(prompt_tokens as u64, context_length as u64),
+        EngineError::MemoryBudget {
+            prompt_tokens,
+            tokens_that_fit,
+            needed_bytes,
+            available_bytes,
+        } => ResponseError::memory_budget(
+            message,
+            MemoryBudgetData {
+                prompt_tokens: prompt_tokens as u64,
+                tokens_that_fit: tokens_that_fit as u64,
+                needed_bytes,
+                available_bytes,
+            },
+        ),
         EngineError::InvalidParams { field, reason } => {
             ResponseError::invalid_params(field, reason)
         }

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Duration;
 
-use mlx_engine::{BatchAttention, CancelToken, Group};
+use mlx_engine::{CancelToken, Group};
 use protocol::methods::{
     GenerateDeltaNotification, GenerateParams, LoadParams, LoadProgress, LoadProgressNotification,
     NotificationMethod, UnloadParams, WorkerState,
@@ -23,7 +23,7 @@ use crate::group::{self, Shared};
 use crate::residents::{Residents, SharedResidents};
 use crate::transport::Outbox;
 use crate::watchdog::{self, Stall};
-use crate::worker_engine::{EngineInfo, WorkerEngine};
+use crate::worker_engine::{EngineInfo, Settings, WorkerEngine};
 
 /// Work that must run on the MLX thread, in arrival order.
 #[derive(Debug)]
@@ -178,9 +178,8 @@ impl Executor {
         outbox: Outbox,
         events: mpsc::UnboundedSender<ExecutorEvent>,
         residents: SharedResidents,
-        prompt_cache_bytes: u64,
+        settings: Settings,
         max_batch: usize,
-        batch_attention: Option<BatchAttention>,
         group_timeout: Duration,
     ) -> Executor {
         let (commands, command_rx) = std_mpsc::channel();
@@ -196,8 +195,7 @@ impl Executor {
             .name("mlx".into())
             .spawn(move || {
                 let inbox = Inbox::new(command_rx);
-                let batching = (max_batch, batch_attention);
-                run(inbox, thread, prompt_cache_bytes, batching, group_timeout);
+                run(inbox, thread, (settings, max_batch), group_timeout);
                 let _ = stopped_tx.send(());
             })
             .expect("spawn the MLX thread");
@@ -244,8 +242,7 @@ struct Thread {
 fn run(
     mut inbox: Inbox,
     thread: Thread,
-    prompt_cache_bytes: u64,
-    (max_batch, batch_attention): (usize, Option<BatchAttention>),
+    (settings, max_batch): (Settings, usize),
     group_timeout: Duration,
 ) {
     let Thread {
@@ -259,7 +256,7 @@ fn run(
         Ok(group) => group,
         Err(reason) => return fail_all(reason, inbox.commands, outbox, events),
     };
-    let start = AssertUnwindSafe(|| WorkerEngine::new(prompt_cache_bytes, group, batch_attention));
+    let start = AssertUnwindSafe(|| WorkerEngine::new(&settings, group));
     let mut engine = match catch_unwind(start) {
         Ok(engine) => engine,
         Err(panic) => {

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::convert;
 use crate::errors::engine_error;
 use crate::executor::Work;
-use crate::worker_engine::WorkerEngine;
+use crate::worker_engine::{Settings, WorkerEngine};
 
 /// What rank 0 shares with the followers.
 #[derive(Debug, Serialize, Deserialize)]
@@ -82,7 +82,7 @@ fn broken(detail: &str) -> String {
 
 /// A follower's life: join the group, run what rank 0 shares until it quits or the group
 /// breaks. Returns the exit code.
-pub fn follow(prompt_cache_bytes: u64) -> i32 {
+pub fn follow(settings: &Settings) -> i32 {
     let group = match Group::from_env() {
         Ok(Some(group)) => group,
         Ok(None) => {
@@ -101,7 +101,7 @@ pub fn follow(prompt_cache_bytes: u64) -> i32 {
         backend = group.backend().name(),
         "following rank 0"
     );
-    let mut engine = WorkerEngine::new(prompt_cache_bytes, Some(group), None);
+    let mut engine = WorkerEngine::new(settings, Some(group));
     let never = CancelToken::new();
     loop {
         let shared = match receive(engine.group().expect("joined above")) {

@@ -37,7 +37,7 @@ fn main() {
     init_logging();
     if group::is_follower() {
         // Ranks other than 0 speak no protocol: they run what rank 0 shares (`group.rs`).
-        std::process::exit(group::follow(cli.prompt_cache_bytes));
+        std::process::exit(group::follow(&cli.settings()));
     }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -46,6 +46,7 @@ fn main() {
         batch_attention = ?cli.batch_attention,
         max_line_bytes = cli.max_line_bytes,
         prompt_cache_bytes = cli.prompt_cache_bytes,
+        memory_limit = ?cli.memory_limit,
         "mlx-worker starting"
     );
 
@@ -72,9 +73,8 @@ async fn serve(cli: cli::Cli) {
         outbox.clone(),
         events_tx,
         residents.clone(),
-        cli.prompt_cache_bytes,
+        cli.settings(),
         cli.max_batch,
-        cli.batch_attention.engine(),
         Duration::from_secs(cli.group_timeout_secs),
     );
     let inbound = transport::spawn_reader(cli.max_line_bytes, outbox.clone());

@@ -43,18 +43,25 @@ pub struct WorkerEngine {
     tokenizers: HashMap<String, Arc<ModelTokenizer>>,
 }
 
+/// The engine's settings from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// Bytes of KV caches each model keeps for later prompts.
+    pub prompt_cache_bytes: u64,
+    /// MLX's memory limit; `None`: 85% of the device's memory.
+    pub memory_limit: Option<u64>,
+    /// How batched rows attend; `None`: the default.
+    pub batch_attention: Option<BatchAttention>,
+}
+
 impl WorkerEngine {
-    /// Starts MLX; each model keeps up to `prompt_cache_bytes` of KV caches for later prompts,
-    /// batched rows attend as `batch_attention` says (`None`: the default). In a
-    /// `group`, every rank's engine gets the same calls (`group.rs`).
-    pub fn new(
-        prompt_cache_bytes: u64,
-        group: Option<Group>,
-        batch_attention: Option<BatchAttention>,
-    ) -> Self {
+    /// Starts MLX with `settings`. In a `group`, every rank's engine gets the same calls
+    /// (`group.rs`).
+    pub fn new(settings: &Settings, group: Option<Group>) -> Self {
         let engine = Engine::new()
-            .with_prompt_cache_bytes(prompt_cache_bytes)
-            .with_batch_attention(batch_attention);
+            .with_prompt_cache_bytes(settings.prompt_cache_bytes)
+            .with_memory_limit(settings.memory_limit)
+            .with_batch_attention(settings.batch_attention);
         Self {
             engine: match group {
                 Some(group) => engine.with_group(group),

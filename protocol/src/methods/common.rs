@@ -153,6 +153,32 @@ pub struct ModelInfo {
     /// What `speculative: {"method": "auto"}` drafts with on this model, and why.
     #[serde(default)]
     pub speculative_auto: AutoDrafter,
+    /// What the model holds and needs in memory, and whether the context was fitted to it.
+    #[serde(default)]
+    pub memory: MemoryPlan,
+}
+
+/// `load`'s pricing of the model's memory: weights as held, and what a generation filling the
+/// context needs beside them, against what MLX's memory limit left when it loaded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryPlan {
+    /// Bytes of the weights as held (the vision tower's and the drafter's with them).
+    pub weights_bytes: u64,
+    /// Bytes of the KV cache of a generation filling `context_length`, at the KV width.
+    pub kv_bytes: u64,
+    /// Bytes of the activations of a prefill chunk at the end of the context.
+    pub compute_bytes: u64,
+    /// Bytes the limit left beside the weights when the model loaded (MLX's limit, less what
+    /// other residents held); `null`: no limit known. Kept conversations' caches
+    /// (`--prompt-cache-bytes`) do not count: a generation that needs their memory has them
+    /// dropped.
+    pub available_bytes: Option<u64>,
+    /// The context asked for (`max_seq_length`, else the model's own) when `context_length`
+    /// was lowered to what fits; `null`: not lowered.
+    pub fitted_from: Option<u64>,
+    /// Why the context was lowered, or why a generation filling it may not fit; `null` when it
+    /// fits.
+    pub reason: Option<String>,
 }
 
 /// `load`'s answer to which drafter `speculative: {"method": "auto"}` uses.

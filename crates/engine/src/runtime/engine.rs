@@ -10,6 +10,7 @@ use crate::{
     layers::distributed::Group,
     layers::parallel::Placement,
     models::{self, LanguageModel},
+    runtime::footprint,
     runtime::generate::{PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
     runtime::load,
     runtime::memory,
@@ -34,6 +35,8 @@ pub struct Engine {
     pub(crate) group: Option<Rc<Group>>,
     /// How batched rows attend; `None`: the default.
     batch_attention: Option<BatchAttention>,
+    /// MLX's memory limit as the host set it; `None`: 85% of the device's memory.
+    memory_limit: Option<u64>,
 }
 
 /// What a successful `load` gives back.
@@ -88,7 +91,16 @@ impl Engine {
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
             group: None,
             batch_attention: None,
+            memory_limit: None,
         }
+    }
+
+    /// Holds MLX's memory to `bytes` (`None`: 85% of the device's memory): what `load` fits
+    /// contexts to and `generate` admits requests within.
+    pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
+        self.memory_limit = bytes;
+        memory::apply_limits(&self.device, bytes);
+        self
     }
 
     /// Batched rows attend as `attention` says; `None`: the default ([`BatchAttention`]).
@@ -191,7 +203,12 @@ impl Engine {
         }
         let placement = self.placement(req)?;
         let built = self.build(req, placement, progress, cancel);
-        let resident = self.agree(built)?;
+        let nothing_resident = self.models.is_empty();
+        // A failed load gives back what it took: its arrays are gone, MLX's cache of their
+        // buffers goes too.
+        let resident = self
+            .agree(built)
+            .inspect_err(|_| memory::release(nothing_resident))?;
         let (info, tokenizer) = (resident.info.clone(), resident.tokenizer.clone());
         self.models.retain(|r| r.info.model_id != model_id);
         self.models.push(resident);
@@ -231,15 +248,37 @@ impl Engine {
     ) -> Result<Resident, EngineError> {
         let files = load::resolve(req, progress, cancel)?;
         let (config, tokenizer) = load::read(&files, req, progress, cancel)?;
-        memory::apply_limits(&self.device);
+        memory::apply_limits(&self.device, self.memory_limit);
+        let held = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
         let mut built = load::build(&files, &config, req, placement, progress)?;
         let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
         load::check_experts_run_on(built.model.as_mut(), self.device.backend)?;
-        let draft = load::draft(req, &tokenizer, &built, progress, cancel)?;
+        let (draft, draft_bytes) = load::draft(req, &tokenizer, &built, progress, cancel)?.unzip();
         let mut info = load::describe(req, &files, &config, &tokenizer, &built);
         info.draft_kind = draft.as_ref().map(Draft::kind);
         info.speculative_auto =
             load::auto_drafter(built.model.as_ref(), draft.as_ref(), info.kv_bits);
+        let draft_model = match &draft {
+            Some(Draft::Model(m)) => Some(m.as_ref()),
+            _ => None,
+        };
+        let pricing = footprint::Pricing {
+            config: &config,
+            weights: built.weight_bytes + draft_bytes.unwrap_or(0),
+            kv_bits: info.kv_bits,
+            chunk: self.prefill_chunk(),
+            backend: self.device.backend,
+            dtype: load::to_mlx(built.dtype),
+            in_group: self.group.is_some(),
+        };
+        let footprint = footprint::price(built.model.as_ref(), draft_model, pricing)?;
+        // Beside the weights, what other residents do not hold. Kept conversations' caches
+        // do not count: a generation that needs their memory has them dropped (`admit`).
+        let available =
+            memory::limit_bytes().map(|limit| limit.saturating_sub(held + footprint.weights));
+        let pinned = req.max_seq_length > 0;
+        let (context, plan) = footprint.fit(info.context_length as u64, pinned, available);
+        (info.context_length, info.memory) = (context as usize, plan);
         Ok(Resident {
             info,
             model: built.model,
@@ -252,6 +291,7 @@ impl Engine {
             },
             adapter: adapter_switch,
             draft,
+            footprint,
             prompt_cache: PromptCache::new(self.prompt_cache_bytes),
             vocabulary: None,
         })

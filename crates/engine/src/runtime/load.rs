@@ -39,6 +39,8 @@ pub(crate) struct Built {
     pub vision: Option<Box<dyn VisionModel>>,
     pub dtype: WeightDtype,
     pub num_parameters: u64,
+    /// Bytes of the weights as they will be held (priced before MLX reads them).
+    pub weight_bytes: u64,
     pub quantization: Option<Quantization>,
     /// Why the `kv_bits` asked for cannot apply to this model (it then runs a plain cache).
     pub kv_bits_refused: Option<String>,
@@ -125,6 +127,7 @@ pub(crate) fn build(
     let ranks = placement.as_ref().map_or(1, |p| p.group.size() as u64);
     check_fits(&weights, req.load_in_4bit, ranks)?;
     let num_parameters = weights.num_parameters();
+    let weight_bytes = weights.nbytes() / ranks;
     let (vision, text_config) = vision::split(&files.path, config, &mut weights)?;
     let split = placement.is_some();
     if split && vision.is_some() {
@@ -145,6 +148,7 @@ pub(crate) fn build(
         vision,
         dtype,
         num_parameters,
+        weight_bytes,
         quantization: quantization_of(config),
         kv_bits_refused: None,
     })
@@ -190,7 +194,18 @@ pub(crate) fn quantize(
 ) -> Result<Option<AdapterSwitch>, EngineError> {
     let model = &mut built.model;
     if req.load_in_4bit && built.quantization.is_none() {
+        // MLX quantizes lazily: the bytes the layers will hold are known before it does.
+        let linear_bytes = |model: &mut dyn LanguageModel| -> u64 {
+            let linears = model.linears_mut();
+            linears
+                .iter()
+                .flat_map(|(_, l)| l.arrays())
+                .map(|a| a.nbytes() as u64)
+                .sum()
+        };
+        let dense = linear_bytes(model.as_mut());
         quantize_in_4bit(model.as_mut())?;
+        built.weight_bytes = built.weight_bytes - dense + linear_bytes(model.as_mut());
         built.quantization = Some(Quantization {
             bits: 4,
             group_size: 64,
@@ -241,7 +256,7 @@ pub(crate) fn draft(
     built: &Built,
     progress: &mut dyn FnMut(LoadProgress),
     cancel: &CancelToken,
-) -> Result<Option<Draft>, EngineError> {
+) -> Result<Option<(Draft, u64)>, EngineError> {
     let Some(name) = &main.draft_model else {
         return Ok(None);
     };
@@ -258,6 +273,7 @@ pub(crate) fn draft(
     let config = read_config(&files.path)?;
     if models::DFlash::is_dflash(&config) {
         let weights = Weights::load_dir(&files.path, &config)?;
+        let bytes = weights.nbytes();
         let facts = built.model.facts();
         let drafter = models::DFlash::load(&config, weights, facts.hidden_size, facts.layers)?;
         if drafter.mask_token as i64 >= i64::from(facts.embedding_rows) {
@@ -267,7 +283,7 @@ pub(crate) fn draft(
                 drafter.mask_token
             )));
         }
-        return Ok(Some(Draft::Block(Box::new(drafter))));
+        return Ok(Some((Draft::Block(Box::new(drafter)), bytes)));
     }
     if built.vision.is_some() {
         return Err(refuse(
@@ -289,7 +305,7 @@ pub(crate) fn draft(
         )));
     }
     quantize(&mut built, &files, &req, progress)?;
-    Ok(Some(Draft::Model(built.model)))
+    Ok(Some((Draft::Model(built.model), built.weight_bytes)))
 }
 
 /// What `speculative: {"method": "auto"}` drafts with on `model` loaded beside `draft` (and a KV
@@ -414,6 +430,7 @@ pub(crate) fn describe(
         mtp_layers: built.model.mtp_depth(),
         draft_kind: None,
         speculative_auto: (None, String::new()),
+        memory: MemoryPlan::default(),
         chat_template_source: match tokenizer.chat_template_source() {
             // The importer carried the GGUF's own template into tokenizer_config.json.
             text::ChatTemplateSource::TokenizerConfig if files.is_gguf => {
@@ -511,7 +528,7 @@ fn quantization_of(config: &Value) -> Option<Quantization> {
     })
 }
 
-fn to_mlx(d: WeightDtype) -> Dtype {
+pub(crate) fn to_mlx(d: WeightDtype) -> Dtype {
     match d {
         WeightDtype::Float32 => Dtype::Float32,
         WeightDtype::Float16 => Dtype::Float16,

@@ -23,17 +23,19 @@ pub fn stats() -> MemoryStats {
 /// every 256 decode steps and on unload, so cached buffers live within one of those stretches.
 const CPU_CACHE_SHARE: f64 = 0.25;
 
-/// Caps MLX memory before weights are read: 85% of the recommended working set on Metal (and
-/// wires that much), 85% of the device's memory elsewhere, as the seed backend did; on the CPU
-/// lets MLX cache large freed buffers ([`CPU_CACHE_SHARE`]).
-pub fn apply_limits(device: &DeviceInfo) {
+/// Caps MLX memory before weights are read: at `limit` when the host set one
+/// (`--memory-limit`), else 85% of the recommended working set on Metal (and wires that much),
+/// 85% of the device's memory elsewhere, as the seed backend did; on the CPU lets MLX cache
+/// large freed buffers ([`CPU_CACHE_SHARE`]).
+pub fn apply_limits(device: &DeviceInfo, limit: Option<u64>) {
     let base = device
         .recommended_working_set_bytes
         .unwrap_or(device.memory_bytes);
-    if base == 0 {
-        return;
-    }
-    let limit = (base as f64 * 0.85) as usize;
+    let limit = match limit {
+        Some(limit) => limit as usize,
+        None if base == 0 => return,
+        None => (base as f64 * 0.85) as usize,
+    };
     if let Err(e) = mlx_rs::memory::set_memory_limit(limit) {
         tracing::warn!("set_memory_limit({limit}): {e}");
     }

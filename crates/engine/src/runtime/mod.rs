@@ -1,7 +1,7 @@
 //! The top floor: what runs a request. Resident models and their load (`engine.rs`,
 //! `load.rs`), the scheduler that steps generations together (`scheduler.rs`), a generation's
 //! loop (`generate/`), sampling, prompts and the prompt cache, constraints,
-//! memory, cancellation, and the engine's plain request and answer types (`request.rs`).
+//! memory and what a model costs in it (`footprint.rs`), cancellation, and the engine's plain request and answer types (`request.rs`).
 
 #[cfg(test)]
 mod batching_tests;
@@ -10,6 +10,9 @@ pub mod constrained;
 #[cfg(test)]
 mod drafter_tests;
 pub mod engine;
+pub mod footprint;
+#[cfg(test)]
+mod footprint_tests;
 pub mod generate;
 pub mod load;
 pub mod memory;

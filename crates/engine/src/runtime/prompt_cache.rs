@@ -70,10 +70,7 @@ impl PromptCache {
         adapter_on: bool,
         make_caches: impl FnOnce() -> Vec<KvCache>,
     ) -> (Vec<KvCache>, usize) {
-        let best = (self.entries.iter().enumerate())
-            .map(|(i, e)| (e.shared(prompt, adapter_on), i))
-            .max();
-        let Some((shared, i)) = best.filter(|&(shared, _)| shared > 0) else {
+        let Some((shared, i)) = self.best(prompt, adapter_on) else {
             return (make_caches(), 0);
         };
         let drop = (self.entries[i].tokens.len() - shared) as i32;
@@ -90,6 +87,23 @@ impl PromptCache {
             return (make_caches(), 0);
         }
         (caches, shared)
+    }
+
+    /// The entry sharing the longest prefix with `prompt`, and how many tokens it shares.
+    fn best(&self, prompt: &[u32], adapter_on: bool) -> Option<(usize, usize)> {
+        let best = (self.entries.iter().enumerate())
+            .map(|(i, e)| (e.shared(prompt, adapter_on), i))
+            .max();
+        best.filter(|&(shared, _)| shared > 0)
+    }
+
+    /// Bytes [`Self::take`] would add for `prompt`: a copy of the entry it shares only a part
+    /// of (its storage whole: MLX copies an array written while another holds it).
+    pub fn copy_bytes(&self, prompt: &[u32], adapter_on: bool) -> u64 {
+        match self.best(prompt, adapter_on) {
+            Some((shared, i)) if shared < self.entries[i].tokens.len() => self.entries[i].bytes(),
+            _ => 0,
+        }
     }
 
     /// Keeps `caches` after a generation fed them `prompt`, then `sampled` tokens in order.
@@ -120,6 +134,17 @@ impl PromptCache {
         let mut total: u64 = self.entries.iter().map(Kept::bytes).sum();
         while total > self.budget && self.entries.len() > 1 {
             total -= self.entries.remove(0).bytes();
+        }
+    }
+
+    /// Drops the least recently used entry; `false` when none is left.
+    pub fn drop_oldest(&mut self) -> bool {
+        match self.entries.is_empty() {
+            true => false,
+            false => {
+                self.entries.remove(0);
+                true
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 //! and range have one home, `protocol/src/methods/sampling.rs`).
 
 pub use model_store::{HfToken, LoadProgress, LoadStage};
-pub use protocol::methods::Sampling;
+pub use protocol::methods::{MemoryPlan, Sampling};
 use std::path::PathBuf;
 
 pub use constrain::Constraint;
@@ -116,6 +116,8 @@ pub struct ModelInfo {
     /// What `speculative: auto` drafts with (`None`: this model runs one token per pass), and
     /// why.
     pub speculative_auto: (Option<Drafts>, String),
+    /// What the model holds and needs in memory, and the context that fits.
+    pub memory: MemoryPlan,
 }
 
 /// What a load's `draft_model` turned out to be.

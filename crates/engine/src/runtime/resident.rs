@@ -7,6 +7,7 @@ use text::ModelTokenizer;
 use crate::{
     layers::lora::AdapterSwitch,
     models::{DFlash, LanguageModel},
+    runtime::footprint::Footprint,
     runtime::prompt_cache::PromptCache,
     runtime::request::{DraftKind, LoadRequest, ModelInfo},
     vision::VisionModel,
@@ -42,6 +43,8 @@ pub(crate) struct Resident {
     pub(crate) adapter: Option<AdapterSwitch>,
     /// The drafter for speculative decoding, if one was loaded with it.
     pub(crate) draft: Option<Draft>,
+    /// What it costs in memory.
+    pub(crate) footprint: Footprint,
     /// Recent generations' KV caches, for the next prompts that start the same way.
     pub(crate) prompt_cache: PromptCache,
     /// The tokenizer as the grammar engine reads it, made by the first constrained request.
@@ -58,6 +61,7 @@ pub(crate) struct View<'r> {
     pub tokenizer: &'r ModelTokenizer,
     pub info: &'r ModelInfo,
     pub adapter: Option<&'r AdapterSwitch>,
+    pub footprint: &'r Footprint,
 }
 
 impl Resident {
@@ -75,6 +79,7 @@ impl Resident {
             tokenizer: &self.tokenizer,
             info: &self.info,
             adapter: self.adapter.as_ref(),
+            footprint: &self.footprint,
         };
         (view, &mut self.prompt_cache, &mut self.vocabulary)
     }

@@ -13,6 +13,7 @@ use crate::{
     layers::device::on_gpu,
     layers::kv_cache::PaddedCache,
     runtime::constrained::ToolUse,
+    runtime::footprint,
     runtime::generate::{advance, open, resume, together, Opened, Sequence, Started},
     runtime::prepare::{finish, prepare, Prepared},
     runtime::prompt::PromptInputs,
@@ -208,7 +209,14 @@ impl<'a> Batch<'a> {
                 on_done,
             } = admission;
             let id = self.pending.len();
-            let prep = match prepare(self.view, vocabulary, &req) {
+            let running = self.seqs.iter().map(Sequence::positions);
+            let admitted = prepare(self.view, vocabulary, &req).and_then(|mut prep| {
+                let prompt = (&prep.prompt.ids[..], prep.adapter_on);
+                let max_new = &mut prep.req.max_new_tokens;
+                footprint::admit(self.view.footprint, prompt, max_new, cache, running)?;
+                Ok(prep)
+            });
+            let prep = match admitted {
                 Ok(prep) => prep,
                 Err(e) => {
                     on_done(Err(e));

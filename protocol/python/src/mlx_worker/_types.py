@@ -242,6 +242,9 @@ class ModelInfo(_ModelInfoRequired, total=False):
     #: What `speculative: {"method": "auto"}` drafts with on this model, and why.
     #: default: {"method": null, "reason": ""}
     speculative_auto: AutoDrafter
+    #: What the model holds and needs in memory, and whether the context was fitted to it.
+    #: default: {"weights_bytes": 0, "kv_bytes": 0, "compute_bytes": 0, "available_bytes": null, "fitted_from": null, "reason": null}
+    memory: MemoryPlan
 
 
 class Quantization(TypedDict):
@@ -327,6 +330,32 @@ class AutoDrafter(_AutoDrafterRequired, total=False):
 
 #: Where draft tokens come from.
 SpeculativeMethod = Literal['prompt_lookup', 'draft_model', 'mtp', 'auto']
+
+
+class _MemoryPlanRequired(TypedDict):
+    #: Bytes of the weights as held (the vision tower's and the drafter's with them).
+    weights_bytes: int
+    #: Bytes of the KV cache of a generation filling `context_length`, at the KV width.
+    kv_bytes: int
+    #: Bytes of the activations of a prefill chunk at the end of the context.
+    compute_bytes: int
+
+
+class MemoryPlan(_MemoryPlanRequired, total=False):
+    """`load`'s pricing of the model's memory: weights as held, and what a generation filling the
+    context needs beside them, against what MLX's memory limit left when it loaded.
+    """
+    #: Bytes the limit left beside the weights when the model loaded (MLX's limit, less what
+    #: other residents held); `null`: no limit known. Kept conversations' caches
+    #: (`--prompt-cache-bytes`) do not count: a generation that needs their memory has them
+    #: dropped.
+    available_bytes: int | None
+    #: The context asked for (`max_seq_length`, else the model's own) when `context_length`
+    #: was lowered to what fits; `null`: not lowered.
+    fitted_from: int | None
+    #: Why the context was lowered, or why a generation filling it may not fit; `null` when it
+    #: fits.
+    reason: str | None
 
 
 class MemoryInfo(TypedDict):
@@ -766,6 +795,9 @@ class ResidentModel(_ResidentModelRequired, total=False):
     #: What `speculative: {"method": "auto"}` drafts with on this model, and why.
     #: default: {"method": null, "reason": ""}
     speculative_auto: AutoDrafter
+    #: What the model holds and needs in memory, and whether the context was fitted to it.
+    #: default: {"weights_bytes": 0, "kv_bytes": 0, "compute_bytes": 0, "available_bytes": null, "fitted_from": null, "reason": null}
+    memory: MemoryPlan
 
 
 class QueueInfo(TypedDict):
@@ -989,6 +1021,18 @@ class GenerationFailedData(TypedDict):
     detail: str
 
 
+class MemoryBudgetData(TypedDict):
+    """`data` of `-32006 memory budget`."""
+    #: Tokens in the templated prompt.
+    prompt_tokens: int
+    #: Tokens (prompt and answer together) whose KV cache and activations fit what is left.
+    tokens_that_fit: int
+    #: Bytes of KV cache and activations the prompt and one answer token need.
+    needed_bytes: int
+    #: Bytes MLX has left under its memory limit.
+    available_bytes: int
+
+
 #: Every method: its params' and its result's type names.
 METHODS: dict[str, tuple[str, str]] = {
     'initialize': ('InitializeParams', 'InitializeResult'),
@@ -1022,5 +1066,6 @@ ERROR_DATA: dict[int, str | None] = {
     -32003: 'BusyData',
     -32004: 'ContextOverflowData',
     -32005: 'GenerationFailedData',
+    -32006: 'MemoryBudgetData',
     -32800: None,
 }

@@ -132,6 +132,13 @@ class GenerationFailedError(WorkerError):
     code = -32005
 
 
+class MemoryBudgetError(WorkerError):
+    """-32006: the request's KV cache and activations do not fit the memory MLX has left;
+    ``data`` says what it needs, what is left and how many tokens fit."""
+
+    code = -32006
+
+
 class RequestCancelledError(WorkerError):
     """-32800: a request other than ``generate`` was cancelled before it ran."""
 
@@ -153,6 +160,7 @@ ERROR_CLASSES: dict[int, type[WorkerError]] = {
         BusyError,
         ContextOverflowError,
         GenerationFailedError,
+        MemoryBudgetError,
         RequestCancelledError,
     )
 }

@@ -27,6 +27,7 @@ from .client import Client, Generation
 from .errors import (
     ContextOverflowError,
     InvalidParamsError,
+    MemoryBudgetError,
     MLXWorkerError,
     NoModelError,
     WorkerDiedError,
@@ -185,12 +186,14 @@ def _dtype_name(dtype: Any) -> str | None:
     return name if name in ("bfloat16", "float16", "float32") else None
 
 
-def _context_refusal(error: ContextOverflowError) -> Exception:
-    """A prompt over the context as Studio's backend refuses it: Studio's own
-    ``ContextBudgetExceeded`` when running inside Studio (its worker then reports the counts to
-    the orchestrator), a ``ValueError`` with the same message and counts elsewhere."""
+def _context_refusal(error: ContextOverflowError | MemoryBudgetError) -> Exception:
+    """A prompt over the context, or over what memory holds (then the context is the tokens
+    that fit), as Studio's backend refuses it: Studio's own ``ContextBudgetExceeded`` when
+    running inside Studio (its worker then reports the counts to the orchestrator), a
+    ``ValueError`` with the same message and counts elsewhere."""
     data = error.data or {}
-    request_tokens, context_tokens = int(data.get("prompt_tokens", 0)), int(data.get("context_length", 0))
+    context = data.get("context_length", data.get("tokens_that_fit", 0))
+    request_tokens, context_tokens = int(data.get("prompt_tokens", 0)), int(context)
     try:
         from core.inference.context_refusal import ContextBudgetExceeded
     except ImportError:
@@ -407,7 +410,9 @@ class MLXInferenceBackend:
             "max_context_length": info.get("native_context_length", info["context_length"]),
             # The worker refuses a prompt longer than the context (never slides past it).
             "context_length_enforced": True,
-            "context_length_fitted": None,
+            "context_length_fitted": (
+                info["context_length"] if info["memory"]["fitted_from"] is not None else None
+            ),
             "context_unbounded_when_batched": False,
             "mlx_context_budget": info["context_length"],
             **_kv_fields(kv_bits, turboquant, kv),
@@ -724,7 +729,7 @@ class MLXInferenceBackend:
         except WorkerDiedError:
             self._forget_models()
             raise
-        except ContextOverflowError as e:
+        except (ContextOverflowError, MemoryBudgetError) as e:
             raise _context_refusal(e) from None
         finally:
             self._latch(generation)

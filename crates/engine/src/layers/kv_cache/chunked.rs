@@ -29,6 +29,11 @@ impl ChunkedCache {
     }
 
     /// Positions seen so far.
+    /// Positions of one chunk: the most kept.
+    pub fn chunk(&self) -> i32 {
+        self.chunk
+    }
+
     pub fn offset(&self) -> i32 {
         self.start + self.kept.offset()
     }

@@ -18,6 +18,7 @@ mod padded;
 mod pass;
 mod quantized;
 mod rotating;
+mod size;
 mod standard;
 mod state;
 
@@ -25,6 +26,7 @@ pub use cache::{KvCache, KV_GROUP_SIZE};
 pub use mask::{causal_mask, Mask};
 pub use padded::PaddedCache;
 pub use pass::{Attend, Caches, LayerKv, PassMasks, Positions, SharedKv};
+pub use size::CacheSize;
 pub use state::StateCache;
 
 #[cfg(test)]

@@ -44,6 +44,11 @@ impl RotatingCache {
         self.offset
     }
 
+    /// Positions kept.
+    pub fn window(&self) -> i32 {
+        self.max_size
+    }
+
     /// Forgets the last `n` positions, possible while nothing has been overwritten yet
     /// (mlx-lm: trimmable while `offset < max_size`).
     pub fn trim(&mut self, n: i32) -> bool {

@@ -360,6 +360,12 @@ fn begin<'a>(
 }
 
 impl Sequence<'_> {
+    /// The positions its cache holds now, and at most by its end.
+    pub(crate) fn positions(&self) -> (usize, usize) {
+        let prompt = self.usage.prompt_tokens;
+        (prompt + self.n, prompt + self.max_new_tokens)
+    }
+
     /// Reads this step's token and streams it; the finish reason when the generation ends
     /// here. `next` is step n+1, queued unless cancelled or at `max_new_tokens`.
     pub(super) fn take_step(
