@@ -4,8 +4,8 @@
 //! several images, the prompt cache across images, and bad images, each a clear -32602 after
 //! which the worker goes on. And a tiny LLaVA (`tiny-llava`, a CLIP tower on a Llama) answering an
 //! image question, a tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL (`tiny-qwen2-vl`, `tiny-qwen2.5-vl`,
-//! `tiny-qwen3-vl`) answering a second question about an image from the prompt cache, and a tiny Idefics3 (`tiny-idefics3`) one about an image split
-//! into tiles.
+//! `tiny-qwen3-vl`) answering a second question about an image from the prompt cache, a tiny Idefics3 (`tiny-idefics3`) one about an image split
+//! into tiles, and an image's encoder output kept for the next question about it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -206,6 +206,39 @@ async fn the_prompt_cache_reuses_an_image_only_for_that_image() {
     assert_eq!(fresh.usage.cached_tokens, 0);
     assert_eq!(fresh.text, other.text);
     within_for(LIMIT, w.shutdown()).await.unwrap();
+}
+
+/// A vision encoder's output is kept by the image's pixels: another question about the same
+/// image, sharing no KV prefix with the first past its opening (the text before the image
+/// differs), skips the tower (`usage.cached_images`) and answers what a fresh worker answers;
+/// another image runs the tower. Gemma 3 (SigLIP) and Qwen3-VL (deepstack rows kept too).
+#[tokio::test]
+async fn an_images_encoder_output_is_kept_for_the_next_question_about_it() {
+    for (name, architecture) in [("tiny-gemma3-vl", "gemma3"), ("tiny-qwen3-vl", "qwen3_vl")] {
+        let Some((dir, images)) = fixture(name) else {
+            return;
+        };
+        let ask = |question: &str, img: &Path| {
+            greedy(vec![user(vec![text(question), image(model_id(img))])])
+        };
+        let (a, b) = (images.join("gradient.png"), images.join("noise.jpg"));
+        let w = worker(&[]);
+        loaded(&w, &dir, architecture).await;
+        let first = generate(&w, &ask("Describe it.", &a)).await;
+        assert_eq!(first.usage.cached_images, 0, "{name}");
+        let again = generate(&w, &ask("What colours are in it?", &a)).await;
+        assert_eq!(again.usage.cached_images, 1, "{name}: {:?}", again.usage);
+        let other = generate(&w, &ask("What colours are in it?", &b)).await;
+        assert_eq!(other.usage.cached_images, 0, "{name}");
+        within_for(LIMIT, w.shutdown()).await.unwrap();
+
+        let fresh = worker(&[]);
+        loaded(&fresh, &dir, architecture).await;
+        let cold = generate(&fresh, &ask("What colours are in it?", &a)).await;
+        assert_eq!(cold.usage.cached_images, 0, "{name}");
+        assert_eq!(cold.text, again.text, "{name}");
+        within_for(LIMIT, fresh.shutdown()).await.unwrap();
+    }
 }
 
 /// A small PNG file whose header claims `side` x `side` pixels.

@@ -362,6 +362,7 @@ fn results_use_the_contracts_names() {
             completion_tokens: 2,
             total_tokens: 3,
             cached_tokens: 0,
+            cached_images: 0,
             drafted_tokens: 0,
             accepted_tokens: 0,
         },

@@ -359,6 +359,10 @@ pub struct Usage {
     pub total_tokens: u64,
     /// Prompt tokens reused from a prompt cache.
     pub cached_tokens: u64,
+    /// Images whose vision-encoder output was reused from an earlier request (the tower did not
+    /// run for them); 0 for text.
+    #[serde(default)]
+    pub cached_images: u64,
     /// Speculative decoding: tokens drafted (0 without `speculative`).
     #[serde(default)]
     pub drafted_tokens: u64,

@@ -293,6 +293,7 @@ impl Engine {
             draft,
             footprint,
             prompt_cache: PromptCache::new(self.prompt_cache_bytes),
+            image_features: Default::default(),
             vocabulary: None,
         })
     }
@@ -399,7 +400,7 @@ impl Engine {
         let i = self.position(model)?;
         for (j, other) in self.models.iter_mut().enumerate() {
             if j != i {
-                other.prompt_cache.clear();
+                other.forget_caches();
             }
         }
         Ok(i)
@@ -446,7 +447,7 @@ impl Engine {
     pub fn reset(&mut self, prompt_cache: bool) {
         if prompt_cache {
             for r in &mut self.models {
-                r.prompt_cache.clear();
+                r.forget_caches();
             }
         }
         memory::release(false);

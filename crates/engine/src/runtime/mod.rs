@@ -14,6 +14,7 @@ pub mod footprint;
 #[cfg(test)]
 mod footprint_tests;
 pub mod generate;
+pub mod image_features;
 pub mod load;
 pub mod memory;
 #[cfg(test)]

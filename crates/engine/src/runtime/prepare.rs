@@ -113,6 +113,7 @@ impl<'r> View<'r> {
             model: self.model,
             draft: self.draft,
             vision: self.vision,
+            image_features: self.image_features,
             tokenizer: self.tokenizer,
             eos: self.tokenizer.eos_token_ids(),
             vocab_size: self.info.vocab_size.max(1),

@@ -8,8 +8,12 @@ use serde_json::{json, Value};
 use text::{Message, MessageContent, ModelTokenizer};
 
 use crate::{
-    layers::mrope::MropePositions, models::LanguageModel, runtime::request::Prompt,
-    vision::VisionModel, EngineError,
+    layers::mrope::MropePositions,
+    models::LanguageModel,
+    runtime::image_features::{Encoded, ImageFeatures},
+    runtime::request::Prompt,
+    vision::VisionModel,
+    EngineError,
 };
 
 pub(crate) struct PromptInputs {
@@ -29,6 +33,8 @@ pub(crate) struct PromptImages {
     pub decoded: Vec<images::RgbImage>,
     /// Image tokens per image.
     pub tokens_per_image: Vec<usize>,
+    /// A digest of each image's pixels (what tells images apart).
+    pub digests: Vec<u64>,
 }
 
 /// Cache keys of image tokens have the top bit set: no vocabulary reaches 2^31 ids.
@@ -83,7 +89,8 @@ pub(crate) fn prompt_inputs(
     if decoded.is_empty() {
         return Ok(text_only(ids));
     }
-    let cache_keys = image_keys(&ids, vision.image_token_id(), &decoded, &tokens_per_image)?;
+    let digests: Vec<u64> = decoded.iter().map(digest).collect();
+    let cache_keys = image_keys(&ids, vision.image_token_id(), &digests, &tokens_per_image)?;
     Ok(PromptInputs {
         positions: vision.positions(&ids, &decoded)?,
         ids,
@@ -91,6 +98,7 @@ pub(crate) fn prompt_inputs(
         images: Some(PromptImages {
             decoded,
             tokens_per_image,
+            digests,
         }),
     })
 }
@@ -186,10 +194,9 @@ fn decode(part: &ImagePart) -> Result<images::RgbImage, EngineError> {
 fn image_keys(
     ids: &[u32],
     image_id: u32,
-    images: &[images::RgbImage],
+    digests: &[u64],
     tokens_per_image: &[usize],
 ) -> Result<Vec<u32>, EngineError> {
-    let digests: Vec<u64> = images.iter().map(digest).collect();
     let mut owners = tokens_per_image
         .iter()
         .enumerate()
@@ -251,14 +258,16 @@ impl PromptEmbeds {
 
 /// The input embeddings `(1, L, D)` of `prompt.ids[reused..]` with the features of the image
 /// tokens among them merged in (and their deepstack rows, for Qwen3-VL). Preprocesses and
-/// encodes only the images those tokens belong to; evaluated, and the encoder's buffers
-/// released, before prefill starts.
+/// encodes only the images those tokens belong to, unless `kept` holds what the encoder gave
+/// for them (then the count of those images comes back with the embeddings); evaluated, and
+/// the encoder's buffers released, before prefill starts.
 pub(crate) fn merged_embeddings(
     model: &dyn LanguageModel,
     vision: &dyn VisionModel,
     prompt: &PromptInputs,
     reused: usize,
-) -> Result<PromptEmbeds, EngineError> {
+    kept: &mut ImageFeatures,
+) -> Result<(PromptEmbeds, usize), EngineError> {
     let images = prompt
         .images
         .as_ref()
@@ -276,14 +285,32 @@ pub(crate) fn merged_embeddings(
         first += 1;
     }
     let embeds = model.embed(&Array::from_slice(rest, &[1, rest.len() as i32]))?;
+    let mut cached_images = 0;
     let (features, deepstack) = match first < images.tokens_per_image.len() {
         true => {
-            let inputs = vision.preprocess(&images.decoded[first..])?;
-            let (features, deepstack) = vision.encode_with_deepstack(&inputs, embeds.dtype())?;
+            let digests = &images.digests[first..];
+            let encoded = match kept.get(digests) {
+                Some(encoded) => {
+                    cached_images = digests.len();
+                    encoded
+                }
+                None => {
+                    let inputs = vision.preprocess(&images.decoded[first..])?;
+                    let (features, deepstack) =
+                        vision.encode_with_deepstack(&inputs, embeds.dtype())?;
+                    transforms::eval(std::iter::once(&features).chain(&deepstack))?;
+                    let encoded = Encoded {
+                        features,
+                        deepstack,
+                    };
+                    kept.keep(digests.to_vec(), encoded.clone());
+                    encoded
+                }
+            };
             let skipped = |a: Array| a.index(skip as i32..);
             (
-                skipped(features),
-                deepstack.into_iter().map(skipped).collect(),
+                skipped(encoded.features),
+                encoded.deepstack.into_iter().map(skipped).collect(),
             )
         }
         false => {
@@ -307,5 +334,5 @@ pub(crate) fn merged_embeddings(
     transforms::eval(std::iter::once(&merged.h).chain(&merged.deepstack))?;
     drop(features);
     mlx_rs::memory::clear_cache()?;
-    Ok(merged)
+    Ok((merged, cached_images))
 }

@@ -335,6 +335,8 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// Images whose encoder output was kept from an earlier request (the tower did not run).
+    pub cached_images: usize,
     /// Speculative decoding: tokens drafted, and how many of them the model confirmed.
     pub drafted_tokens: usize,
     pub accepted_tokens: usize,

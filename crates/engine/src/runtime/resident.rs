@@ -1,6 +1,6 @@
 //! A model made resident by `load`, and the view of it generations read.
 
-use std::sync::Arc;
+use std::{cell::RefCell, sync::Arc};
 
 use text::ModelTokenizer;
 
@@ -8,6 +8,7 @@ use crate::{
     layers::lora::AdapterSwitch,
     models::{DFlash, LanguageModel},
     runtime::footprint::Footprint,
+    runtime::image_features::ImageFeatures,
     runtime::prompt_cache::PromptCache,
     runtime::request::{DraftKind, LoadRequest, ModelInfo},
     vision::VisionModel,
@@ -47,6 +48,8 @@ pub(crate) struct Resident {
     pub(crate) footprint: Footprint,
     /// Recent generations' KV caches, for the next prompts that start the same way.
     pub(crate) prompt_cache: PromptCache,
+    /// A vision model's encoder outputs, kept by image (emptied with the prompt cache).
+    pub(crate) image_features: RefCell<ImageFeatures>,
     /// The tokenizer as the grammar engine reads it, made by the first constrained request.
     pub(crate) vocabulary: Option<constrain::Vocabulary>,
 }
@@ -62,9 +65,16 @@ pub(crate) struct View<'r> {
     pub info: &'r ModelInfo,
     pub adapter: Option<&'r AdapterSwitch>,
     pub footprint: &'r Footprint,
+    pub image_features: &'r RefCell<ImageFeatures>,
 }
 
 impl Resident {
+    /// Drops its kept conversations' KV caches and its kept image features.
+    pub(crate) fn forget_caches(&mut self) {
+        self.prompt_cache.clear();
+        self.image_features.get_mut().clear();
+    }
+
     pub(crate) fn split(
         &mut self,
     ) -> (
@@ -80,6 +90,7 @@ impl Resident {
             info: &self.info,
             adapter: self.adapter.as_ref(),
             footprint: &self.footprint,
+            image_features: &self.image_features,
         };
         (view, &mut self.prompt_cache, &mut self.vocabulary)
     }

@@ -620,6 +620,10 @@ class _UsageRequired(TypedDict):
 
 class Usage(_UsageRequired, total=False):
     """Token counts of a generation."""
+    #: Images whose vision-encoder output was reused from an earlier request (the tower did not
+    #: run for them); 0 for text.
+    #: default: 0
+    cached_images: int
     #: Speculative decoding: tokens drafted (0 without `speculative`).
     #: default: 0
     drafted_tokens: int

@@ -1,12 +1,12 @@
 //! A generation's settings and what it reads (the model, its tokenizer, the group), and the
 //! prefill chunk sizes.
 
-use std::time::Instant;
+use std::{cell::RefCell, time::Instant};
 
 use crate::{
     layers::distributed::Group, layers::parallel::Placement, models::Batching,
-    models::LanguageModel, runtime::constrained::Markup, runtime::resident::Draft,
-    vision::VisionModel, CancelToken, EngineError,
+    models::LanguageModel, runtime::constrained::Markup, runtime::image_features::ImageFeatures,
+    runtime::resident::Draft, vision::VisionModel, CancelToken, EngineError,
 };
 
 pub(super) type Result<T> = std::result::Result<T, EngineError>;
@@ -30,6 +30,8 @@ pub(crate) struct GenerationContext<'a> {
     pub draft: Option<&'a Draft>,
     /// The vision side, for a vision-language model.
     pub vision: Option<&'a dyn VisionModel>,
+    /// Its encoder's outputs kept by image.
+    pub image_features: &'a RefCell<ImageFeatures>,
     pub tokenizer: &'a text::ModelTokenizer,
     pub eos: &'a std::collections::BTreeSet<u32>,
     pub vocab_size: usize,

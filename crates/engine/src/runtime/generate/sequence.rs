@@ -250,7 +250,7 @@ fn begin<'a>(
         cached_tokens: reused,
         ..Usage::default()
     };
-    let cancelled = |out: Output<'_>| {
+    let cancelled = move |out: Output<'_>| {
         let done = out.finish(FinishReason::Cancelled, usage, Timings::default());
         Ok(Begun::Done(done))
     };
@@ -267,9 +267,12 @@ fn begin<'a>(
             if ctx.cancelled(cancel)? {
                 return cancelled(out);
             }
-            Some(crate::runtime::prompt::merged_embeddings(
-                ctx.model, vision, prompt, reused,
-            )?)
+            let mut kept = ctx.image_features.borrow_mut();
+            let (embeds, cached_images) = crate::runtime::prompt::merged_embeddings(
+                ctx.model, vision, prompt, reused, &mut kept,
+            )?;
+            usage.cached_images = cached_images;
+            Some(embeds)
         }
         _ => None,
     };
