@@ -170,6 +170,10 @@ fn the_checkpoints_own_mtp_head_drafts_and_changes_nothing() {
     );
 }
 
+/// Every hybrid family: a prompt that extends the kept tokens reuses them all; one that leaves
+/// them after the point where an earlier prompt's prefill ended (the same prompt again, a
+/// rewritten last reply) resumes from the recurrent states kept there; one that leaves them
+/// before starts over; each answers what a fresh engine answers.
 #[test]
 fn a_recurrent_state_is_reused_by_a_prompt_that_extends_it_and_answers_the_same() {
     let _mlx = fixtures::mlx_test_lock();
@@ -201,12 +205,23 @@ fn extends_or_starts_over(dir: &std::path::Path) {
     assert_eq!(uncached.usage.cached_tokens, 0);
     assert_eq!(next.token_ids, uncached.token_ids);
 
-    // The same prompt again: its last token would have to be forgotten, so nothing is reused.
+    // The same prompt again: its last token would have to be forgotten, which a recurrent
+    // state cannot; it resumes from the states kept where the prompt's prefill ended.
     let again = greedy(&mut engine, &extended, 8);
-    assert_eq!(again.usage.cached_tokens, 0);
+    assert_eq!(again.usage.cached_tokens, extended.len() - 1);
     assert_eq!(again.token_ids, uncached.token_ids);
 
-    // A prompt that leaves the kept tokens (shares only their start): computed from scratch.
+    // A prompt that leaves the kept answer (a chat template that re-renders the last reply):
+    // it resumes where the first prompt's prefill ended.
+    let rewritten: Vec<u32> = [&prompt[..], &[600, 601, 602, 603]].concat();
+    let resumed = greedy(&mut engine, &rewritten, 8);
+    assert_eq!(resumed.usage.cached_tokens, prompt.len() - 1);
+    assert_eq!(
+        resumed.token_ids,
+        greedy(&mut fresh, &rewritten, 8).token_ids
+    );
+
+    // A prompt that leaves the kept tokens before any snapshot: computed from scratch.
     let diverging: Vec<u32> = [&extended[..20], &[7, 8, 9]].concat();
     let other = greedy(&mut engine, &diverging, 8);
     assert_eq!(other.usage.cached_tokens, 0);

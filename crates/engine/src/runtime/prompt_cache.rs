@@ -12,7 +12,10 @@
 //! state: those are reused only when the new prompt extends the kept tokens) or that was made
 //! with the adapter in the other position is not reused.
 
-use crate::layers::kv_cache::KvCache;
+use crate::layers::kv_cache::{KvCache, Snapshot};
+
+/// Most recurrent-state snapshots an entry keeps (the newest).
+const MAX_SNAPSHOTS: usize = 8;
 
 /// The default byte budget of a resident's prompt cache (`--prompt-cache-bytes`).
 pub const DEFAULT_PROMPT_CACHE_BYTES: u64 = 1 << 30;
@@ -28,6 +31,9 @@ struct Kept {
     caches: Vec<KvCache>,
     /// The tokens the caches hold, in order.
     tokens: Vec<u32>,
+    /// A hybrid model's recurrent states at earlier positions (ascending), where a prompt that
+    /// leaves `tokens` can resume.
+    snapshots: Vec<Snapshot>,
     /// Whether the adapter (if any) was on when they were computed.
     adapter_on: bool,
 }
@@ -44,7 +50,8 @@ impl Kept {
 
     fn bytes(&self) -> u64 {
         let arrays = self.caches.iter().flat_map(KvCache::arrays);
-        arrays.map(|a| a.nbytes() as u64).sum()
+        let snapshots: u64 = self.snapshots.iter().map(Snapshot::bytes).sum();
+        arrays.map(|a| a.nbytes() as u64).sum::<u64>() + snapshots
     }
 }
 
@@ -63,30 +70,51 @@ impl PromptCache {
     }
 
     /// Caches for generating from `prompt`: a kept entry's cut back to the longest prefix it
-    /// shares with it, or fresh ones. Returns them and how many prompt tokens they already hold.
+    /// shares with it (for a hybrid model whose states cannot be cut back, to its latest
+    /// snapshot within that prefix), or fresh ones. Returns them, how many prompt tokens they
+    /// already hold, and the entry's snapshots within those (still prefixes of the prompt).
     pub fn take(
         &mut self,
         prompt: &[u32],
         adapter_on: bool,
         make_caches: impl FnOnce() -> Vec<KvCache>,
-    ) -> (Vec<KvCache>, usize) {
+    ) -> (Vec<KvCache>, usize, Vec<Snapshot>) {
         let Some((shared, i)) = self.best(prompt, adapter_on) else {
-            return (make_caches(), 0);
+            return (make_caches(), 0, Vec::new());
         };
         let drop = (self.entries[i].tokens.len() - shared) as i32;
-        let mut caches = if drop == 0 {
-            self.entries.remove(i).caches
+        let (mut caches, snapshots) = if drop == 0 {
+            let entry = self.entries.remove(i);
+            (entry.caches, entry.snapshots)
         } else {
             // Used now: the entry moves to the most recent end, and lends a copy.
             let entry = self.entries.remove(i);
-            let copy = entry.caches.clone();
+            let copy = (entry.caches.clone(), entry.snapshots.clone());
             self.entries.push(entry);
             copy
         };
-        if !caches.iter_mut().all(|c| c.trim(drop)) {
-            return (make_caches(), 0);
+        let within = |upto: usize| -> Vec<Snapshot> {
+            let kept = snapshots.iter().filter(|s| s.positions <= upto);
+            kept.cloned().collect()
+        };
+        if caches.iter_mut().all(|c| c.trim(drop)) {
+            return (caches, shared, within(shared));
         }
-        (caches, shared)
+        // A recurrent state cannot be cut back: resume from the latest snapshot in the prefix.
+        let Some(snapshot) = snapshots.iter().rev().find(|s| s.positions <= shared) else {
+            return (make_caches(), 0, Vec::new());
+        };
+        let mut caches = match drop {
+            0 => caches,
+            _ => self
+                .entries
+                .last()
+                .map_or_else(Vec::new, |e| e.caches.clone()),
+        };
+        match snapshot.restore(&mut caches) {
+            true => (caches, snapshot.positions, within(snapshot.positions)),
+            false => (make_caches(), 0, Vec::new()),
+        }
     }
 
     /// The entry sharing the longest prefix with `prompt`, and how many tokens it shares.
@@ -113,7 +141,7 @@ impl PromptCache {
     /// least recently used go until the rest fit the budget.
     pub fn keep(
         &mut self,
-        mut caches: Vec<KvCache>,
+        (mut caches, mut snapshots): (Vec<KvCache>, Vec<Snapshot>),
         prompt: &[u32],
         sampled: &[u32],
         adapter_on: bool,
@@ -126,9 +154,12 @@ impl PromptCache {
         }
         self.entries
             .retain(|e| e.adapter_on != adapter_on || !tokens.starts_with(&e.tokens));
+        snapshots.retain(|s| s.positions > 0 && s.positions < tokens.len());
+        snapshots.drain(..snapshots.len().saturating_sub(MAX_SNAPSHOTS));
         self.entries.push(Kept {
             caches,
             tokens,
+            snapshots,
             adapter_on,
         });
         let mut total: u64 = self.entries.iter().map(Kept::bytes).sum();
@@ -184,8 +215,8 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         // Prompt 1..=4 then sampled 5, 6 fed back: 6 positions.
-        cache.keep(caches(6, None), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || caches(0, None));
+        cache.keep((caches(6, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || caches(0, None));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
     }
 
@@ -193,8 +224,8 @@ mod tests {
     fn the_same_prompt_leaves_its_last_token_to_run() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep(caches(5, None), &[1, 2, 3, 4, 5], &[], true);
-        let (c, reused) = cache.take(&[1, 2, 3, 4, 5], true, || caches(0, None));
+        cache.keep((caches(5, None), Vec::new()), &[1, 2, 3, 4, 5], &[], true);
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5], true, || caches(0, None));
         assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
     }
 
@@ -202,14 +233,14 @@ mod tests {
     fn a_diverging_prompt_is_cut_back_to_the_shared_prefix() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep(caches(6, None), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused) = cache.take(&[1, 2, 9, 9, 9], true, || caches(0, None));
+        cache.keep((caches(6, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
+        let (c, reused, _) = cache.take(&[1, 2, 9, 9, 9], true, || caches(0, None));
         assert_eq!((reused, offsets(&c)), (2, vec![2, 2]));
         // A copy was cut back: the entry still holds all six for its own conversation.
-        let (c, reused) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || caches(0, None));
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || caches(0, None));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // Taken whole: nothing is left to share.
-        let (c, reused) = cache.take(&[1, 2, 9], true, || caches(0, None));
+        let (c, reused, _) = cache.take(&[1, 2, 9], true, || caches(0, None));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
     }
 
@@ -220,12 +251,12 @@ mod tests {
         let mut c = KvCache::default();
         c.update_and_fetch(ones(4), ones(4)).unwrap();
         let mut cache = PromptCache::default();
-        cache.keep(vec![c], &[1, 2, 3, 4], &[], true);
-        let (mut copy, reused) = cache.take(&[1, 2, 9, 9], true, Vec::new);
+        cache.keep((vec![c], Vec::new()), &[1, 2, 3, 4], &[], true);
+        let (mut copy, reused, _) = cache.take(&[1, 2, 9, 9], true, Vec::new);
         assert_eq!(reused, 2);
         let nines = Array::from_slice(&[9f32; 2], &[1, 1, 2, 1]);
         copy[0].update_and_fetch(nines.clone(), nines).unwrap();
-        let (mut kept, reused) = cache.take(&[1, 2, 3, 4, 5], true, Vec::new);
+        let (mut kept, reused, _) = cache.take(&[1, 2, 3, 4, 5], true, Vec::new);
         assert_eq!(reused, 4);
         let (keys, _) = kept[0].update_and_fetch(ones(1), ones(1)).unwrap();
         assert_eq!(keys.as_slice::<f32>(), &[1f32; 5]);
@@ -235,14 +266,19 @@ mod tests {
     fn two_conversations_taking_turns_both_hit() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep(caches(4, None), &[1, 2, 3], &[4], true);
-        cache.keep(caches(4, None), &[7, 8, 9], &[10], true);
-        let (c, reused) = cache.take(&[1, 2, 3, 4, 5, 6], true, || caches(0, None));
+        cache.keep((caches(4, None), Vec::new()), &[1, 2, 3], &[4], true);
+        cache.keep((caches(4, None), Vec::new()), &[7, 8, 9], &[10], true);
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6], true, || caches(0, None));
         assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
-        cache.keep(caches(6, None), &[1, 2, 3, 4, 5, 6], &[], true);
-        let (_, reused) = cache.take(&[7, 8, 9, 10, 11], true, || caches(0, None));
+        cache.keep(
+            (caches(6, None), Vec::new()),
+            &[1, 2, 3, 4, 5, 6],
+            &[],
+            true,
+        );
+        let (_, reused, _) = cache.take(&[7, 8, 9, 10, 11], true, || caches(0, None));
         assert_eq!(reused, 4);
-        let (_, reused) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || caches(0, None));
         assert_eq!(reused, 6);
     }
 
@@ -250,13 +286,13 @@ mod tests {
     fn the_longest_shared_prefix_wins_and_a_prefix_entry_is_replaced() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep(caches(3, None), &[1, 2, 3], &[], true);
-        cache.keep(caches(3, None), &[1, 5, 6], &[], true);
-        let (_, reused) = cache.take(&[1, 2, 3, 4], true, || caches(0, None));
+        cache.keep((caches(3, None), Vec::new()), &[1, 2, 3], &[], true);
+        cache.keep((caches(3, None), Vec::new()), &[1, 5, 6], &[], true);
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4], true, || caches(0, None));
         assert_eq!(reused, 3);
         // [1, 2] starts [1, 2, 3, 4, 5]: the longer entry replaces it.
-        cache.keep(caches(2, None), &[1, 2], &[], true);
-        cache.keep(caches(5, None), &[1, 2, 3, 4, 5], &[], true);
+        cache.keep((caches(2, None), Vec::new()), &[1, 2], &[], true);
+        cache.keep((caches(5, None), Vec::new()), &[1, 2, 3, 4, 5], &[], true);
         assert_eq!(cache.entries.len(), 2);
     }
 
@@ -266,20 +302,20 @@ mod tests {
         // One entry of caches(4): two layers of keys and values, 256 float32 positions each.
         let entry = 2 * 2 * 256 * 4;
         let mut cache = PromptCache::new(2 * entry);
-        cache.keep(caches(4, None), &[1, 1, 1, 1], &[], true);
-        cache.keep(caches(4, None), &[2, 2, 2, 2], &[], true);
+        cache.keep((caches(4, None), Vec::new()), &[1, 1, 1, 1], &[], true);
+        cache.keep((caches(4, None), Vec::new()), &[2, 2, 2, 2], &[], true);
         // Used: now the most recent.
-        let (c, _) = cache.take(&[1, 1, 1, 9], true, || caches(0, None));
+        let (c, _, _) = cache.take(&[1, 1, 1, 9], true, || caches(0, None));
         drop(c);
-        cache.keep(caches(4, None), &[3, 3, 3, 3], &[], true);
-        let (_, reused) = cache.take(&[2, 2, 2, 2, 2], true, || caches(0, None));
+        cache.keep((caches(4, None), Vec::new()), &[3, 3, 3, 3], &[], true);
+        let (_, reused, _) = cache.take(&[2, 2, 2, 2, 2], true, || caches(0, None));
         assert_eq!(reused, 0, "the least recently used entry is gone");
-        let (_, reused) = cache.take(&[1, 1, 1, 1, 1], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[1, 1, 1, 1, 1], true, || caches(0, None));
         assert_eq!(reused, 4);
         // The newest stays even alone past the budget.
         let mut cache = PromptCache::new(1);
-        cache.keep(caches(4, None), &[1, 1, 1, 1], &[], true);
-        let (_, reused) = cache.take(&[1, 1, 1, 1, 1], true, || caches(0, None));
+        cache.keep((caches(4, None), Vec::new()), &[1, 1, 1, 1], &[], true);
+        let (_, reused, _) = cache.take(&[1, 1, 1, 1, 1], true, || caches(0, None));
         assert_eq!(reused, 4);
     }
 
@@ -288,12 +324,12 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         // A step queued ahead fed a 7th token whose id was never read.
-        cache.keep(caches(7, None), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || caches(0, None));
+        cache.keep((caches(7, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || caches(0, None));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // A prefill cancelled after 3 of 5 prompt tokens.
-        cache.keep(caches(3, None), &[1, 2, 3, 4, 5], &[], true);
-        let (_, reused) = cache.take(&[1, 2, 3, 4, 5], true, || caches(0, None));
+        cache.keep((caches(3, None), Vec::new()), &[1, 2, 3, 4, 5], &[], true);
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5], true, || caches(0, None));
         assert_eq!(reused, 3);
     }
 
@@ -301,11 +337,11 @@ mod tests {
     fn another_adapter_position_or_nothing_shared_starts_fresh() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep(caches(4, None), &[1, 2, 3, 4], &[], true);
-        let (_, reused) = cache.take(&[1, 2, 3, 4, 5], false, || caches(0, None));
+        cache.keep((caches(4, None), Vec::new()), &[1, 2, 3, 4], &[], true);
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5], false, || caches(0, None));
         assert_eq!(reused, 0);
-        cache.keep(caches(4, None), &[1, 2, 3, 4], &[], true);
-        let (_, reused) = cache.take(&[7, 2, 3, 4, 5], true, || caches(0, None));
+        cache.keep((caches(4, None), Vec::new()), &[1, 2, 3, 4], &[], true);
+        let (_, reused, _) = cache.take(&[7, 2, 3, 4, 5], true, || caches(0, None));
         assert_eq!(reused, 0);
     }
 
@@ -322,22 +358,50 @@ mod tests {
     fn a_recurrent_state_is_reused_only_by_a_prompt_that_extends_it() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep(hybrid(6), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || hybrid(0));
+        cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || hybrid(0));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // The same tokens again: the last one would have to be forgotten, so nothing is reused.
-        cache.keep(hybrid(6), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused) = cache.take(&[1, 2, 3, 4, 5, 6], true, || hybrid(0));
+        cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6], true, || hybrid(0));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
         // A diverging prompt: no shared prefix can be cut back to.
-        cache.keep(hybrid(6), &[1, 2, 3, 4], &[5, 6], true);
-        let (_, reused) = cache.take(&[1, 2, 3, 9, 9, 9, 9], true, || hybrid(0));
+        cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
+        let (_, reused, _) = cache.take(&[1, 2, 3, 9, 9, 9, 9], true, || hybrid(0));
         assert_eq!(reused, 0);
         // A step fed a token never read: the state holds it, so it is not kept at all.
         let mut cache = PromptCache::default();
-        cache.keep(hybrid(7), &[1, 2, 3, 4], &[5, 6], true);
-        let (_, reused) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || hybrid(0));
+        cache.keep((hybrid(7), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || hybrid(0));
         assert_eq!(reused, 0);
+    }
+
+    #[test]
+    fn a_recurrent_state_resumes_from_its_latest_snapshot_within_the_shared_prefix() {
+        let _lock = mlx_test_lock();
+        let snapshot = |n| Snapshot::of(&hybrid(n), n as usize).unwrap().unwrap();
+        let keep = |cache: &mut PromptCache| {
+            let kept = (hybrid(6), vec![snapshot(2), snapshot(4)]);
+            cache.keep(kept, &[1, 2, 3, 4], &[5, 6], true);
+        };
+        let mut cache = PromptCache::default();
+        keep(&mut cache);
+        // Shares 5 tokens: resumes at 4, the states as they were there, the others cut back.
+        let (c, reused, within) = cache.take(&[1, 2, 3, 4, 5, 9], true, || hybrid(0));
+        assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
+        assert_eq!(
+            within.iter().map(|s| s.positions).collect::<Vec<_>>(),
+            [2, 4]
+        );
+        // The entry is still whole for its own conversation, and shares 3 with this one.
+        let (c, reused, within) = cache.take(&[1, 2, 3, 9], true, || hybrid(0));
+        assert_eq!((reused, offsets(&c), within.len()), (2, vec![2, 2], 1));
+        // Nothing before the first snapshot: from scratch.
+        let (_, reused, _) = cache.take(&[1, 9], true, || hybrid(0));
+        assert_eq!(reused, 0);
+        // Extending it: all of it, and its snapshots go on with the caches.
+        let (c, reused, within) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || hybrid(0));
+        assert_eq!((reused, offsets(&c), within.len()), (6, vec![6, 6], 2));
     }
 
     #[test]
@@ -345,13 +409,18 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         // Within its window of 8: trimmable.
-        cache.keep(caches(6, Some(8)), &[1, 2, 3, 4, 5, 6], &[], true);
-        let (c, reused) = cache.take(&[1, 2, 3, 9], true, || caches(0, Some(8)));
+        cache.keep(
+            (caches(6, Some(8)), Vec::new()),
+            &[1, 2, 3, 4, 5, 6],
+            &[],
+            true,
+        );
+        let (c, reused, _) = cache.take(&[1, 2, 3, 9], true, || caches(0, Some(8)));
         assert_eq!((reused, offsets(&c)), (3, vec![3, 3]));
         // Past it: positions were overwritten, so only an exact continuation could reuse it.
         let prompt: Vec<u32> = (1..=10).collect();
-        cache.keep(caches(10, Some(8)), &prompt, &[], true);
-        let (c, reused) = cache.take(&[1, 2, 3, 9], true, || caches(0, Some(8)));
+        cache.keep((caches(10, Some(8)), Vec::new()), &prompt, &[], true);
+        let (c, reused, _) = cache.take(&[1, 2, 3, 9], true, || caches(0, Some(8)));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
     }
 }

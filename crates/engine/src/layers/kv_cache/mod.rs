@@ -19,6 +19,7 @@ mod pass;
 mod quantized;
 mod rotating;
 mod size;
+mod snapshot;
 mod standard;
 mod state;
 
@@ -27,6 +28,7 @@ pub use mask::{causal_mask, Mask};
 pub use padded::PaddedCache;
 pub use pass::{Attend, Caches, LayerKv, PassMasks, Positions, SharedKv};
 pub use size::CacheSize;
+pub use snapshot::Snapshot;
 pub use state::StateCache;
 
 #[cfg(test)]

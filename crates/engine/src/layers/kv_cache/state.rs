@@ -47,6 +47,11 @@ impl StateCache {
         }
     }
 
+    /// Ends a recording, if one runs.
+    pub(super) fn stop_recording(&mut self) {
+        self.steps = None;
+    }
+
     /// Records the next pass, so that [`Self::trim`] can take back any of its positions (until
     /// the next trim, which ends the recording).
     pub fn record_steps(&mut self) {

@@ -110,10 +110,11 @@ pub(crate) fn open<'a>(
         cache.clear();
     }
     let keys = &prompt.cache_keys;
-    let (caches, reused) = cache.take(keys, ctx.adapter_on, || ctx.model.make_caches());
+    let (caches, reused, snapshots) = cache.take(keys, ctx.adapter_on, || ctx.model.make_caches());
     let dec = SequenceState {
         ctx,
         caches,
+        snapshots,
         sampler,
         recent,
         sampled: Vec::new(),
@@ -163,7 +164,7 @@ pub(crate) fn resume<'a>(
     match begun {
         Begun::Done(completion) => {
             if let Some(keys) = &keep {
-                let caches = std::mem::take(&mut dec.caches);
+                let caches = dec.take_caches();
                 cache.keep(caches, keys, &dec.sampled, adapter_on);
             }
             Ok(Started::Done(completion))
@@ -301,6 +302,9 @@ fn begin<'a>(
         rest = &rest[n..];
         ctx.check_headroom(prompt_ids.len() - rest.len())?;
     }
+    // Where the prompt (a conversation's last message) ends: a hybrid model's next prompt
+    // that leaves this one's answer resumes here.
+    dec.snapshot()?;
 
     let mut timings = Timings {
         prompt_n: prompt_ids.len() - reused,
@@ -439,7 +443,7 @@ impl Sequence<'_> {
             .out
             .finish_with(finish, usage, timings, &mut *self.on_delta);
         if let Some(keys) = &self.keep {
-            let caches = std::mem::take(&mut self.dec.caches);
+            let caches = self.dec.take_caches();
             cache.keep(caches, keys, &self.dec.sampled, self.dec.ctx.adapter_on);
         }
         Ok(completion)

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     layers::kv_cache::Caches,
-    layers::kv_cache::KvCache,
+    layers::kv_cache::{KvCache, Snapshot},
     layers::mrope::MropePositions,
     layers::row,
     models::{Input, Tap},
@@ -27,10 +27,16 @@ pub(super) struct Step {
     pub(super) logprobs: Array,
 }
 
+/// Prompt positions between a hybrid model's snapshots of a long prompt's recurrent states
+/// (besides the one where the prompt ends).
+const SNAPSHOT_EVERY: usize = 4096;
+
 /// One sequence's model-side state (mlx-lm's `generate_step` locals).
 pub(super) struct SequenceState<'a> {
     pub(super) ctx: Rc<GenerationContext<'a>>,
     pub(super) caches: Vec<KvCache>,
+    /// A hybrid model's recurrent states at earlier positions, for the prompt cache.
+    pub(super) snapshots: Vec<Snapshot>,
     pub(super) sampler: Sampler,
     /// The last tokens (prompt included), for the penalties; `None` when none are active.
     pub(super) recent: Option<Array>,
@@ -149,7 +155,31 @@ impl SequenceState<'_> {
         self.quantize_caches()?;
         transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
         mlx_rs::memory::clear_cache()?;
+        if self.next % SNAPSHOT_EVERY == 0 {
+            self.snapshot()?;
+        }
         Ok(())
+    }
+
+    /// Keeps a hybrid model's recurrent states as they are now (once per position).
+    pub(super) fn snapshot(&mut self) -> Result<()> {
+        if self
+            .snapshots
+            .last()
+            .is_some_and(|s| s.positions == self.next)
+        {
+            return Ok(());
+        }
+        if let Some(snapshot) = Snapshot::of(&self.caches, self.next)? {
+            self.snapshots.push(snapshot);
+        }
+        Ok(())
+    }
+
+    /// The caches and their snapshots, for the prompt cache.
+    pub(super) fn take_caches(&mut self) -> (Vec<KvCache>, Vec<Snapshot>) {
+        let caches = std::mem::take(&mut self.caches);
+        (caches, std::mem::take(&mut self.snapshots))
     }
 
     /// Appends `tokens` `(L,)` to the penalties' history, when they keep one.
