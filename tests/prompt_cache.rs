@@ -162,3 +162,34 @@ async fn two_conversations_taking_turns_both_reuse_their_prefixes() {
     );
     w.shutdown().await.unwrap();
 }
+
+/// `cache: {"persist": false}`: nothing of the request is kept (its next turn starts from
+/// scratch); it may reuse what is kept, and leaves it for that conversation's next turn.
+#[tokio::test]
+async fn a_request_not_to_keep_is_not_kept_and_leaves_what_is() {
+    let dir = tiny_model(&TinyLlama::default());
+    let w = loaded_worker(dir.path()).await;
+    let private = |turns: &[(&str, &str)]| GenerateParams {
+        cache: Some(CacheParams { persist: false }),
+        ..chat(turns)
+    };
+    let first = ask(&w, &private(&[("user", "Name three colours.")])).await;
+    let turns = [
+        ("user", "Name three colours."),
+        ("assistant", first.text.as_str()),
+        ("user", "And three more?"),
+    ];
+    let next = ask(&w, &chat(&turns)).await;
+    assert_eq!(
+        next.usage.cached_tokens, 0,
+        "nothing of the first turn was kept"
+    );
+
+    // Kept by the turn above; a request not to keep reuses it and leaves it whole.
+    let peek = ask(&w, &private(&turns)).await;
+    assert_eq!(peek.usage.cached_tokens, next.usage.prompt_tokens - 1);
+    assert_eq!(peek.text, next.text);
+    let again = ask(&w, &chat(&turns)).await;
+    assert_eq!(again.usage.cached_tokens, next.usage.prompt_tokens - 1);
+    w.shutdown().await.unwrap();
+}

@@ -1,6 +1,6 @@
 //! Params and results: the contract's field names, defaults, and `-32602` for bad fields.
 
-use protocol::error::{InvalidParamsData, LoadFailedData};
+use protocol::error::{InvalidParamsData, LoadFailedData, MemoryBudgetData};
 use protocol::methods::*;
 use protocol::{ErrorCode, LoadErrorKind, Request, ResponseError, Secret};
 use serde_json::{json, Value};
@@ -349,7 +349,11 @@ fn results_use_the_contracts_names() {
                 "special_tokens": {"bos": "<s>", "eos": "</s>", "pad": null},
                 "kv_quantization": {"requested": 8, "applied": null, "reason": "heads"},
                 "mtp_layers": 0,
-                "speculative_auto": {"method": "prompt_lookup", "reason": "copies"}
+                "speculative_auto": {"method": "prompt_lookup", "reason": "copies"},
+                "memory": {
+                    "weights_bytes": 0, "kv_bytes": 0, "compute_bytes": 0,
+                    "available_bytes": null, "fitted_from": null, "reason": null
+                }
             }
         })
     );
@@ -378,7 +382,7 @@ fn results_use_the_contracts_names() {
         {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3, "cached_tokens": 0}
     ))
     .unwrap();
-    assert_eq!(old.accepted_tokens, 0);
+    assert_eq!((old.accepted_tokens, old.cached_images), (0, 0));
     let timing_keys: Vec<&str> = v["timings"]
         .as_object()
         .unwrap()
@@ -400,7 +404,7 @@ fn results_use_the_contracts_names() {
     assert_eq!(
         v["usage"],
         json!({"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3, "cached_tokens": 0,
-               "drafted_tokens": 0, "accepted_tokens": 0})
+               "cached_images": 0, "drafted_tokens": 0, "accepted_tokens": 0})
     );
 
     let status = StatusResult {
@@ -549,7 +553,10 @@ fn error_codes_and_data() {
     let codes: Vec<i64> = ErrorCode::ALL.iter().map(|c| c.code()).collect();
     assert_eq!(
         codes,
-        [-32700, -32600, -32601, -32602, -32603, -32001, -32002, -32003, -32004, -32005, -32800]
+        [
+            -32700, -32600, -32601, -32602, -32603, -32001, -32002, -32003, -32004, -32005, -32006,
+            -32800
+        ]
     );
     let e = ResponseError::load_failed(LoadErrorKind::AuthRequired, "gated");
     assert_eq!(e.code, -32002);
@@ -579,6 +586,22 @@ fn error_codes_and_data() {
         ResponseError::context_overflow(9, 8).data,
         Some(json!({"prompt_tokens": 9, "context_length": 8}))
     );
+    let budget = MemoryBudgetData {
+        prompt_tokens: 4000,
+        tokens_that_fit: 1700,
+        needed_bytes: 350,
+        available_bytes: 160,
+    };
+    let e = ResponseError::memory_budget("too big", budget.clone());
+    assert_eq!(e.code, -32006);
+    assert_eq!(
+        e.data,
+        Some(
+            json!({"prompt_tokens": 4000, "tokens_that_fit": 1700, "needed_bytes": 350,
+                    "available_bytes": 160})
+        )
+    );
+    assert_eq!(e.data_as::<MemoryBudgetData>().unwrap(), budget);
     assert_eq!(
         ResponseError::generation_failed("oom").data,
         Some(json!({"detail": "oom"}))

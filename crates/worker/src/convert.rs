@@ -92,6 +92,7 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
                 num_draft_tokens,
             }
         }),
+        persist: p.cache.is_none_or(|c| c.persist),
     })
 }
 

@@ -207,6 +207,24 @@ pub struct GenerateParams {
     /// what one token per pass gives. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeParams>,
+    /// What the prompt cache does with this request. Default: reuse and keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheParams>,
+}
+
+/// `cache`: the prompt cache's part in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CacheParams {
+    /// `false`: nothing of this request is kept (its KV cache, its image features): a
+    /// conversation the host does not want held. It may still reuse what is kept, which it
+    /// leaves as it was. Default `true`.
+    #[serde(default = "yes")]
+    pub persist: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `speculative`: how drafts are found, and how many per pass.

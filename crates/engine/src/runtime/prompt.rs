@@ -259,14 +259,15 @@ impl PromptEmbeds {
 /// The input embeddings `(1, L, D)` of `prompt.ids[reused..]` with the features of the image
 /// tokens among them merged in (and their deepstack rows, for Qwen3-VL). Preprocesses and
 /// encodes only the images those tokens belong to, unless `kept` holds what the encoder gave
-/// for them (then the count of those images comes back with the embeddings); evaluated, and
-/// the encoder's buffers released, before prefill starts.
+/// for them (then the count of those images comes back with the embeddings; what it gives is
+/// kept there when `persist`); evaluated, and the encoder's buffers released, before prefill
+/// starts.
 pub(crate) fn merged_embeddings(
     model: &dyn LanguageModel,
     vision: &dyn VisionModel,
     prompt: &PromptInputs,
     reused: usize,
-    kept: &mut ImageFeatures,
+    (kept, persist): (&mut ImageFeatures, bool),
 ) -> Result<(PromptEmbeds, usize), EngineError> {
     let images = prompt
         .images
@@ -303,7 +304,9 @@ pub(crate) fn merged_embeddings(
                         features,
                         deepstack,
                     };
-                    kept.keep(digests.to_vec(), encoded.clone());
+                    if persist {
+                        kept.keep(digests.to_vec(), encoded.clone());
+                    }
                     encoded
                 }
             };

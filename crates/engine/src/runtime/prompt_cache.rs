@@ -73,17 +73,19 @@ impl PromptCache {
     /// shares with it (for a hybrid model whose states cannot be cut back, to its latest
     /// snapshot within that prefix), or fresh ones. Returns them, how many prompt tokens they
     /// already hold, and the entry's snapshots within those (still prefixes of the prompt).
+    /// With `lend`, an entry the prompt extends whole lends a copy too (the generation will not
+    /// be kept in its place).
     pub fn take(
         &mut self,
         prompt: &[u32],
-        adapter_on: bool,
+        (adapter_on, lend): (bool, bool),
         make_caches: impl FnOnce() -> Vec<KvCache>,
     ) -> (Vec<KvCache>, usize, Vec<Snapshot>) {
         let Some((shared, i)) = self.best(prompt, adapter_on) else {
             return (make_caches(), 0, Vec::new());
         };
         let drop = (self.entries[i].tokens.len() - shared) as i32;
-        let (mut caches, snapshots) = if drop == 0 {
+        let (mut caches, snapshots) = if drop == 0 && !lend {
             let entry = self.entries.remove(i);
             (entry.caches, entry.snapshots)
         } else {
@@ -216,7 +218,8 @@ mod tests {
         let mut cache = PromptCache::default();
         // Prompt 1..=4 then sampled 5, 6 fed back: 6 positions.
         cache.keep((caches(6, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || caches(0, None));
+        let (c, reused, _) =
+            cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (true, false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
     }
 
@@ -225,7 +228,7 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         cache.keep((caches(5, None), Vec::new()), &[1, 2, 3, 4, 5], &[], true);
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5], true, || caches(0, None));
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5], (true, false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
     }
 
@@ -234,13 +237,13 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         cache.keep((caches(6, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused, _) = cache.take(&[1, 2, 9, 9, 9], true, || caches(0, None));
+        let (c, reused, _) = cache.take(&[1, 2, 9, 9, 9], (true, false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (2, vec![2, 2]));
         // A copy was cut back: the entry still holds all six for its own conversation.
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || caches(0, None));
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (true, false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // Taken whole: nothing is left to share.
-        let (c, reused, _) = cache.take(&[1, 2, 9], true, || caches(0, None));
+        let (c, reused, _) = cache.take(&[1, 2, 9], (true, false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
     }
 
@@ -252,11 +255,11 @@ mod tests {
         c.update_and_fetch(ones(4), ones(4)).unwrap();
         let mut cache = PromptCache::default();
         cache.keep((vec![c], Vec::new()), &[1, 2, 3, 4], &[], true);
-        let (mut copy, reused, _) = cache.take(&[1, 2, 9, 9], true, Vec::new);
+        let (mut copy, reused, _) = cache.take(&[1, 2, 9, 9], (true, false), Vec::new);
         assert_eq!(reused, 2);
         let nines = Array::from_slice(&[9f32; 2], &[1, 1, 2, 1]);
         copy[0].update_and_fetch(nines.clone(), nines).unwrap();
-        let (mut kept, reused, _) = cache.take(&[1, 2, 3, 4, 5], true, Vec::new);
+        let (mut kept, reused, _) = cache.take(&[1, 2, 3, 4, 5], (true, false), Vec::new);
         assert_eq!(reused, 4);
         let (keys, _) = kept[0].update_and_fetch(ones(1), ones(1)).unwrap();
         assert_eq!(keys.as_slice::<f32>(), &[1f32; 5]);
@@ -268,7 +271,7 @@ mod tests {
         let mut cache = PromptCache::default();
         cache.keep((caches(4, None), Vec::new()), &[1, 2, 3], &[4], true);
         cache.keep((caches(4, None), Vec::new()), &[7, 8, 9], &[10], true);
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6], true, || caches(0, None));
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6], (true, false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
         cache.keep(
             (caches(6, None), Vec::new()),
@@ -276,9 +279,9 @@ mod tests {
             &[],
             true,
         );
-        let (_, reused, _) = cache.take(&[7, 8, 9, 10, 11], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[7, 8, 9, 10, 11], (true, false), || caches(0, None));
         assert_eq!(reused, 4);
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (true, false), || caches(0, None));
         assert_eq!(reused, 6);
     }
 
@@ -288,7 +291,7 @@ mod tests {
         let mut cache = PromptCache::default();
         cache.keep((caches(3, None), Vec::new()), &[1, 2, 3], &[], true);
         cache.keep((caches(3, None), Vec::new()), &[1, 5, 6], &[], true);
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4], (true, false), || caches(0, None));
         assert_eq!(reused, 3);
         // [1, 2] starts [1, 2, 3, 4, 5]: the longer entry replaces it.
         cache.keep((caches(2, None), Vec::new()), &[1, 2], &[], true);
@@ -305,17 +308,17 @@ mod tests {
         cache.keep((caches(4, None), Vec::new()), &[1, 1, 1, 1], &[], true);
         cache.keep((caches(4, None), Vec::new()), &[2, 2, 2, 2], &[], true);
         // Used: now the most recent.
-        let (c, _, _) = cache.take(&[1, 1, 1, 9], true, || caches(0, None));
+        let (c, _, _) = cache.take(&[1, 1, 1, 9], (true, false), || caches(0, None));
         drop(c);
         cache.keep((caches(4, None), Vec::new()), &[3, 3, 3, 3], &[], true);
-        let (_, reused, _) = cache.take(&[2, 2, 2, 2, 2], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[2, 2, 2, 2, 2], (true, false), || caches(0, None));
         assert_eq!(reused, 0, "the least recently used entry is gone");
-        let (_, reused, _) = cache.take(&[1, 1, 1, 1, 1], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[1, 1, 1, 1, 1], (true, false), || caches(0, None));
         assert_eq!(reused, 4);
         // The newest stays even alone past the budget.
         let mut cache = PromptCache::new(1);
         cache.keep((caches(4, None), Vec::new()), &[1, 1, 1, 1], &[], true);
-        let (_, reused, _) = cache.take(&[1, 1, 1, 1, 1], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[1, 1, 1, 1, 1], (true, false), || caches(0, None));
         assert_eq!(reused, 4);
     }
 
@@ -325,11 +328,12 @@ mod tests {
         let mut cache = PromptCache::default();
         // A step queued ahead fed a 7th token whose id was never read.
         cache.keep((caches(7, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || caches(0, None));
+        let (c, reused, _) =
+            cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (true, false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // A prefill cancelled after 3 of 5 prompt tokens.
         cache.keep((caches(3, None), Vec::new()), &[1, 2, 3, 4, 5], &[], true);
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5], (true, false), || caches(0, None));
         assert_eq!(reused, 3);
     }
 
@@ -338,10 +342,10 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         cache.keep((caches(4, None), Vec::new()), &[1, 2, 3, 4], &[], true);
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5], false, || caches(0, None));
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5], (false, false), || caches(0, None));
         assert_eq!(reused, 0);
         cache.keep((caches(4, None), Vec::new()), &[1, 2, 3, 4], &[], true);
-        let (_, reused, _) = cache.take(&[7, 2, 3, 4, 5], true, || caches(0, None));
+        let (_, reused, _) = cache.take(&[7, 2, 3, 4, 5], (true, false), || caches(0, None));
         assert_eq!(reused, 0);
     }
 
@@ -359,20 +363,20 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || hybrid(0));
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (true, false), || hybrid(0));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // The same tokens again: the last one would have to be forgotten, so nothing is reused.
         cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6], true, || hybrid(0));
+        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6], (true, false), || hybrid(0));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
         // A diverging prompt: no shared prefix can be cut back to.
         cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
-        let (_, reused, _) = cache.take(&[1, 2, 3, 9, 9, 9, 9], true, || hybrid(0));
+        let (_, reused, _) = cache.take(&[1, 2, 3, 9, 9, 9, 9], (true, false), || hybrid(0));
         assert_eq!(reused, 0);
         // A step fed a token never read: the state holds it, so it is not kept at all.
         let mut cache = PromptCache::default();
         cache.keep((hybrid(7), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], true, || hybrid(0));
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (true, false), || hybrid(0));
         assert_eq!(reused, 0);
     }
 
@@ -387,21 +391,37 @@ mod tests {
         let mut cache = PromptCache::default();
         keep(&mut cache);
         // Shares 5 tokens: resumes at 4, the states as they were there, the others cut back.
-        let (c, reused, within) = cache.take(&[1, 2, 3, 4, 5, 9], true, || hybrid(0));
+        let (c, reused, within) = cache.take(&[1, 2, 3, 4, 5, 9], (true, false), || hybrid(0));
         assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
         assert_eq!(
             within.iter().map(|s| s.positions).collect::<Vec<_>>(),
             [2, 4]
         );
         // The entry is still whole for its own conversation, and shares 3 with this one.
-        let (c, reused, within) = cache.take(&[1, 2, 3, 9], true, || hybrid(0));
+        let (c, reused, within) = cache.take(&[1, 2, 3, 9], (true, false), || hybrid(0));
         assert_eq!((reused, offsets(&c), within.len()), (2, vec![2, 2], 1));
         // Nothing before the first snapshot: from scratch.
-        let (_, reused, _) = cache.take(&[1, 9], true, || hybrid(0));
+        let (_, reused, _) = cache.take(&[1, 9], (true, false), || hybrid(0));
         assert_eq!(reused, 0);
         // Extending it: all of it, and its snapshots go on with the caches.
-        let (c, reused, within) = cache.take(&[1, 2, 3, 4, 5, 6, 7], true, || hybrid(0));
+        let (c, reused, within) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (true, false), || hybrid(0));
         assert_eq!((reused, offsets(&c), within.len()), (6, vec![6, 6], 2));
+    }
+
+    #[test]
+    fn a_request_that_is_not_kept_borrows_an_entry_it_extends_and_leaves_it() {
+        let _lock = mlx_test_lock();
+        let mut cache = PromptCache::default();
+        cache.keep((caches(6, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], true);
+        for _ in 0..2 {
+            let (c, reused, _) =
+                cache.take(&[1, 2, 3, 4, 5, 6, 7], (true, true), || caches(0, None));
+            assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
+        }
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (true, false), || caches(0, None));
+        assert_eq!(reused, 6);
+        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (true, false), || caches(0, None));
+        assert_eq!(reused, 0, "taken whole by a request that is kept");
     }
 
     #[test]
@@ -415,12 +435,12 @@ mod tests {
             &[],
             true,
         );
-        let (c, reused, _) = cache.take(&[1, 2, 3, 9], true, || caches(0, Some(8)));
+        let (c, reused, _) = cache.take(&[1, 2, 3, 9], (true, false), || caches(0, Some(8)));
         assert_eq!((reused, offsets(&c)), (3, vec![3, 3]));
         // Past it: positions were overwritten, so only an exact continuation could reuse it.
         let prompt: Vec<u32> = (1..=10).collect();
         cache.keep((caches(10, Some(8)), Vec::new()), &prompt, &[], true);
-        let (c, reused, _) = cache.take(&[1, 2, 3, 9], true, || caches(0, Some(8)));
+        let (c, reused, _) = cache.take(&[1, 2, 3, 9], (true, false), || caches(0, Some(8)));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
     }
 }

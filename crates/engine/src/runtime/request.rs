@@ -199,6 +199,9 @@ pub struct GenerateRequest {
     pub parallel_tool_calls: bool,
     /// Draft tokens checked in one forward pass; `None`: one token per pass.
     pub speculative: Option<Speculative>,
+    /// `false`: nothing of this request is kept for later ones (its KV cache, its image
+    /// features); what is kept may still be reused, and is left as it was.
+    pub persist: bool,
 }
 
 /// Speculative decoding: where drafts come from, and at most how many per pass (`None`: the
@@ -264,6 +267,7 @@ impl GenerateRequest {
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
             speculative: None,
+            persist: true,
         }
     }
 

@@ -459,6 +459,8 @@ class GenerateParams(_GenerateParamsRequired, total=False):
     #: Speculative decoding: draft tokens checked by one forward pass each round; the output is
     #: what one token per pass gives. Default: none.
     speculative: SpeculativeParams | None
+    #: What the prompt cache does with this request. Default: reuse and keep.
+    cache: CacheParams | None
 
 
 class ChatMessage(TypedDict):
@@ -584,6 +586,15 @@ class SpeculativeParams(_SpeculativeParamsRequired, total=False):
     """`speculative`: how drafts are found, and how many per pass."""
     #: Most draft tokens per pass (1..=64); default 10, for `mtp` the head's layers + 1.
     num_draft_tokens: int | None
+
+
+class CacheParams(TypedDict, total=False):
+    """`cache`: the prompt cache's part in a request."""
+    #: `false`: nothing of this request is kept (its KV cache, its image features): a
+    #: conversation the host does not want held. It may still reuse what is kept, which it
+    #: leaves as it was. Default `true`.
+    #: default: true
+    persist: bool
 
 
 class _GenerateResultRequired(TypedDict):

@@ -110,7 +110,9 @@ pub(crate) fn open<'a>(
         cache.clear();
     }
     let keys = &prompt.cache_keys;
-    let (caches, reused, snapshots) = cache.take(keys, ctx.adapter_on, || ctx.model.make_caches());
+    let lend = !req.persist;
+    let (caches, reused, snapshots) =
+        cache.take(keys, (ctx.adapter_on, lend), || ctx.model.make_caches());
     let dec = SequenceState {
         ctx,
         caches,
@@ -128,7 +130,7 @@ pub(crate) fn open<'a>(
         reused,
         prefilled: None,
         ahead: None,
-        keep: reuse.then(|| keys.clone()),
+        keep: (reuse && req.persist).then(|| keys.clone()),
     })
 }
 
@@ -270,7 +272,11 @@ fn begin<'a>(
             }
             let mut kept = ctx.image_features.borrow_mut();
             let (embeds, cached_images) = crate::runtime::prompt::merged_embeddings(
-                ctx.model, vision, prompt, reused, &mut kept,
+                ctx.model,
+                vision,
+                prompt,
+                reused,
+                (&mut kept, req.persist),
             )?;
             usage.cached_images = cached_images;
             Some(embeds)
