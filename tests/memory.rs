@@ -94,7 +94,8 @@ async fn a_request_past_the_memory_left_is_refused_and_the_model_goes_on() {
         "{}",
         e.message
     );
-    // Nothing was allocated for it; the cache kept for the last answer went to make room.
+    // Refused at once (it would not fit with the kept conversation gone either): nothing
+    // allocated, nothing dropped.
     assert!(active_bytes(&w).await <= before);
     assert_eq!(answer(&w, "What is the capital of France?").await, capital);
 

@@ -249,7 +249,7 @@ impl Engine {
         let files = load::resolve(req, progress, cancel)?;
         let (config, tokenizer) = load::read(&files, req, progress, cancel)?;
         memory::apply_limits(&self.device, self.memory_limit);
-        let held = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+        let held = self.held_beside(&req.model);
         let mut built = load::build(&files, &config, req, placement, progress)?;
         let adapter_switch = load::quantize(&mut built, &files, req, progress)?;
         load::check_experts_run_on(built.model.as_mut(), self.device.backend)?;
@@ -296,6 +296,20 @@ impl Engine {
             image_features: Default::default(),
             vocabulary: None,
         })
+    }
+
+    /// What MLX holds for the other residents, as a load of `model_id` prices against it: not
+    /// their kept conversations and image features (a generation that needs the memory has
+    /// them dropped), nor a resident of that id (the load replaces it).
+    fn held_beside(&self, model_id: &str) -> u64 {
+        let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+        let freed: u64 = (self.models.iter())
+            .map(|r| match r.info.model_id == model_id {
+                true => r.footprint.weights + r.cached_bytes(),
+                false => r.cached_bytes(),
+            })
+            .sum();
+        active.saturating_sub(freed)
     }
 
     /// In a group, every rank's load must succeed or none keeps it: the ranks tell each other

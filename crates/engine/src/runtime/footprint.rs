@@ -204,18 +204,19 @@ impl Footprint {
     }
 }
 
-/// Admits a generation of `prompt` and up to `max_new` more tokens where its cache and
-/// activations (and the copy of a kept cache it shares a part of) fit what MLX has left under
-/// its limit, less what the generations running beside it will still grow by (`running`: the
-/// positions each holds now and at most by its end): first the least recently used of `cache`'s conversations go, then `max_new` is
-/// cut to what fits (the answer ends as at `max_new_tokens`); a prompt that does not fit itself
-/// is refused with what it needs.
+/// Admits a generation of `prompt` (its cache keys) and up to `max_new` more tokens where its
+/// cache and activations fit what MLX has left under its limit, less what the generations
+/// beside it will still grow by (`others`: the positions each holds now and at most by its end),
+/// counting a kept cache it would copy and not one it would take over: first the least recently
+/// used of `cache`'s conversations go (the one it would reuse last), then `max_new` is cut to
+/// what fits (the answer ends as at `max_new_tokens`); a prompt that does not fit even with
+/// every kept conversation gone is refused at once with what it needs, the cache left as it is.
 pub(crate) fn admit(
     footprint: &Footprint,
-    (prompt, adapter_on): (&[u32], bool),
+    (prompt, adapter_on, lend): (&[u32], bool, bool),
     max_new: &mut usize,
     cache: &mut PromptCache,
-    running: impl Iterator<Item = (usize, usize)>,
+    others: impl Iterator<Item = (usize, usize)>,
 ) -> Result<(), EngineError> {
     let Some(limit) = memory::limit_bytes().filter(|_| !footprint.layers.is_empty()) else {
         return Ok(());
@@ -225,16 +226,31 @@ pub(crate) fn admit(
         let kv = |t: usize| footprint.kv_bytes(t as u64);
         kv(end).saturating_sub(kv(now))
     };
-    let reserved: u64 = running.map(growth).sum();
-    loop {
+    let reserved: u64 = others.map(growth).sum();
+    let left = || {
         let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
-        let available = limit.saturating_sub(active + reserved);
-        let copy = cache.copy_bytes(prompt, adapter_on);
-        let fits = footprint.tokens_within(available.saturating_sub(copy), wanted);
+        limit.saturating_sub(active + reserved)
+    };
+    let refused = |available: u64, fits: u64| EngineError::MemoryBudget {
+        prompt_tokens: prompt.len(),
+        tokens_that_fit: fits as usize,
+        needed_bytes: footprint.bytes(n + 1),
+        available_bytes: available,
+    };
+    // Even with every kept conversation gone.
+    let at_most = left() + cache.bytes();
+    if footprint.bytes(n + 1) > at_most {
+        return Err(refused(left(), footprint.tokens_within(at_most, wanted)));
+    }
+    loop {
+        let available = left();
+        let (copied, taken_over) = cache.reuse_bytes(prompt, (adapter_on, lend));
+        let room = (available + taken_over).saturating_sub(copied);
+        let fits = footprint.tokens_within(room, wanted);
         if fits >= wanted {
             return Ok(());
         }
-        if cache.drop_oldest() {
+        if cache.drop_oldest(prompt, adapter_on) {
             let _ = mlx_rs::memory::clear_cache();
             continue;
         }
@@ -248,12 +264,7 @@ pub(crate) fn admit(
             *max_new = (fits - n) as usize;
             return Ok(());
         }
-        return Err(EngineError::MemoryBudget {
-            prompt_tokens: prompt.len(),
-            tokens_that_fit: fits as usize,
-            needed_bytes: footprint.bytes(n + 1),
-            available_bytes: available,
-        });
+        return Err(refused(available, fits));
     }
 }
 
@@ -290,7 +301,7 @@ mod tests {
         let footprint = thousand_a_position();
         let admitted = admit(
             &footprint,
-            (&ids, false),
+            (&ids, false, false),
             max_new,
             &mut cache,
             running.iter().copied(),

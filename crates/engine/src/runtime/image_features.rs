@@ -54,6 +54,11 @@ impl ImageFeatures {
         }
     }
 
+    /// Bytes of the outputs kept.
+    pub fn bytes(&self) -> u64 {
+        self.entries.iter().map(|(_, e)| e.bytes()).sum()
+    }
+
     pub fn clear(&mut self) {
         self.entries.clear();
     }

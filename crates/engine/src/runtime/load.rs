@@ -205,7 +205,8 @@ pub(crate) fn quantize(
         };
         let dense = linear_bytes(model.as_mut());
         quantize_in_4bit(model.as_mut())?;
-        built.weight_bytes = built.weight_bytes - dense + linear_bytes(model.as_mut());
+        let quantized = linear_bytes(model.as_mut());
+        built.weight_bytes = (built.weight_bytes + quantized).saturating_sub(dense);
         built.quantization = Some(Quantization {
             bits: 4,
             group_size: 64,

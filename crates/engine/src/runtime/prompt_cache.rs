@@ -8,14 +8,15 @@
 //! logits). An entry the prompt extends whole is moved out (the generation's caches replace
 //! it); one it shares only a part of is copied and the copy cut back, so the other
 //! conversation keeps its entry (copies share MLX arrays until written). A cache that cannot
-//! be cut back (a sliding-window ring that has wrapped, a linear-attention layer's recurrent
-//! state: those are reused only when the new prompt extends the kept tokens) or that was made
-//! with the adapter in the other position is not reused.
+//! be cut back (a sliding-window ring that has wrapped; a linear-attention layer's recurrent
+//! state, reused whole when the new prompt extends the kept tokens, else from a snapshot of it
+//! taken at an earlier position) or that was made with the adapter in the other position is
+//! not reused.
 
 use crate::layers::kv_cache::{KvCache, Snapshot};
 
 /// Most recurrent-state snapshots an entry keeps (the newest).
-const MAX_SNAPSHOTS: usize = 8;
+pub(crate) const MAX_SNAPSHOTS: usize = 8;
 
 /// The default byte budget of a resident's prompt cache (`--prompt-cache-bytes`).
 pub const DEFAULT_PROMPT_CACHE_BYTES: u64 = 1 << 30;
@@ -127,13 +128,23 @@ impl PromptCache {
         best.filter(|&(shared, _)| shared > 0)
     }
 
-    /// Bytes [`Self::take`] would add for `prompt`: a copy of the entry it shares only a part
-    /// of (its storage whole: MLX copies an array written while another holds it).
-    pub fn copy_bytes(&self, prompt: &[u32], adapter_on: bool) -> u64 {
+    /// What [`Self::take`] would do to memory for `prompt`: the bytes of the entry it would
+    /// copy (one it shares only a part of, or any with `lend`: MLX copies an array written
+    /// while another holds it, storage whole), and those of the entry it would take over (one
+    /// the prompt extends whole: already held, they grow in place of a fresh cache).
+    pub fn reuse_bytes(&self, prompt: &[u32], (adapter_on, lend): (bool, bool)) -> (u64, u64) {
         match self.best(prompt, adapter_on) {
-            Some((shared, i)) if shared < self.entries[i].tokens.len() => self.entries[i].bytes(),
-            _ => 0,
+            Some((shared, i)) if shared < self.entries[i].tokens.len() || lend => {
+                (self.entries[i].bytes(), 0)
+            }
+            Some((_, i)) => (0, self.entries[i].bytes()),
+            None => (0, 0),
         }
+    }
+
+    /// Bytes of every entry.
+    pub fn bytes(&self) -> u64 {
+        self.entries.iter().map(Kept::bytes).sum()
     }
 
     /// Keeps `caches` after a generation fed them `prompt`, then `sampled` tokens in order.
@@ -170,15 +181,12 @@ impl PromptCache {
         }
     }
 
-    /// Drops the least recently used entry; `false` when none is left.
-    pub fn drop_oldest(&mut self) -> bool {
-        match self.entries.is_empty() {
-            true => false,
-            false => {
-                self.entries.remove(0);
-                true
-            }
-        }
+    /// Drops the least recently used entry, the one `prompt` would reuse last; `false` when
+    /// none is left.
+    pub fn drop_oldest(&mut self, prompt: &[u32], adapter_on: bool) -> bool {
+        let best = self.best(prompt, adapter_on).map(|(_, i)| i);
+        let oldest = (0..self.entries.len()).find(|&i| Some(i) != best).or(best);
+        oldest.map(|i| self.entries.remove(i)).is_some()
     }
 
     pub fn clear(&mut self) {

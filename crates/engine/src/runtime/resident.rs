@@ -69,6 +69,11 @@ pub(crate) struct View<'r> {
 }
 
 impl Resident {
+    /// Bytes of its kept conversations' KV caches and its kept image features.
+    pub(crate) fn cached_bytes(&self) -> u64 {
+        self.prompt_cache.bytes() + self.image_features.borrow().bytes()
+    }
+
     /// Drops its kept conversations' KV caches and its kept image features.
     pub(crate) fn forget_caches(&mut self) {
         self.prompt_cache.clear();

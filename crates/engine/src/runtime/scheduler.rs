@@ -209,11 +209,17 @@ impl<'a> Batch<'a> {
                 on_done,
             } = admission;
             let id = self.pending.len();
-            let running = self.seqs.iter().map(Sequence::positions);
+            // Beside it: the rows decoding, and those still to prefill (counted whole: what
+            // a long prompt prefilled so far is in MLX's memory already, twice is on the safe
+            // side), those admitted with it among them.
+            let unfilled = |p: &Joiner| (0, p.prompt.ids.len() + p.req.max_new_tokens);
+            let others = (self.seqs.iter().map(Sequence::positions))
+                .chain(self.prefilling.iter().chain(&opened).map(unfilled));
             let admitted = prepare(self.view, vocabulary, &req).and_then(|mut prep| {
-                let prompt = (&prep.prompt.ids[..], prep.adapter_on);
+                let keys = &prep.prompt.cache_keys[..];
+                let prompt = (keys, prep.adapter_on, !prep.req.persist);
                 let max_new = &mut prep.req.max_new_tokens;
-                footprint::admit(self.view.footprint, prompt, max_new, cache, running)?;
+                footprint::admit(self.view.footprint, prompt, max_new, cache, others)?;
                 Ok(prep)
             });
             let prep = match admitted {

@@ -411,7 +411,7 @@ class MLXInferenceBackend:
             # The worker refuses a prompt longer than the context (never slides past it).
             "context_length_enforced": True,
             "context_length_fitted": (
-                info["context_length"] if info["memory"]["fitted_from"] is not None else None
+                info["context_length"] if (info.get("memory") or {}).get("fitted_from") else None
             ),
             "context_unbounded_when_batched": False,
             "mlx_context_budget": info["context_length"],

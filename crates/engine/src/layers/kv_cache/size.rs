@@ -68,7 +68,8 @@ impl KvCache {
                 CacheSize {
                     fixed: a.fixed + b.fixed,
                     per_position: a.per_position + b.per_position,
-                    cap: a.cap.max(b.cap),
+                    // Capped only where both are.
+                    cap: a.cap.zip(b.cap).map(|(a, b)| a.max(b)),
                     per_pass_position: a.per_pass_position + b.per_pass_position,
                 }
             }

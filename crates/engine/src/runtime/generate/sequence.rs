@@ -117,6 +117,7 @@ pub(crate) fn open<'a>(
         ctx,
         caches,
         snapshots,
+        snapshotting: reuse && req.persist,
         sampler,
         recent,
         sampled: Vec::new(),

@@ -17,6 +17,7 @@ use crate::{
     layers::row,
     models::{Input, Tap},
     runtime::prompt::PromptEmbeds,
+    runtime::prompt_cache::MAX_SNAPSHOTS,
     runtime::request::{Delta, FinishReason},
     runtime::sampler::{log_softmax, Sampler},
 };
@@ -35,8 +36,10 @@ const SNAPSHOT_EVERY: usize = 4096;
 pub(super) struct SequenceState<'a> {
     pub(super) ctx: Rc<GenerationContext<'a>>,
     pub(super) caches: Vec<KvCache>,
-    /// A hybrid model's recurrent states at earlier positions, for the prompt cache.
+    /// A hybrid model's recurrent states at earlier positions, for the prompt cache (kept
+    /// only when the caches will be: `snapshotting`).
     pub(super) snapshots: Vec<Snapshot>,
+    pub(super) snapshotting: bool,
     pub(super) sampler: Sampler,
     /// The last tokens (prompt included), for the penalties; `None` when none are active.
     pub(super) recent: Option<Array>,
@@ -155,22 +158,27 @@ impl SequenceState<'_> {
         self.quantize_caches()?;
         transforms::eval(self.caches.iter().flat_map(KvCache::arrays))?;
         mlx_rs::memory::clear_cache()?;
-        if self.next % SNAPSHOT_EVERY == 0 {
+        let before = self.next - tokens.dim(0) as usize;
+        if before / SNAPSHOT_EVERY < self.next / SNAPSHOT_EVERY {
             self.snapshot()?;
         }
         Ok(())
     }
 
-    /// Keeps a hybrid model's recurrent states as they are now (once per position).
+    /// Keeps a hybrid model's recurrent states as they are now (once per position, the
+    /// newest [`MAX_SNAPSHOTS`]), when its caches will be kept.
     pub(super) fn snapshot(&mut self) -> Result<()> {
-        if self
+        let taken = self
             .snapshots
             .last()
-            .is_some_and(|s| s.positions == self.next)
-        {
+            .is_some_and(|s| s.positions == self.next);
+        if !self.snapshotting || taken {
             return Ok(());
         }
         if let Some(snapshot) = Snapshot::of(&self.caches, self.next)? {
+            if self.snapshots.len() == MAX_SNAPSHOTS {
+                self.snapshots.remove(0);
+            }
             self.snapshots.push(snapshot);
         }
         Ok(())
