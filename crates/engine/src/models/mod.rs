@@ -48,7 +48,7 @@ mod smollm3;
 
 pub use dflash::DFlash;
 pub(crate) use mistral3::text_config as mistral3_text_config;
-pub(crate) use model::parse_args;
+pub(crate) use model::{parse_args, text_number};
 pub use model::{Batching, Input, LanguageModel, Tap};
 
 use serde_json::Value;

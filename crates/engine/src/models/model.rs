@@ -181,6 +181,12 @@ pub(crate) fn parse_args<T: serde::de::DeserializeOwned>(
         .map_err(|e| EngineError::load(LoadErrorKind::InvalidWeights, format!("config.json: {e}")))
 }
 
+/// A number config.json gives the language model: at the top, or under `text_config`
+/// (multimodal checkpoints, which often keep it only there).
+pub(crate) fn text_number(config: &Value, key: &str) -> Option<u64> {
+    (config[key].as_u64()).or_else(|| config["text_config"][key].as_u64())
+}
+
 /// A multimodal checkpoint's language-model config: its `text_config` object (which `outer`
 /// must have), run as `model_type` whatever its own says.
 pub(crate) fn text_config_as(

@@ -54,12 +54,7 @@ fn rank_share(model: &mut dyn LanguageModel) -> serde_json::Value {
         Some(stage) => stage.layers,
         None => 0..model.facts().layers,
     };
-    let weight_bytes: usize = model
-        .linears_mut()
-        .iter()
-        .flat_map(|(_, l)| l.arrays())
-        .map(|a| a.nbytes())
-        .sum();
+    let weight_bytes = load::linear_bytes(model);
     serde_json::json!({ "layers": [layers.start, layers.end], "weight_bytes": weight_bytes })
 }
 

@@ -13,7 +13,7 @@ use crate::{
     error::EngineError,
     layers::device::Backend,
     layers::kv_cache::{CacheSize, Caches, KvCache},
-    models::{Input, LanguageModel},
+    models::{self, Input, LanguageModel},
     runtime::memory,
     runtime::prompt_cache::PromptCache,
     runtime::request::MemoryPlan,
@@ -70,8 +70,7 @@ pub(crate) fn price(
     draft: Option<&dyn LanguageModel>,
     on: Pricing,
 ) -> Result<Footprint, EngineError> {
-    let text =
-        |key: &str| (on.config[key].as_u64()).or_else(|| on.config["text_config"][key].as_u64());
+    let text = |key: &str| models::text_number(on.config, key);
     let hidden = model.facts().hidden_size as u64;
     let mlp = text("intermediate_size")
         .or_else(|| text("moe_intermediate_size"))
@@ -102,8 +101,8 @@ pub(crate) fn price(
 
 /// Each layer's cache size, from caches holding one position at the KV width. The pass reads
 /// every weight of the language model, the embedding table and the output layer included, so
-/// that none is left to be read from the files at a generation's first use (where MLX 0.32.4
-/// may read a file cut since as zeros, without an error: docs/traps.md).
+/// that none is left to be read from the files at a generation's first use (docs/traps.md,
+/// "Some weights are read at their first use").
 fn probe(model: &dyn LanguageModel, kv_bits: Option<u8>) -> Result<Vec<CacheSize>, EngineError> {
     let mut caches = model.make_caches();
     let token = Array::from_slice(&[0i32], &[1, 1]);

@@ -195,14 +195,6 @@ pub(crate) fn quantize(
     let model = &mut built.model;
     if req.load_in_4bit && built.quantization.is_none() {
         // MLX quantizes lazily: the bytes the layers will hold are known before it does.
-        let linear_bytes = |model: &mut dyn LanguageModel| -> u64 {
-            let linears = model.linears_mut();
-            linears
-                .iter()
-                .flat_map(|(_, l)| l.arrays())
-                .map(|a| a.nbytes() as u64)
-                .sum()
-        };
         let dense = linear_bytes(model.as_mut());
         quantize_in_4bit(model.as_mut())?;
         let quantized = linear_bytes(model.as_mut());
@@ -381,12 +373,17 @@ pub(crate) fn check_experts_run_on(
     }
 }
 
-/// The model's output width as config.json gives it: `vocab_size`, or its language model's
-/// (`text_config`: multimodal checkpoints, which often keep it only there).
+/// Bytes of the linear layers' arrays (as they will be held, where MLX has not computed them
+/// yet): nearly all of a model's weights.
+pub(crate) fn linear_bytes(model: &mut dyn LanguageModel) -> u64 {
+    let linears = model.linears_mut();
+    let arrays = linears.iter().flat_map(|(_, l)| l.arrays());
+    arrays.map(|a| a.nbytes() as u64).sum()
+}
+
+/// The model's output width as config.json gives it.
 fn output_width(config: &Value) -> Option<u64> {
-    config["vocab_size"]
-        .as_u64()
-        .or_else(|| config["text_config"]["vocab_size"].as_u64())
+    models::text_number(config, "vocab_size")
 }
 
 /// What is known about the model, as `load` answers it.

@@ -15,9 +15,6 @@
 
 use crate::layers::kv_cache::{KvCache, Snapshot};
 
-/// Most recurrent-state snapshots an entry keeps (the newest).
-pub(crate) const MAX_SNAPSHOTS: usize = 8;
-
 /// The default byte budget of a resident's prompt cache (`--prompt-cache-bytes`).
 pub const DEFAULT_PROMPT_CACHE_BYTES: u64 = 1 << 30;
 
@@ -82,19 +79,19 @@ impl PromptCache {
         (adapter_on, lend): (bool, bool),
         make_caches: impl FnOnce() -> Vec<KvCache>,
     ) -> (Vec<KvCache>, usize, Vec<Snapshot>) {
-        let Some((shared, i)) = self.best(prompt, adapter_on) else {
+        let Some((shared, i, copies)) = self.reuse(prompt, (adapter_on, lend)) else {
             return (make_caches(), 0, Vec::new());
         };
         let drop = (self.entries[i].tokens.len() - shared) as i32;
-        let (mut caches, snapshots) = if drop == 0 && !lend {
-            let entry = self.entries.remove(i);
-            (entry.caches, entry.snapshots)
-        } else {
+        let (mut caches, snapshots) = if copies {
             // Used now: the entry moves to the most recent end, and lends a copy.
             let entry = self.entries.remove(i);
             let copy = (entry.caches.clone(), entry.snapshots.clone());
             self.entries.push(entry);
             copy
+        } else {
+            let entry = self.entries.remove(i);
+            (entry.caches, entry.snapshots)
         };
         let within = |upto: usize| -> Vec<Snapshot> {
             let kept = snapshots.iter().filter(|s| s.positions <= upto);
@@ -103,41 +100,38 @@ impl PromptCache {
         if caches.iter_mut().all(|c| c.trim(drop)) {
             return (caches, shared, within(shared));
         }
-        // A recurrent state cannot be cut back: resume from the latest snapshot in the prefix.
-        let Some(snapshot) = snapshots.iter().rev().find(|s| s.positions <= shared) else {
-            return (make_caches(), 0, Vec::new());
-        };
-        let mut caches = match drop {
-            0 => caches,
-            _ => self
-                .entries
-                .last()
-                .map_or_else(Vec::new, |e| e.caches.clone()),
-        };
-        match snapshot.restore(&mut caches) {
-            true => (caches, snapshot.positions, within(snapshot.positions)),
-            false => (make_caches(), 0, Vec::new()),
+        // A recurrent state cannot be cut back: resume from the latest snapshot in the prefix
+        // (the copy's other caches are cut back from wherever the trim above left them).
+        let snapshot = snapshots.iter().rev().find(|s| s.positions <= shared);
+        match snapshot.filter(|s| s.restore(&mut caches)) {
+            Some(s) => (caches, s.positions, within(s.positions)),
+            None => (make_caches(), 0, Vec::new()),
         }
     }
 
-    /// The entry sharing the longest prefix with `prompt`, and how many tokens it shares.
-    fn best(&self, prompt: &[u32], adapter_on: bool) -> Option<(usize, usize)> {
+    /// The entry `prompt` would reuse: how many tokens it shares, its index, and whether it
+    /// would be copied (an entry it shares only a part of, any with `lend`) rather than taken
+    /// over (one the prompt extends whole).
+    fn reuse(
+        &self,
+        prompt: &[u32],
+        (adapter_on, lend): (bool, bool),
+    ) -> Option<(usize, usize, bool)> {
         let best = (self.entries.iter().enumerate())
             .map(|(i, e)| (e.shared(prompt, adapter_on), i))
             .max();
-        best.filter(|&(shared, _)| shared > 0)
+        let (shared, i) = best.filter(|&(shared, _)| shared > 0)?;
+        Some((shared, i, lend || shared < self.entries[i].tokens.len()))
     }
 
     /// What [`Self::take`] would do to memory for `prompt`: the bytes of the entry it would
     /// copy (one it shares only a part of, or any with `lend`: MLX copies an array written
     /// while another holds it, storage whole), and those of the entry it would take over (one
     /// the prompt extends whole: already held, they grow in place of a fresh cache).
-    pub fn reuse_bytes(&self, prompt: &[u32], (adapter_on, lend): (bool, bool)) -> (u64, u64) {
-        match self.best(prompt, adapter_on) {
-            Some((shared, i)) if shared < self.entries[i].tokens.len() || lend => {
-                (self.entries[i].bytes(), 0)
-            }
-            Some((_, i)) => (0, self.entries[i].bytes()),
+    pub fn reuse_bytes(&self, prompt: &[u32], reuse: (bool, bool)) -> (u64, u64) {
+        match self.reuse(prompt, reuse) {
+            Some((_, i, true)) => (self.entries[i].bytes(), 0),
+            Some((_, i, false)) => (0, self.entries[i].bytes()),
             None => (0, 0),
         }
     }
@@ -168,7 +162,6 @@ impl PromptCache {
         self.entries
             .retain(|e| e.adapter_on != adapter_on || !tokens.starts_with(&e.tokens));
         snapshots.retain(|s| s.positions > 0 && s.positions < tokens.len());
-        snapshots.drain(..snapshots.len().saturating_sub(MAX_SNAPSHOTS));
         self.entries.push(Kept {
             caches,
             tokens,
@@ -184,7 +177,7 @@ impl PromptCache {
     /// Drops the least recently used entry, the one `prompt` would reuse last; `false` when
     /// none is left.
     pub fn drop_oldest(&mut self, prompt: &[u32], adapter_on: bool) -> bool {
-        let best = self.best(prompt, adapter_on).map(|(_, i)| i);
+        let best = self.reuse(prompt, (adapter_on, false)).map(|(_, i, _)| i);
         let oldest = (0..self.entries.len()).find(|&i| Some(i) != best).or(best);
         oldest.map(|i| self.entries.remove(i)).is_some()
     }

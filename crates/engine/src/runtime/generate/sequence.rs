@@ -110,14 +110,16 @@ pub(crate) fn open<'a>(
         cache.clear();
     }
     let keys = &prompt.cache_keys;
-    let lend = !req.persist;
-    let (caches, reused, snapshots) =
-        cache.take(keys, (ctx.adapter_on, lend), || ctx.model.make_caches());
+    // What this generation leaves for later ones, if anything.
+    let kept = reuse && req.persist;
+    let (caches, reused, snapshots) = cache.take(keys, (ctx.adapter_on, !req.persist), || {
+        ctx.model.make_caches()
+    });
     let dec = SequenceState {
         ctx,
         caches,
         snapshots,
-        snapshotting: reuse && req.persist,
+        snapshotting: kept,
         sampler,
         recent,
         sampled: Vec::new(),
@@ -131,7 +133,7 @@ pub(crate) fn open<'a>(
         reused,
         prefilled: None,
         ahead: None,
-        keep: (reuse && req.persist).then(|| keys.clone()),
+        keep: kept.then(|| keys.clone()),
     })
 }
 

@@ -17,7 +17,6 @@ use crate::{
     layers::row,
     models::{Input, Tap},
     runtime::prompt::PromptEmbeds,
-    runtime::prompt_cache::MAX_SNAPSHOTS,
     runtime::request::{Delta, FinishReason},
     runtime::sampler::{log_softmax, Sampler},
 };
@@ -31,6 +30,9 @@ pub(super) struct Step {
 /// Prompt positions between a hybrid model's snapshots of a long prompt's recurrent states
 /// (besides the one where the prompt ends).
 const SNAPSHOT_EVERY: usize = 4096;
+
+/// Most snapshots a sequence (and so a prompt-cache entry) keeps: the newest.
+const MAX_SNAPSHOTS: usize = 8;
 
 /// One sequence's model-side state (mlx-lm's `generate_step` locals).
 pub(super) struct SequenceState<'a> {
