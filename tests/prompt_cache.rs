@@ -3,20 +3,13 @@
 //! rest is prefilled: `timings.prompt_n`), answers what a fresh worker answers, and `reset`
 //! forgets the cache.
 
-use crate::support::{model_id, tiny_model, within, worker};
+use crate::support::{self, model_id, tiny_model, within, worker};
 use fixtures::TinyLlama;
 use protocol::methods::*;
 use protocol::Client;
 
 fn chat(turns: &[(&str, &str)]) -> GenerateParams {
-    let messages = turns
-        .iter()
-        .map(|(r, c)| ChatMessage::new(*r, *c))
-        .collect();
-    let mut p = GenerateParams::new(messages);
-    p.max_new_tokens = 16;
-    p.sampling.temperature = 0.0;
-    p
+    support::chat(turns, 16)
 }
 
 async fn ask(w: &Client, p: &GenerateParams) -> GenerateResult {
@@ -170,7 +163,10 @@ async fn a_request_not_to_keep_is_not_kept_and_leaves_what_is() {
     let dir = tiny_model(&TinyLlama::default());
     let w = loaded_worker(dir.path()).await;
     let private = |turns: &[(&str, &str)]| GenerateParams {
-        cache: Some(CacheParams { persist: false }),
+        cache: Some(CacheParams {
+            persist: false,
+            conversation_id: None,
+        }),
         ..chat(turns)
     };
     let first = ask(&w, &private(&[("user", "Name three colours.")])).await;

@@ -6,6 +6,8 @@ mod support;
 
 mod batch;
 mod constrain;
+mod conversations;
+mod disk_cache;
 mod faults;
 mod fuzz;
 mod gemma3;

@@ -421,6 +421,30 @@ fn results_use_the_contracts_names() {
         memory: MemoryInfo::default(),
         uptime_ms: 5,
         requests_served: 6,
+        prompt_cache: PromptCacheInfo {
+            lookups: 4,
+            memory: CacheTierInfo {
+                entries: 1,
+                bytes: 10,
+                hits: 1,
+                hit_tokens: 7,
+                hit_rate: 0.25,
+            },
+            disk: Some(DiskTierInfo {
+                tier: CacheTierInfo {
+                    entries: 2,
+                    bytes: 20,
+                    hits: 2,
+                    hit_tokens: 9,
+                    hit_rate: 0.5,
+                },
+                budget_bytes: 100,
+                writes: 3,
+                written_bytes: 30,
+                skipped_writes: 0,
+                rejected: 1,
+            }),
+        },
         group: Some(GroupInfo {
             backend: "ring".into(),
             size: 2,
@@ -436,6 +460,13 @@ fn results_use_the_contracts_names() {
     assert_eq!(v["models"][0]["model_id"], "m");
     assert_eq!(v["models"][0]["context_length"], 2048);
     assert_eq!(v["queue"], json!({"running": 1, "waiting": 2}));
+    // The disk tier's figures sit beside its own as the memory tier's do.
+    assert_eq!(
+        v["prompt_cache"]["disk"],
+        json!({"entries": 2, "bytes": 20, "hits": 2, "hit_tokens": 9, "hit_rate": 0.5,
+               "budget_bytes": 100, "writes": 3, "written_bytes": 30, "skipped_writes": 0,
+               "rejected": 1})
+    );
     assert_eq!(serde_json::from_value::<StatusResult>(v).unwrap(), status);
 
     let init = InitializeResult {

@@ -17,7 +17,12 @@ pub fn worker(args: &[&str]) -> Client {
 /// that loads a `.gguf`: the import (up to a gigabyte) lands there and goes with the test's
 /// temporary directory ([`import_cache`]), and it is always made by the code under test.
 pub fn worker_with_cache(cache: &Path) -> Client {
-    let mut command = worker_command(&[]);
+    worker_in(cache, &[])
+}
+
+/// Starts `mlx-worker` with `args` and `cache` as its cache directory (`MLX_WORKER_CACHE`).
+pub fn worker_in(cache: &Path, args: &[&str]) -> Client {
+    let mut command = worker_command(args);
     command.env("MLX_WORKER_CACHE", cache);
     spawn(command)
 }
@@ -95,6 +100,18 @@ pub async fn worker_with_tiny_model(args: &[&str]) -> (Client, tempfile::TempDir
 /// to near ties, as on a GPU, and the bit-for-bit checks would test the BLAS, not the worker.
 pub fn blas_rows_exact() -> bool {
     std::env::var("MLX_WORKER_BLAS_ROWS_EXACT").map_or(true, |v| v != "0")
+}
+
+/// A greedy request for a chat of `(role, content)` turns.
+pub fn chat(turns: &[(&str, &str)], max_new_tokens: u32) -> GenerateParams {
+    let messages = turns
+        .iter()
+        .map(|(r, c)| ChatMessage::new(*r, *c))
+        .collect();
+    let mut p = GenerateParams::new(messages);
+    p.max_new_tokens = max_new_tokens;
+    p.sampling.temperature = 0.0;
+    p
 }
 
 pub fn greedy(content: &str, max_new_tokens: u32) -> GenerateParams {

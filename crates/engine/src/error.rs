@@ -6,6 +6,9 @@ pub enum EngineError {
     /// No model is resident, or the named one is not.
     #[error("{0}")]
     NotResident(String),
+    /// A kept conversation named in a `cache_*` call is not there, or cannot do what was asked.
+    #[error("{0}")]
+    Conversation(String),
     /// `load` failed; resident models are untouched.
     #[error("{detail}")]
     Load { kind: LoadErrorKind, detail: String },

@@ -28,6 +28,7 @@ mod floors_tests;
 pub use error::{EngineError, LoadErrorKind};
 pub use layers::distributed::{Backend as DistributedBackend, Group};
 pub use runtime::cancel::CancelToken;
+pub use runtime::disk_cache::{DiskCounts, DiskSettings};
 pub use runtime::engine::{Engine, Loaded};
 pub use runtime::memory::stats as memory_stats;
 pub use runtime::prompt_cache::DEFAULT_PROMPT_CACHE_BYTES;

@@ -25,7 +25,10 @@ const HYBRIDS: [&str; 8] = [
 ];
 
 fn loaded(dir: &std::path::Path) -> Engine {
-    let mut engine = Engine::new();
+    loaded_in(Engine::new(), dir)
+}
+
+fn loaded_in(mut engine: Engine, dir: &std::path::Path) -> Engine {
     let load = LoadRequest {
         model: dir.display().to_string(),
         ..Default::default()
@@ -333,5 +336,60 @@ fn a_dflash_drafter_drafts_blocks_and_changes_nothing() {
         }
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a drafter for layers the model does not have loaded"),
+    }
+}
+
+/// The disk tier on every hybrid family and Llama 4's chunked layers: a conversation's caches
+/// and recurrent-state snapshots written at exit and read back by a new engine give the next
+/// turn every kept token (and a prompt leaving them the snapshot within its prefix), answering
+/// as a fresh engine does.
+#[test]
+fn a_hybrid_conversation_resumes_from_disk_and_answers_the_same() {
+    let _mlx = fixtures::mlx_test_lock();
+    for name in HYBRIDS.iter().chain(&["tiny-llama4"]) {
+        let Some(dir) = fixtures::vision_fixture(name) else {
+            continue;
+        };
+        let cache = std::env::temp_dir().join(format!("mlx-disk-{name}-{}", std::process::id()));
+        let with_disk = || {
+            let disk = mlx_engine::DiskSettings {
+                dir: cache.clone(),
+                bytes: 1 << 30,
+                write_bytes_per_hour: 1 << 32,
+            };
+            let mut engine = Engine::new().with_disk_cache(Some(disk));
+            let load = LoadRequest {
+                model: dir.display().to_string(),
+                ..Default::default()
+            };
+            engine
+                .load(&load, &mut |_| {}, &CancelToken::new())
+                .unwrap();
+            engine
+        };
+        let prompt: Vec<u32> = (100..140).collect();
+        let first = greedy(&mut with_disk(), &prompt, 6);
+        // Dropped: its caches went to disk.
+        let extended: Vec<u32> = [&prompt[..], &first.token_ids, &[500, 501, 502]].concat();
+        let mut engine = with_disk();
+        let next = greedy(&mut engine, &extended, 8);
+        let held = prompt.len() + first.token_ids.len();
+        assert_eq!(next.usage.cached_tokens, held, "{name}");
+        let cold = greedy(&mut loaded(&dir), &extended, 8);
+        assert_eq!(next.token_ids, cold.token_ids, "{name}");
+        assert_eq!(engine.cache_stats().disk.unwrap().tier.hits, 1, "{name}");
+        drop(engine);
+        std::fs::remove_dir_all(&cache).unwrap();
+        if !HYBRIDS.contains(name) {
+            continue; // Llama 4's chunks, once past one, cannot be cut back (no snapshots).
+        }
+        // A rewritten last reply: the snapshot where the first prompt's prefill ended.
+        greedy(&mut with_disk(), &prompt, 6);
+        let rewritten: Vec<u32> = [&prompt[..], &[7, 8, 9]].concat();
+        let again = greedy(&mut with_disk(), &rewritten, 8);
+        assert!(again.usage.cached_tokens > 0, "{name}: {:?}", again.usage);
+        let cold = greedy(&mut loaded(&dir), &rewritten, 8);
+        assert_eq!(again.token_ids, cold.token_ids, "{name}");
+        std::fs::remove_dir_all(&cache).unwrap();
     }
 }

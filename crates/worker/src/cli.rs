@@ -33,6 +33,19 @@ pub struct Cli {
     #[arg(long, default_value_t = mlx_engine::DEFAULT_PROMPT_CACHE_BYTES)]
     pub prompt_cache_bytes: u64,
 
+    /// Bytes of conversations' KV caches kept on disk (`<cache root>/prompt-cache`, the cache
+    /// root being MLX_WORKER_CACHE or the user's cache directory): caches leaving memory (pushed
+    /// out by newer ones, at unload and exit) are written there and read back by a prompt that
+    /// shares their prefix, after a restart too. 0 (the default) turns the disk tier off. Also
+    /// read from MLX_WORKER_DISK_CACHE_BYTES.
+    #[arg(long, env = "MLX_WORKER_DISK_CACHE_BYTES", default_value_t = 0)]
+    pub disk_cache_bytes: u64,
+
+    /// Most bytes the disk tier writes in any hour (SSD wear); past it, caches leaving memory
+    /// are dropped. Default: four times --disk-cache-bytes.
+    #[arg(long)]
+    pub disk_cache_write_bytes_per_hour: Option<u64>,
+
     /// MLX's memory limit in bytes: what `load` fits a model's context to and `generate` admits
     /// requests within (protocol-additions.md). Default: 85% of the device's memory (Metal:
     /// of its recommended working set). Also read from MLX_WORKER_MEMORY_LIMIT, for hosts that
@@ -54,7 +67,24 @@ impl Cli {
             prompt_cache_bytes: self.prompt_cache_bytes,
             memory_limit: self.memory_limit,
             batch_attention: self.batch_attention.engine(),
+            disk_cache: self.disk_cache(),
         }
+    }
+
+    /// The disk tier's settings; `None` when it is off (or no cache root can be found).
+    fn disk_cache(&self) -> Option<mlx_engine::DiskSettings> {
+        if self.disk_cache_bytes == 0 {
+            return None;
+        }
+        let root = model_store::cache_root()
+            .inspect_err(|e| tracing::warn!("the disk tier of the prompt cache is off: {e}"))
+            .ok()?;
+        Some(mlx_engine::DiskSettings {
+            dir: root.join("prompt-cache"),
+            bytes: self.disk_cache_bytes,
+            write_bytes_per_hour: (self.disk_cache_write_bytes_per_hour)
+                .unwrap_or(self.disk_cache_bytes.saturating_mul(4)),
+        })
     }
 }
 

@@ -5,12 +5,13 @@ use mlx_engine::{
     text, Constraint, GenerateRequest, HfToken, LoadRequest, Parallel, Prompt, WeightDtype,
 };
 use protocol::methods::{
-    AutoDrafter, Backend, Channel, ChatMessage, ChatTemplateInfo, ChatTemplateSource, ContentPart,
-    DeviceInfo, DraftKind, Dtype, FinishReason, FunctionCall, FunctionKind, GenerateDelta,
-    GenerateParams, GenerateResult, GroupInfo, KvQuantization, LoadParams, LoadStage, MemoryInfo,
-    MessageContent, MlxInfo, ModelInfo, ParallelInfo, ParallelMode, Quantization, RankShare,
-    ResidentModel, ResponseFormat, SpecialTokens, SpeculativeMethod, Timings, TokenLogprob,
-    ToolCallOut, ToolChoice, ToolChoiceMode, TopLogprob, Usage,
+    AutoDrafter, Backend, CacheTier, CacheTierInfo, Channel, ChatMessage, ChatTemplateInfo,
+    ChatTemplateSource, ContentPart, DeviceInfo, DiskTierInfo, DraftKind, Dtype, FinishReason,
+    FunctionCall, FunctionKind, GenerateDelta, GenerateParams, GenerateResult, GroupInfo,
+    KeptConversation, KvQuantization, LoadParams, LoadStage, MemoryInfo, MessageContent, MlxInfo,
+    ModelInfo, ParallelInfo, ParallelMode, PromptCacheInfo, Quantization, RankShare, ResidentModel,
+    ResponseFormat, SpecialTokens, SpeculativeMethod, Timings, TokenLogprob, ToolCallOut,
+    ToolChoice, ToolChoiceMode, TopLogprob, Usage,
 };
 use protocol::{RequestId, ResponseError};
 use serde_json::{json, Map, Value};
@@ -92,7 +93,8 @@ pub fn generate_request(p: &GenerateParams) -> Result<GenerateRequest, ResponseE
                 num_draft_tokens,
             }
         }),
-        persist: p.cache.is_none_or(|c| c.persist),
+        persist: p.cache.as_ref().is_none_or(|c| c.persist),
+        conversation: p.cache.as_ref().and_then(|c| c.conversation_id.clone()),
     })
 }
 
@@ -438,6 +440,46 @@ pub fn mlx_info(d: &mlx_engine::DeviceInfo) -> MlxInfo {
             memory_bytes: d.memory_bytes,
             recommended_working_set_bytes: d.recommended_working_set_bytes,
         },
+    }
+}
+
+/// `status`'s `prompt_cache`.
+pub fn prompt_cache(stats: mlx_engine::CacheStats) -> PromptCacheInfo {
+    let tier = |t: mlx_engine::TierStats| CacheTierInfo {
+        entries: t.entries,
+        bytes: t.bytes,
+        hits: t.hits,
+        hit_tokens: t.hit_tokens,
+        hit_rate: match stats.lookups {
+            0 => 0.0,
+            n => t.hits as f64 / n as f64,
+        },
+    };
+    PromptCacheInfo {
+        lookups: stats.lookups,
+        memory: tier(stats.memory),
+        disk: stats.disk.map(|d| DiskTierInfo {
+            tier: tier(d.tier),
+            budget_bytes: d.budget_bytes,
+            writes: d.counts.writes,
+            written_bytes: d.counts.written_bytes,
+            skipped_writes: d.counts.skipped_writes,
+            rejected: d.counts.rejected,
+        }),
+    }
+}
+
+/// A kept conversation as `cache_list` shows it.
+pub fn kept_conversation(c: mlx_engine::Conversation) -> KeptConversation {
+    KeptConversation {
+        conversation_id: c.conversation_id,
+        tokens: c.tokens as u64,
+        bytes: c.bytes,
+        tier: match c.in_memory {
+            true => CacheTier::Memory,
+            false => CacheTier::Disk,
+        },
+        pinned: c.pinned,
     }
 }
 

@@ -11,18 +11,18 @@ use std::time::{Duration, Instant};
 use mlx_engine::CancelToken;
 
 use protocol::methods::{
-    Cancel, CancelRequestNotification, CancelRequestParams, CancelResult, CancelledNotification,
-    CancelledParams, Capabilities, FinishReason, Generate, GenerateResult, Initialize,
-    InitializeResult, Load, Method, NotificationMethod, ProgramInfo, QueueInfo, Reset, Shutdown,
-    ShutdownResult, Status, StatusResult, Timings, Tokenize, TokenizeParams, Unload, Usage,
-    WorkerState, PROTOCOL_VERSION,
+    CacheEvict, CacheFork, CacheList, CachePin, Cancel, CancelRequestNotification,
+    CancelRequestParams, CancelResult, CancelledNotification, CancelledParams, Capabilities,
+    FinishReason, Generate, GenerateResult, Initialize, InitializeResult, Load, Method,
+    NotificationMethod, ProgramInfo, QueueInfo, Reset, Shutdown, ShutdownResult, Status,
+    StatusResult, Timings, Tokenize, TokenizeParams, Unload, Usage, WorkerState, PROTOCOL_VERSION,
 };
 use protocol::{ErrorCode, Message, Notification, Request, RequestId, Response, ResponseError};
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::executor::{Executor, ExecutorEvent, Job, Work};
+use crate::executor::{CacheCall, Executor, ExecutorEvent, Job, Work};
 use crate::queue::JobQueue;
 use crate::residents::{self, SharedResidents};
 use crate::transport::{Inbound, Outbox};
@@ -456,6 +456,7 @@ impl Dispatcher {
             memory: residents.memory.clone(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             requests_served: self.served,
+            prompt_cache: residents.prompt_cache.clone(),
             group: self.info.as_ref().and_then(|i| i.group.clone()),
         }
     }
@@ -583,6 +584,30 @@ impl Handler for Generate {
 impl Handler for Unload {
     fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
         d.enqueue(id, Work::Unload(params));
+    }
+}
+
+impl Handler for CacheList {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        d.enqueue(id, Work::Cache(CacheCall::List(params)));
+    }
+}
+
+impl Handler for CachePin {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        d.enqueue(id, Work::Cache(CacheCall::Pin(params)));
+    }
+}
+
+impl Handler for CacheFork {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        d.enqueue(id, Work::Cache(CacheCall::Fork(params)));
+    }
+}
+
+impl Handler for CacheEvict {
+    fn handle(d: &mut Dispatcher, id: RequestId, params: Self::Params) {
+        d.enqueue(id, Work::Cache(CacheCall::Evict(params)));
     }
 }
 

@@ -8,6 +8,7 @@ pub fn engine_error(error: EngineError) -> ResponseError {
     let message = error.to_string();
     match error {
         EngineError::NotResident(message) => ResponseError::new(ErrorCode::NoModel, message),
+        EngineError::Conversation(message) => ResponseError::new(ErrorCode::InvalidParams, message),
         EngineError::Load { kind, detail } => ResponseError::load_failed(load_kind(kind), detail),
         EngineError::ContextOverflow {
             prompt_tokens,

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use mlx_engine::{CancelToken, Group};
 use protocol::methods::{
-    GenerateDeltaNotification, GenerateParams, LoadParams, LoadProgress, LoadProgressNotification,
-    NotificationMethod, UnloadParams, WorkerState,
+    CacheEvictParams, CacheForkParams, CacheListParams, CachePinParams, GenerateDeltaNotification,
+    GenerateParams, LoadParams, LoadProgress, LoadProgressNotification, NotificationMethod,
+    UnloadParams, WorkerState,
 };
 use protocol::{Notification, RequestId, Response, ResponseError};
 use tokio::sync::{mpsc, oneshot};
@@ -36,6 +37,17 @@ pub enum Work {
     Unload(UnloadParams),
     /// `reset`; true: the prompt caches too.
     Reset { prompt_cache: bool },
+    /// `cache_list`, `cache_pin`, `cache_fork`, `cache_evict`.
+    Cache(CacheCall),
+}
+
+/// A call on a model's kept conversations.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub enum CacheCall {
+    List(CacheListParams),
+    Pin(CachePinParams),
+    Fork(CacheForkParams),
+    Evict(CacheEvictParams),
 }
 
 impl Work {
@@ -44,7 +56,7 @@ impl Work {
         match self {
             Work::Load(_) => WorkerState::Loading,
             Work::Generate(_) => WorkerState::Generating,
-            Work::Unload(_) | Work::Reset { .. } => WorkerState::Idle,
+            Work::Unload(_) | Work::Reset { .. } | Work::Cache(_) => WorkerState::Idle,
         }
     }
 }
@@ -410,6 +422,7 @@ fn execute(engine: &mut WorkerEngine, job: Job, outbox: &Outbox, stall: &Stall) 
         Work::Generate(_) => unreachable!("generations run through `generations::run`"),
         Work::Unload(params) => engine.unload(&params).map(to_value),
         Work::Reset { prompt_cache } => Ok(to_value(engine.reset(prompt_cache))),
+        Work::Cache(call) => engine.cache(call),
     };
     match result {
         Ok(value) => Response::ok(id, value),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::convert;
 use crate::errors::engine_error;
-use crate::executor::Work;
+use crate::executor::{CacheCall, Work};
 use crate::worker_engine::{Settings, WorkerEngine};
 
 /// What rank 0 shares with the followers.
@@ -28,6 +28,7 @@ pub enum Shared {
     Generate(Box<GenerateParams>),
     Unload(UnloadParams),
     Reset(bool),
+    Cache(CacheCall),
     /// Rank 0 is stopping: followers free their models and exit.
     Quit,
 }
@@ -44,6 +45,7 @@ impl Shared {
             Work::Generate(p) => Shared::Generate(p.clone()),
             Work::Unload(p) => Shared::Unload(p.clone()),
             Work::Reset { prompt_cache } => Shared::Reset(*prompt_cache),
+            Work::Cache(call) => Shared::Cache(call.clone()),
         }
     }
 }
@@ -125,6 +127,7 @@ pub fn follow(settings: &Settings) -> i32 {
                 engine.reset(prompt_cache);
                 Ok(())
             }
+            Shared::Cache(call) => engine.cache(call).map(drop),
             Shared::Quit => break,
         };
         if let Err(e) = outcome {

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use mlx_engine::text::{ModelTokenizer, RenderOptions};
-use protocol::methods::{MemoryInfo, ResidentModel, TokenizeParams, TokenizeResult};
+use protocol::methods::{
+    MemoryInfo, PromptCacheInfo, ResidentModel, TokenizeParams, TokenizeResult,
+};
 use protocol::{RequestId, ResponseError};
 
 use crate::convert;
@@ -21,6 +23,8 @@ pub struct Residents {
     pub models: Vec<ResidentModel>,
     /// MLX memory.
     pub memory: MemoryInfo,
+    /// The prompt cache's tiers.
+    pub prompt_cache: PromptCacheInfo,
     /// Each resident model's tokenizer, by model id.
     pub tokenizers: HashMap<String, Arc<ModelTokenizer>>,
     /// The jobs whose responses the MLX thread has sent and the dispatcher has not yet heard

@@ -1,5 +1,5 @@
 //! The engine as the worker holds it, with its resident models' tokenizers: `initialize`'s
-//! facts, `load`, `unload` and `reset` from protocol params to protocol results and errors.
+//! facts, `load`, `unload`, `reset` and the `cache_*` calls from protocol params to protocol results and errors.
 //! Generations reach the engine's scheduler directly ([`WorkerEngine::engine_mut`]). Lives on
 //! the MLX thread (see `executor.rs`), like the [`Engine`] it owns.
 
@@ -8,14 +8,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_engine::text::ModelTokenizer;
-use mlx_engine::{BatchAttention, CancelToken, Engine, Group};
+use mlx_engine::{BatchAttention, CancelToken, DiskSettings, Engine, Group};
 use protocol::methods::{
-    GroupInfo, LoadParams, LoadResult, LoadStage, MlxInfo, ResetResult, UnloadParams, UnloadResult,
+    CacheEvictResult, CacheForkResult, CacheListResult, CachePinResult, GroupInfo, LoadParams,
+    LoadResult, LoadStage, MlxInfo, ResetResult, UnloadParams, UnloadResult,
 };
 use protocol::ResponseError;
 
 use crate::convert;
 use crate::errors::engine_error;
+use crate::executor::{to_value, CacheCall};
 use crate::residents::Residents;
 
 /// What `initialize` reports about the engine; fixed for the process's life.
@@ -52,6 +54,8 @@ pub struct Settings {
     pub memory_limit: Option<u64>,
     /// How batched rows attend; `None`: the default.
     pub batch_attention: Option<BatchAttention>,
+    /// The prompt cache's disk tier; `None`: off.
+    pub disk_cache: Option<DiskSettings>,
 }
 
 impl WorkerEngine {
@@ -61,7 +65,8 @@ impl WorkerEngine {
         let engine = Engine::new()
             .with_prompt_cache_bytes(settings.prompt_cache_bytes)
             .with_memory_limit(settings.memory_limit)
-            .with_batch_attention(settings.batch_attention);
+            .with_batch_attention(settings.batch_attention)
+            .with_disk_cache(settings.disk_cache.clone());
         Self {
             engine: match group {
                 Some(group) => engine.with_group(group),
@@ -156,6 +161,43 @@ impl WorkerEngine {
         }
     }
 
+    /// `cache_list`, `cache_pin`, `cache_fork`, `cache_evict`.
+    pub fn cache(&mut self, call: CacheCall) -> Result<serde_json::Value, ResponseError> {
+        let engine = &mut self.engine;
+        let value = match call {
+            CacheCall::List(p) => {
+                let (model_id, list) = engine
+                    .conversations(p.model.as_deref())
+                    .map_err(engine_error)?;
+                to_value(CacheListResult {
+                    model_id,
+                    conversations: list.into_iter().map(convert::kept_conversation).collect(),
+                })
+            }
+            CacheCall::Pin(p) => {
+                (engine.pin(p.model.as_deref(), &p.conversation_id, p.pinned))
+                    .map_err(engine_error)?;
+                to_value(CachePinResult { pinned: p.pinned })
+            }
+            CacheCall::Fork(p) => {
+                let ids = (p.conversation_id.as_str(), p.new_conversation_id.as_str());
+                let tokens = p.tokens.map(|t| t as usize);
+                let held = (engine.fork(p.model.as_deref(), ids, tokens)).map_err(engine_error)?;
+                to_value(CacheForkResult {
+                    tokens: held as u64,
+                })
+            }
+            CacheCall::Evict(p) => {
+                let id = p.conversation_id.as_deref();
+                let evicted = engine.evict(p.model.as_deref(), id).map_err(engine_error)?;
+                to_value(CacheEvictResult {
+                    evicted: evicted as u64,
+                })
+            }
+        };
+        Ok(value)
+    }
+
     /// Resident models, their tokenizers and memory now.
     pub fn residents(&self) -> Residents {
         Residents {
@@ -167,6 +209,7 @@ impl WorkerEngine {
                 .map(convert::resident_model)
                 .collect(),
             memory: convert::memory(self.engine.memory()),
+            prompt_cache: convert::prompt_cache(self.engine.cache_stats()),
             tokenizers: self.tokenizers.clone(),
             finished: Vec::new(),
         }

@@ -213,7 +213,7 @@ pub struct GenerateParams {
 }
 
 /// `cache`: the prompt cache's part in a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CacheParams {
     /// `false`: nothing of this request is kept (its KV cache, its image features): a
@@ -221,6 +221,12 @@ pub struct CacheParams {
     /// leaves as it was. Default `true`.
     #[serde(default = "yes")]
     pub persist: bool,
+    /// The conversation this request continues or starts: its kept caches are that
+    /// conversation's one entry, which `cache_list` shows and `cache_pin`, `cache_fork` and
+    /// `cache_evict` act on. A prompt may still reuse another conversation's prefix (copied,
+    /// so that one keeps its own). Absent: an unnamed entry, replaced by any that extends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<String>,
 }
 
 fn yes() -> bool {

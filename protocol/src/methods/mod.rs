@@ -5,6 +5,7 @@
 //! contract are applied by serde when a field is absent; an unknown field or a field of
 //! the wrong type is an error ([`InvalidParams`](crate::ErrorCode::InvalidParams)).
 
+mod cache;
 mod cancel;
 mod common;
 mod generate;
@@ -17,6 +18,7 @@ mod status;
 mod tokenize;
 mod unload;
 
+pub use cache::*;
 pub use cancel::*;
 pub use common::*;
 pub use generate::*;
@@ -84,6 +86,10 @@ macro_rules! for_each_method {
             $crate::methods::Reset,
             $crate::methods::Status,
             $crate::methods::Tokenize,
+            $crate::methods::CacheList,
+            $crate::methods::CachePin,
+            $crate::methods::CacheFork,
+            $crate::methods::CacheEvict,
             $crate::methods::Shutdown
         }
     };

@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{method, GroupInfo, MemoryInfo, ModelInfo};
+use super::{method, GroupInfo, MemoryInfo, ModelInfo, PromptCacheInfo};
 
 method!(
     /// `status`: the worker's state, models, queue and memory.
@@ -66,6 +66,9 @@ pub struct StatusResult {
     pub uptime_ms: u64,
     /// Requests answered so far.
     pub requests_served: u64,
+    /// The prompt cache's tiers: what they hold and their hit rates.
+    #[serde(default)]
+    pub prompt_cache: PromptCacheInfo,
     /// The group of ranks the worker runs as; absent for one process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupInfo>,

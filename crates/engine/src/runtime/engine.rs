@@ -1,6 +1,11 @@
 //! The engine: resident models, and the calls the worker makes on its MLX thread.
 
-use std::{rc::Rc, sync::Arc, time::Instant};
+use std::{
+    cell::{Cell, RefCell},
+    rc::Rc,
+    sync::Arc,
+    time::Instant,
+};
 
 use text::ModelTokenizer;
 
@@ -10,12 +15,13 @@ use crate::{
     layers::distributed::Group,
     layers::parallel::Placement,
     models::{self, LanguageModel},
+    runtime::disk_cache::{self, DiskSettings, DiskShared, DiskTier},
     runtime::footprint,
     runtime::generate::{PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU},
     runtime::load,
     runtime::memory,
     runtime::prompt,
-    runtime::prompt_cache::{PromptCache, DEFAULT_PROMPT_CACHE_BYTES},
+    runtime::prompt_cache::{self as prompt_cache, PromptCache, DEFAULT_PROMPT_CACHE_BYTES},
     runtime::request::*,
     runtime::resident::{Draft, Resident},
     runtime::scheduler::BatchAttention,
@@ -37,6 +43,10 @@ pub struct Engine {
     batch_attention: Option<BatchAttention>,
     /// MLX's memory limit as the host set it; `None`: 85% of the device's memory.
     memory_limit: Option<u64>,
+    /// The prompt cache's disk tier, if on.
+    disk: Option<Rc<RefCell<DiskShared>>>,
+    /// What the residents' prompt caches have served.
+    cache_counts: Rc<Cell<prompt_cache::Counts>>,
 }
 
 /// What a successful `load` gives back.
@@ -87,7 +97,18 @@ impl Engine {
             group: None,
             batch_attention: None,
             memory_limit: None,
+            disk: None,
+            cache_counts: Rc::default(),
         }
+    }
+
+    /// Conversations' caches that leave memory go to a disk tier (`None`: they are dropped);
+    /// see [`disk_cache`](crate::runtime::disk_cache). Not in a group of ranks.
+    pub fn with_disk_cache(mut self, settings: Option<DiskSettings>) -> Self {
+        self.disk = settings
+            .filter(|_| self.group.is_none())
+            .map(DiskShared::new);
+        self
     }
 
     /// Holds MLX's memory to `bytes` (`None`: 85% of the device's memory): what `load` fits
@@ -120,6 +141,7 @@ impl Engine {
             tracing::info!("in a group of ranks the prompt cache keeps the newest conversation");
         }
         self.prompt_cache_bytes = 0;
+        self.disk = None;
         self.group = Some(Rc::new(group));
         self
     }
@@ -287,10 +309,96 @@ impl Engine {
             adapter: adapter_switch,
             draft,
             footprint,
-            prompt_cache: PromptCache::new(self.prompt_cache_bytes),
+            prompt_cache: PromptCache::new(self.prompt_cache_bytes)
+                .with_tiers(self.disk_tier(&files, req), self.cache_counts.clone()),
             image_features: Default::default(),
             vocabulary: None,
         })
+    }
+
+    /// A resident's part of the disk tier, keyed by what decides its caches' numbers.
+    fn disk_tier(&self, files: &load::Files, req: &LoadRequest) -> Option<DiskTier> {
+        let shared = self.disk.as_ref()?;
+        let paths: Vec<&std::path::Path> = std::iter::once(files.path.as_path())
+            .chain(files.adapter.as_deref())
+            .collect();
+        let options = format!("{}|{:?}|{:?}", req.load_in_4bit, req.dtype, req.kv_bits);
+        let key = disk_cache::model_key(&paths, &options, &self.device);
+        Some(DiskTier::new(shared.clone(), key))
+    }
+
+    /// What the prompt cache's tiers hold and have served since the engine started.
+    pub fn cache_stats(&self) -> CacheStats {
+        let counts = self.cache_counts.get();
+        let entries = self
+            .models
+            .iter()
+            .map(|r| r.prompt_cache.len() as u64)
+            .sum();
+        let bytes = self.models.iter().map(|r| r.prompt_cache.bytes()).sum();
+        CacheStats {
+            lookups: counts.lookups,
+            memory: TierStats {
+                entries,
+                bytes,
+                hits: counts.hits,
+                hit_tokens: counts.hit_tokens,
+            },
+            disk: self.disk.as_ref().map(|d| {
+                let d = d.borrow();
+                let (files, bytes) = disk_cache::usage(&d.settings.dir);
+                DiskStats {
+                    tier: TierStats {
+                        entries: files,
+                        bytes,
+                        hits: d.counts.hits,
+                        hit_tokens: d.counts.hit_tokens,
+                    },
+                    budget_bytes: d.settings.bytes,
+                    counts: d.counts,
+                }
+            }),
+        }
+    }
+
+    /// The kept conversations of `model` (`None`: the active one), in memory and on disk,
+    /// with the model's id.
+    pub fn conversations(
+        &mut self,
+        model: Option<&str>,
+    ) -> Result<(String, Vec<Conversation>), EngineError> {
+        let i = self.position(model)?;
+        let r = &mut self.models[i];
+        Ok((r.info.model_id.clone(), r.prompt_cache.list()))
+    }
+
+    /// Pins (or unpins) a kept conversation of `model`: kept in memory past the budget.
+    pub fn pin(&mut self, model: Option<&str>, id: &str, pinned: bool) -> Result<(), EngineError> {
+        let i = self.position(model)?;
+        let r = &mut self.models[i];
+        let make = || r.model.make_caches();
+        (r.prompt_cache.pin(id, pinned, &make)).map_err(EngineError::Conversation)
+    }
+
+    /// Starts conversation `new` from the first `tokens` (default all) of conversation `id`,
+    /// sharing its caches. Returns the tokens the new one holds.
+    pub fn fork(
+        &mut self,
+        model: Option<&str>,
+        (id, new): (&str, &str),
+        tokens: Option<usize>,
+    ) -> Result<usize, EngineError> {
+        let i = self.position(model)?;
+        let r = &mut self.models[i];
+        let make = || r.model.make_caches();
+        (r.prompt_cache.fork((id, new), tokens, &make)).map_err(EngineError::Conversation)
+    }
+
+    /// Forgets conversation `id` of `model` (every one with `None`), in memory and on disk.
+    /// Returns how many entries and files went.
+    pub fn evict(&mut self, model: Option<&str>, id: Option<&str>) -> Result<usize, EngineError> {
+        let i = self.position(model)?;
+        Ok(self.models[i].prompt_cache.evict(id))
     }
 
     /// What MLX holds for the other residents, as a load of `model_id` prices against it: not

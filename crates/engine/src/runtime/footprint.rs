@@ -15,7 +15,7 @@ use crate::{
     layers::kv_cache::{CacheSize, Caches, KvCache},
     models::{self, Input, LanguageModel},
     runtime::memory,
-    runtime::prompt_cache::PromptCache,
+    runtime::prompt_cache::{Owner, PromptCache},
     runtime::request::MemoryPlan,
 };
 
@@ -212,7 +212,7 @@ impl Footprint {
 /// every kept conversation gone is refused at once with what it needs, the cache left as it is.
 pub(crate) fn admit(
     footprint: &Footprint,
-    (prompt, adapter_on, lend): (&[u32], bool, bool),
+    (prompt, owner, lend): (&[u32], &Owner, bool),
     max_new: &mut usize,
     cache: &mut PromptCache,
     others: impl Iterator<Item = (usize, usize)>,
@@ -243,13 +243,13 @@ pub(crate) fn admit(
     }
     loop {
         let available = left();
-        let (copied, taken_over) = cache.reuse_bytes(prompt, (adapter_on, lend));
+        let (copied, taken_over) = cache.reuse_bytes(prompt, (owner, lend));
         let room = (available + taken_over).saturating_sub(copied);
         let fits = footprint.tokens_within(room, wanted);
         if fits >= wanted {
             return Ok(());
         }
-        if cache.drop_oldest(prompt, adapter_on) {
+        if cache.drop_oldest(prompt, owner) {
             let _ = mlx_rs::memory::clear_cache();
             continue;
         }
@@ -271,7 +271,9 @@ pub(crate) fn admit(
 mod tests {
     use super::{admit, Footprint};
     use crate::{
-        error::EngineError, layers::kv_cache::CacheSize, runtime::prompt_cache::PromptCache,
+        error::EngineError,
+        layers::kv_cache::CacheSize,
+        runtime::prompt_cache::{Owner, PromptCache},
     };
 
     /// 1000 bytes a position, nothing else: 256,000 bytes per step of 256 positions.
@@ -300,7 +302,7 @@ mod tests {
         let footprint = thousand_a_position();
         let admitted = admit(
             &footprint,
-            (&ids, false, false),
+            (&ids, &Owner::default(), false),
             max_new,
             &mut cache,
             running.iter().copied(),

@@ -1,12 +1,13 @@
 //! The top floor: what runs a request. Resident models and their load (`engine.rs`,
 //! `load.rs`), the scheduler that steps generations together (`scheduler.rs`), a generation's
-//! loop (`generate/`), sampling, prompts and the prompt cache, constraints,
+//! loop (`generate/`), sampling, prompts and the prompt cache (its disk tier: `disk_cache.rs`), constraints,
 //! memory and what a model costs in it (`footprint.rs`), cancellation, and the engine's plain request and answer types (`request.rs`).
 
 #[cfg(test)]
 mod batching_tests;
 pub mod cancel;
 pub mod constrained;
+pub mod disk_cache;
 #[cfg(test)]
 mod drafter_tests;
 pub mod engine;

@@ -202,6 +202,9 @@ pub struct GenerateRequest {
     /// `false`: nothing of this request is kept for later ones (its KV cache, its image
     /// features); what is kept may still be reused, and is left as it was.
     pub persist: bool,
+    /// The conversation the host names this request part of: its kept caches are that
+    /// conversation's entry (one per conversation, listed, pinned, forked and evicted by id).
+    pub conversation: Option<String>,
 }
 
 /// Speculative decoding: where drafts come from, and at most how many per pass (`None`: the
@@ -268,6 +271,7 @@ impl GenerateRequest {
             parallel_tool_calls: true,
             speculative: None,
             persist: true,
+            conversation: None,
         }
     }
 
@@ -368,3 +372,32 @@ pub struct Completion {
     /// The tool calls read from `text` (with tools, unless `ToolChoice::None`).
     pub tool_calls: Vec<constrain::ToolCall>,
 }
+
+/// What the prompt cache's tiers hold and have served since the engine started (`status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Prompts looked up (generations that may reuse kept caches).
+    pub lookups: u64,
+    pub memory: TierStats,
+    /// `None` when the disk tier is off.
+    pub disk: Option<DiskStats>,
+}
+
+/// One tier: what it holds now, and the lookups it served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub entries: u64,
+    pub bytes: u64,
+    pub hits: u64,
+    pub hit_tokens: u64,
+}
+
+/// The disk tier: as any tier, with its budget and what it wrote, skipped and rejected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    pub tier: TierStats,
+    pub budget_bytes: u64,
+    pub counts: crate::runtime::disk_cache::DiskCounts,
+}
+
+pub use crate::runtime::prompt_cache::Conversation;

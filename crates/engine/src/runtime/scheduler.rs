@@ -17,7 +17,7 @@ use crate::{
     runtime::generate::{advance, open, resume, together, Opened, Sequence, Started},
     runtime::prepare::{finish, prepare, Prepared},
     runtime::prompt::PromptInputs,
-    runtime::prompt_cache::PromptCache,
+    runtime::prompt_cache::{Owner, PromptCache},
     runtime::request::{Completion, Delta, GenerateRequest},
     runtime::resident::View,
     CancelToken, EngineError, Group,
@@ -217,7 +217,11 @@ impl<'a> Batch<'a> {
                 .chain(self.prefilling.iter().chain(&opened).map(unfilled));
             let admitted = prepare(self.view, vocabulary, &req).and_then(|mut prep| {
                 let keys = &prep.prompt.cache_keys[..];
-                let prompt = (keys, prep.adapter_on, !prep.req.persist);
+                let owner = Owner {
+                    adapter_on: prep.adapter_on,
+                    conversation: prep.req.conversation.clone(),
+                };
+                let prompt = (keys, &owner, !prep.req.persist);
                 let max_new = &mut prep.req.max_new_tokens;
                 footprint::admit(self.view.footprint, prompt, max_new, cache, others)?;
                 Ok(prep)

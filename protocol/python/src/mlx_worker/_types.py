@@ -595,6 +595,11 @@ class CacheParams(TypedDict, total=False):
     #: leaves as it was. Default `true`.
     #: default: true
     persist: bool
+    #: The conversation this request continues or starts: its kept caches are that
+    #: conversation's one entry, which `cache_list` shows and `cache_pin`, `cache_fork` and
+    #: `cache_evict` act on. A prompt may still reuse another conversation's prefix (copied,
+    #: so that one keeps its own). Absent: an unnamed entry, replaced by any that extends it.
+    conversation_id: str | None
 
 
 class _GenerateResultRequired(TypedDict):
@@ -748,6 +753,9 @@ class StatusResult(_StatusResultRequired, total=False):
     """Result of `status`."""
     #: The active model's id; `null` when none is loaded.
     active_model: str | None
+    #: The prompt cache's tiers: what they hold and their hit rates.
+    #: default: {"lookups": 0, "memory": {"entries": 0, "bytes": 0, "hits": 0, "hit_tokens": 0, "hit_rate": 0.0}}
+    prompt_cache: PromptCacheInfo
     #: The group of ranks the worker runs as; absent for one process.
     group: GroupInfo | None
 
@@ -823,6 +831,58 @@ class QueueInfo(TypedDict):
     waiting: int
 
 
+class _PromptCacheInfoRequired(TypedDict):
+    #: Prompts looked up (generations that may reuse kept caches).
+    lookups: int
+    #: The memory tier (every resident's prompt cache).
+    memory: CacheTierInfo
+
+
+class PromptCacheInfo(_PromptCacheInfoRequired, total=False):
+    """`status`'s `prompt_cache`: what each tier holds and has served since the worker started."""
+    #: Absent when the disk tier is off.
+    disk: DiskTierInfo | None
+
+
+class CacheTierInfo(TypedDict):
+    """A tier: what it holds now and the lookups it served."""
+    #: Conversations held (on disk: files, every model's).
+    entries: int
+    #: Bytes they take.
+    bytes: int
+    #: Lookups that reused caches from this tier.
+    hits: int
+    #: Prompt tokens those reused.
+    hit_tokens: int
+    #: `hits / lookups` (0 before any lookup).
+    hit_rate: float
+
+
+class DiskTierInfo(TypedDict):
+    """The disk tier."""
+    #: Conversations held (on disk: files, every model's).
+    entries: int
+    #: Bytes they take.
+    bytes: int
+    #: Lookups that reused caches from this tier.
+    hits: int
+    #: Prompt tokens those reused.
+    hit_tokens: int
+    #: `hits / lookups` (0 before any lookup).
+    hit_rate: float
+    #: `--disk-cache-bytes`.
+    budget_bytes: int
+    #: Files written by this worker.
+    writes: int
+    #: Their bytes.
+    written_bytes: int
+    #: Entries dropped instead of written: past the hour's write budget
+    #: (`--disk-cache-write-bytes-per-hour`) or larger than the tier.
+    skipped_writes: int
+    #: Damaged or foreign files deleted.
+    rejected: int
+
+
 class TokenizeParams(TypedDict, total=False):
     """Params of `tokenize`: exactly one of `text` and `messages`."""
     #: Which resident model; default the active one.
@@ -858,6 +918,96 @@ class TokenizeResult(_TokenizeResultRequired, total=False):
     """Result of `tokenize`."""
     #: With `messages`: the templated prompt.
     prompt: str | None
+
+
+class CacheListParams(TypedDict, total=False):
+    """Params of `cache_list`."""
+    #: A resident model's id; default the active model.
+    model: str | None
+
+
+class CacheListResult(TypedDict):
+    """Result of `cache_list`."""
+    #: The model listed.
+    model_id: str
+    #: In memory (least recently used first), then on disk only.
+    conversations: list[KeptConversation]
+
+
+class _KeptConversationRequired(TypedDict):
+    #: Tokens its caches hold (the prompt and reply so far).
+    tokens: int
+    #: Bytes they take (in memory, or of the file).
+    bytes: int
+    #: Where its caches are.
+    tier: CacheTier
+    #: Kept in memory past the budget (`cache_pin`).
+    pinned: bool
+
+
+class KeptConversation(_KeptConversationRequired, total=False):
+    """One kept conversation."""
+    #: The id `generate` named it by; `null` for a request that named none.
+    conversation_id: str | None
+
+
+#: Where a kept conversation's caches are.
+CacheTier = Literal['memory', 'disk']
+
+
+class _CachePinParamsRequired(TypedDict):
+    #: The conversation (read back into memory if it is only on disk).
+    conversation_id: str
+
+
+class CachePinParams(_CachePinParamsRequired, total=False):
+    """Params of `cache_pin`."""
+    #: A resident model's id; default the active model.
+    model: str | None
+    #: `false` unpins; default true.
+    #: default: true
+    pinned: bool
+
+
+class CachePinResult(TypedDict):
+    """Result of `cache_pin`."""
+    #: Whether it is pinned now.
+    pinned: bool
+
+
+class _CacheForkParamsRequired(TypedDict):
+    #: The conversation to start from.
+    conversation_id: str
+    #: The new conversation's id (not yet kept).
+    new_conversation_id: str
+
+
+class CacheForkParams(_CacheForkParamsRequired, total=False):
+    """Params of `cache_fork`."""
+    #: A resident model's id; default the active model.
+    model: str | None
+    #: How many of its tokens the new one starts with; default all.
+    tokens: int | None
+
+
+class CacheForkResult(TypedDict):
+    """Result of `cache_fork`."""
+    #: Tokens the new conversation holds.
+    tokens: int
+
+
+class CacheEvictParams(TypedDict, total=False):
+    """Params of `cache_evict`."""
+    #: A resident model's id; default the active model.
+    model: str | None
+    #: The conversation to forget; absent: every conversation of the model.
+    conversation_id: str | None
+
+
+class CacheEvictResult(TypedDict):
+    """Result of `cache_evict`."""
+    #: Entries and files removed.
+    evicted: int
 
 
 class ShutdownParams(TypedDict):
@@ -1058,6 +1208,10 @@ METHODS: dict[str, tuple[str, str]] = {
     'reset': ('ResetParams', 'ResetResult'),
     'status': ('StatusParams', 'StatusResult'),
     'tokenize': ('TokenizeParams', 'TokenizeResult'),
+    'cache_list': ('CacheListParams', 'CacheListResult'),
+    'cache_pin': ('CachePinParams', 'CachePinResult'),
+    'cache_fork': ('CacheForkParams', 'CacheForkResult'),
+    'cache_evict': ('CacheEvictParams', 'CacheEvictResult'),
     'shutdown': ('ShutdownParams', 'ShutdownResult'),
 }
 

@@ -81,6 +81,16 @@ impl ChunkedCache {
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.kept.arrays()
     }
+
+    /// The positions held and the first one's index, for storing.
+    pub(super) fn parts(&self) -> (&StandardCache, i32) {
+        (&self.kept, self.start)
+    }
+
+    /// A cache of `chunk` holding `kept` from position `start` on.
+    pub(super) fn from_parts(chunk: i32, kept: StandardCache, start: i32) -> Self {
+        Self { kept, start, chunk }
+    }
 }
 
 impl StandardCache {

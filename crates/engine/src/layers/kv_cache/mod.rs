@@ -22,6 +22,7 @@ mod size;
 mod snapshot;
 mod standard;
 mod state;
+mod stored;
 
 pub use cache::{KvCache, KV_GROUP_SIZE};
 pub use mask::{causal_mask, Mask};
@@ -30,6 +31,7 @@ pub use pass::{Attend, Caches, LayerKv, PassMasks, Positions, SharedKv};
 pub use size::CacheSize;
 pub use snapshot::Snapshot;
 pub use state::StateCache;
+pub use stored::{restore, store, Arrays, Layout};
 
 #[cfg(test)]
 mod tests;

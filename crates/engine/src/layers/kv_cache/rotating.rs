@@ -44,6 +44,29 @@ impl RotatingCache {
         self.offset
     }
 
+    /// Its storage (the ring as it lies), offset and write slot, for storing it whole.
+    pub(super) fn parts(&self) -> (Option<(&Array, &Array)>, i32, i32) {
+        let storage = self.keys.as_ref().zip(self.values.as_ref());
+        (storage, self.offset, self.idx)
+    }
+
+    /// A cache of `window` holding what [`Self::parts`] gave.
+    pub(super) fn from_parts(
+        window: i32,
+        storage: Option<(Array, Array)>,
+        offset: i32,
+        idx: i32,
+    ) -> Self {
+        let (keys, values) = storage.unzip();
+        Self {
+            keys,
+            values,
+            offset,
+            max_size: window,
+            idx,
+        }
+    }
+
     /// Positions kept.
     pub fn window(&self) -> i32 {
         self.max_size

@@ -12,12 +12,12 @@ use crate::layers::array::Result;
 #[derive(Clone)]
 pub struct Snapshot {
     pub positions: usize,
-    layers: Vec<Saved>,
+    pub(super) layers: Vec<Saved>,
 }
 
 /// What is kept of one layer's cache.
 #[derive(Clone)]
-enum Saved {
+pub(super) enum Saved {
     /// Nothing: the cache is cut back instead.
     Cut,
     State(StateCache),

@@ -90,4 +90,13 @@ impl StandardCache {
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.keys.iter().chain(self.values.iter())
     }
+
+    /// A cache of `offset` positions in `storage` (as [`Self::storage`] gives it).
+    pub(super) fn holding(storage: Option<(Array, Array)>, offset: i32) -> Self {
+        let mut cache = Self::default();
+        if let Some((keys, values)) = storage {
+            cache.replace(keys, values, offset);
+        }
+        cache
+    }
 }

@@ -39,6 +39,16 @@ impl StateCache {
         self.offset
     }
 
+    /// A state after `offset` positions (not recording), as stored.
+    pub(super) fn holding(conv: Option<Array>, state: Option<Array>, offset: i32) -> Self {
+        Self {
+            conv,
+            state,
+            offset,
+            steps: None,
+        }
+    }
+
     /// Records that `n` more positions went into the state (mlx-lm's `advance`).
     pub fn advance(&mut self, n: i32) {
         self.offset += n;

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     runtime::prompt::PromptInputs,
-    runtime::prompt_cache::PromptCache,
+    runtime::prompt_cache::{Owner, PromptCache},
     runtime::request::{Completion, Delta, FinishReason, GenerateRequest, Timings, Usage},
     runtime::sampler::Sampler,
     CancelToken, EngineError,
@@ -31,8 +31,9 @@ pub(crate) struct Sequence<'a> {
     pub(super) on_delta: Box<dyn FnMut(Delta) + 'a>,
     pub(super) cancel: CancelToken,
     pub(super) max_new_tokens: usize,
-    /// Its prompt's cache keys, when its caches go back to the prompt cache at the end.
-    pub(super) keep: Option<Vec<u32>>,
+    /// Its prompt's cache keys and whose they are, when its caches go back to the prompt
+    /// cache at the end.
+    pub(super) keep: Option<(Vec<u32>, Owner)>,
     /// The step whose token is read next.
     pub(super) step: Step,
     /// Tokens read so far.
@@ -62,8 +63,9 @@ pub(crate) struct Opened<'a> {
     pub(super) prefilled: Option<std::result::Result<Prefilled, String>>,
     /// What was prefilled a chunk at a time between a batch's steps (`interleave.rs`).
     pub(super) ahead: Option<Ahead>,
-    /// Its prompt's cache keys, when its caches go back to the prompt cache at the end.
-    pub(super) keep: Option<Vec<u32>>,
+    /// Its prompt's cache keys and whose they are, when its caches go back to the prompt
+    /// cache at the end.
+    pub(super) keep: Option<(Vec<u32>, Owner)>,
 }
 
 /// A joint pass ([`together::prefill`](super::together::prefill)) ran the rest of a prompt (after
@@ -112,9 +114,12 @@ pub(crate) fn open<'a>(
     let keys = &prompt.cache_keys;
     // What this generation leaves for later ones, if anything.
     let kept = reuse && req.persist;
-    let (caches, reused, snapshots) = cache.take(keys, (ctx.adapter_on, !req.persist), || {
-        ctx.model.make_caches()
-    });
+    let owner = Owner {
+        adapter_on: ctx.adapter_on,
+        conversation: req.conversation.clone(),
+    };
+    let (caches, reused, snapshots) =
+        cache.take(keys, (&owner, !req.persist), || ctx.model.make_caches());
     let dec = SequenceState {
         ctx,
         caches,
@@ -133,7 +138,7 @@ pub(crate) fn open<'a>(
         reused,
         prefilled: None,
         ahead: None,
-        keep: kept.then(|| keys.clone()),
+        keep: kept.then(|| (keys.clone(), owner)),
     })
 }
 
@@ -157,7 +162,6 @@ pub(crate) fn resume<'a>(
         keep,
     } = opened;
     let prefilled = prefilled.transpose().map_err(EngineError::Generation)?;
-    let adapter_on = dec.ctx.adapter_on;
     let begun = begin(
         &mut dec,
         req,
@@ -168,9 +172,9 @@ pub(crate) fn resume<'a>(
     )?;
     match begun {
         Begun::Done(completion) => {
-            if let Some(keys) = &keep {
+            if let Some((keys, owner)) = &keep {
                 let caches = dec.take_caches();
-                cache.keep(caches, keys, &dec.sampled, adapter_on);
+                cache.keep(caches, keys, &dec.sampled, owner);
             }
             Ok(Started::Done(completion))
         }
@@ -451,9 +455,9 @@ impl Sequence<'_> {
         let completion = self
             .out
             .finish_with(finish, usage, timings, &mut *self.on_delta);
-        if let Some(keys) = &self.keep {
+        if let Some((keys, owner)) = &self.keep {
             let caches = self.dec.take_caches();
-            cache.keep(caches, keys, &self.dec.sampled, self.dec.ctx.adapter_on);
+            cache.keep(caches, keys, &self.dec.sampled, owner);
         }
         Ok(completion)
     }
