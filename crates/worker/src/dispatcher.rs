@@ -211,8 +211,17 @@ impl Dispatcher {
             Message::Request(request) => {
                 // While stopping, `status`, `cancel` and the other answers-at-once still work;
                 // new work is refused.
-                let new_work = [Load::NAME, Generate::NAME, Unload::NAME, Reset::NAME]
-                    .contains(&request.method.as_str());
+                let new_work = [
+                    Load::NAME,
+                    Generate::NAME,
+                    Unload::NAME,
+                    Reset::NAME,
+                    CacheList::NAME,
+                    CachePin::NAME,
+                    CacheFork::NAME,
+                    CacheEvict::NAME,
+                ]
+                .contains(&request.method.as_str());
                 if self.stopping.is_some() && new_work {
                     let error = ResponseError::new(
                         ErrorCode::InvalidRequest,

@@ -53,6 +53,20 @@ def test_load_generate_and_the_other_calls(client: Client, smollm2: str):
     assert tokens["count"] == len(tokens["tokens"]) > 0
     status = client.status()
     assert status["active_model"] == smollm2 and status["state"] == "idle"
+    assert status["prompt_cache"]["lookups"] == 2 and "disk" not in status["prompt_cache"]
+
+    # A named conversation: listed, pinned, forked, evicted.
+    client.generate(HELLO, temperature=0.0, max_new_tokens=4, cache={"conversation_id": "c"}).finish()
+    assert client.cache_pin("c") == {"pinned": True}
+    forked = client.cache_fork("c", "c2", tokens=3)
+    assert forked == {"tokens": 3}
+    listed = client.cache_list()
+    assert listed["model_id"] == smollm2
+    named = {c["conversation_id"]: c for c in listed["conversations"] if c["conversation_id"]}
+    assert named["c"]["pinned"] and named["c2"]["tokens"] == 3 and named["c"]["tier"] == "memory"
+    assert client.cache_evict("c2") == {"evicted": 1}
+    with pytest.raises(InvalidParamsError, match="cache_list"):
+        client.cache_pin("nobody")
 
     # Errors are typed and the worker keeps serving.
     with pytest.raises(InvalidParamsError) as bad:

@@ -260,6 +260,27 @@ class AsyncClient:
         """``status``."""
         return cast(t.StatusResult, await self.call("status", {}))
 
+    async def cache_list(self, model: str | None = None) -> t.CacheListResult:
+        """``cache_list``."""
+        return cast(t.CacheListResult, await self.call("cache_list", drop_none({"model": model})))
+
+    async def cache_pin(self, conversation_id: str, *, pinned: bool = True, model: str | None = None) -> t.CachePinResult:
+        """``cache_pin``."""
+        params = drop_none({"model": model, "conversation_id": conversation_id, "pinned": pinned})
+        return cast(t.CachePinResult, await self.call("cache_pin", params))
+
+    async def cache_fork(
+        self, conversation_id: str, new_conversation_id: str, *, tokens: int | None = None, model: str | None = None
+    ) -> t.CacheForkResult:
+        """``cache_fork``."""
+        params = {"model": model, "conversation_id": conversation_id, "new_conversation_id": new_conversation_id, "tokens": tokens}
+        return cast(t.CacheForkResult, await self.call("cache_fork", drop_none(params)))
+
+    async def cache_evict(self, conversation_id: str | None = None, *, model: str | None = None) -> t.CacheEvictResult:
+        """``cache_evict``."""
+        params = drop_none({"model": model, "conversation_id": conversation_id})
+        return cast(t.CacheEvictResult, await self.call("cache_evict", params))
+
     async def tokenize(self, **params: Any) -> t.TokenizeResult:
         """``tokenize``: ``text=`` or ``messages=``."""
         return cast(t.TokenizeResult, await self.call("tokenize", drop_none(params)))

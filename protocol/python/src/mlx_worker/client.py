@@ -288,6 +288,27 @@ class Client:
         """``status``: state, resident models, queue, memory."""
         return cast(t.StatusResult, self.call("status", {}))
 
+    def cache_list(self, model: str | None = None) -> t.CacheListResult:
+        """``cache_list``: the conversations a model keeps caches for, in memory and on disk."""
+        return cast(t.CacheListResult, self.call("cache_list", drop_none({"model": model})))
+
+    def cache_pin(self, conversation_id: str, *, pinned: bool = True, model: str | None = None) -> t.CachePinResult:
+        """``cache_pin``: keeps a conversation in memory past the budget (``pinned=False``: lets it go)."""
+        params = drop_none({"model": model, "conversation_id": conversation_id, "pinned": pinned})
+        return cast(t.CachePinResult, self.call("cache_pin", params))
+
+    def cache_fork(
+        self, conversation_id: str, new_conversation_id: str, *, tokens: int | None = None, model: str | None = None
+    ) -> t.CacheForkResult:
+        """``cache_fork``: a new conversation from the first ``tokens`` (default all) of another."""
+        params = {"model": model, "conversation_id": conversation_id, "new_conversation_id": new_conversation_id, "tokens": tokens}
+        return cast(t.CacheForkResult, self.call("cache_fork", drop_none(params)))
+
+    def cache_evict(self, conversation_id: str | None = None, *, model: str | None = None) -> t.CacheEvictResult:
+        """``cache_evict``: forgets one conversation, or all of the model's, in memory and on disk."""
+        params = drop_none({"model": model, "conversation_id": conversation_id})
+        return cast(t.CacheEvictResult, self.call("cache_evict", params))
+
     def tokenize(self, **params: Any) -> t.TokenizeResult:
         """``tokenize``: ``text=`` or ``messages=`` (then the chat template applies)."""
         return cast(t.TokenizeResult, self.call("tokenize", drop_none(params)))
