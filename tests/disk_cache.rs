@@ -250,3 +250,55 @@ fn chat_of(turns: &[(String, String)]) -> GenerateParams {
         .collect();
     chat(&turns)
 }
+
+/// Named conversations holding the same tokens (a fork) keep a file each, and come back by name
+/// after a restart.
+#[tokio::test]
+async fn named_conversations_keep_their_own_files() {
+    let (cache, model) = (import_cache(), tiny_model(&TinyLlama::default()));
+    let w = disk_worker(cache.path(), model.path(), &[]).await;
+    let mut p = chat(&[("user", "Name three colours.")]);
+    p.cache = Some(CacheParams {
+        persist: true,
+        conversation_id: Some("a".into()),
+    });
+    ask(&w, &p).await;
+    let fork = CacheForkParams {
+        model: None,
+        conversation_id: "a".into(),
+        new_conversation_id: "b".into(),
+        tokens: None,
+    };
+    within(w.call::<CacheFork>(&fork)).await.unwrap();
+    w.shutdown().await.unwrap();
+    assert_eq!(files(cache.path()).len(), 2);
+
+    let w = disk_worker(cache.path(), model.path(), &[]).await;
+    let listed = within(w.call::<CacheList>(&CacheListParams::default()))
+        .await
+        .unwrap();
+    let mut on_disk: Vec<_> = (listed.conversations.iter())
+        .map(|c| (c.conversation_id.clone().unwrap(), c.tier))
+        .collect();
+    on_disk.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        on_disk,
+        [("a".into(), CacheTier::Disk), ("b".into(), CacheTier::Disk)]
+    );
+    let pin = CachePinParams {
+        model: None,
+        conversation_id: "b".into(),
+        pinned: true,
+    };
+    within(w.call::<CachePin>(&pin)).await.unwrap();
+    let evict = CacheEvictParams {
+        model: None,
+        conversation_id: Some("a".into()),
+    };
+    assert_eq!(
+        within(w.call::<CacheEvict>(&evict)).await.unwrap().evicted,
+        1
+    );
+    w.shutdown().await.unwrap();
+    assert_eq!(files(cache.path()).len(), 1);
+}

@@ -8,7 +8,7 @@ use protocol::error::MemoryBudgetData;
 use protocol::methods::*;
 use protocol::{Client, ErrorCode};
 
-use crate::support::{greedy, model_id, rpc_error, tiny_model, within, worker};
+use crate::support::{greedy, model_id, rpc_error, tiny_model, within, within_for, worker};
 
 async fn load(w: &Client, dir: &std::path::Path) -> LoadResult {
     within(w.call::<Load>(&LoadParams::new(model_id(dir))))
@@ -113,4 +113,44 @@ async fn a_request_past_the_memory_left_is_refused_and_the_model_goes_on() {
     assert_eq!(answer(&w, "What is the capital of France?").await, capital);
     within(w.shutdown()).await.unwrap();
     assert!(w.stray_stdout_lines().is_empty());
+}
+
+/// Two long chats at once that fit in memory one at a time but not together: the second waits
+/// for the first to end instead of being refused or cut, and answers as it does alone.
+#[tokio::test]
+async fn a_joiner_that_fits_alone_waits_for_the_rows_beside_it() {
+    let Some(dir) = smollm2_dir() else { return };
+    let (fox, dog) = (
+        "The quick brown fox jumps over the lazy dog. ".repeat(80),
+        "A lazy dog sleeps under the old oak tree. ".repeat(80),
+    );
+    let alone = worker(&["--prompt-cache-bytes", "0"]);
+    load(&alone, &dir).await;
+    let minute = std::time::Duration::from_secs(60);
+    let solo = within_for(minute, alone.generate(&greedy(&dog, 24)).unwrap().finish())
+        .await
+        .unwrap();
+    within(alone.shutdown()).await.unwrap();
+
+    // 0.16 GB beside the weights: about 1700 tokens, one chat of ~900 but not two.
+    let w = worker(&[
+        "--memory-limit",
+        "700000000",
+        "--prompt-cache-bytes",
+        "0",
+        "--max-batch",
+        "2",
+    ]);
+    load(&w, &dir).await;
+    let first = w.generate(&greedy(&fox, 24)).unwrap();
+    let second = w.generate(&greedy(&dog, 24)).unwrap();
+    let (first, second) = within_for(std::time::Duration::from_secs(120), async {
+        tokio::join!(first.finish(), second.finish())
+    })
+    .await;
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert!(first.usage.prompt_tokens > 800, "{:?}", first.usage);
+    assert_eq!(second.usage.completion_tokens, solo.usage.completion_tokens);
+    assert_eq!(second.text, solo.text);
+    within(w.shutdown()).await.unwrap();
 }

@@ -6,6 +6,7 @@
 //! (the worker links OpenBLAS itself). Each round runs every prompt on the worker, then on stock
 //! mlx-lm, then on mlx-lm + OpenBLAS; medians over the rounds are compared as ratios.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -87,6 +88,11 @@ pub struct Options {
     /// With --moe or --families: only this model of the file (repeatable).
     #[arg(long = "only", value_name = "NAME")]
     pub only: Vec<String>,
+    /// Instead: time to first token of a ~4k-token conversation cold, warm from the prompt
+    /// cache in memory, and warm from its disk tier after a restart (`--disk-cache-bytes`), on
+    /// SmolLM2 and a hybrid (Qwen3-Next) fixture, beside mlx-lm's cold prefill of the same ids.
+    #[arg(long)]
+    cache: bool,
     /// Instead: aggregate decode tok/s with several chats at once (`xtask/bench/batch.json`),
     /// the worker (`--max-batch`) beside mlx-lm's `BatchGenerator`.
     #[arg(long)]
@@ -149,6 +155,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     }
     if opts.batch {
         return crate::bench_batch::run(opts);
+    }
+    if opts.cache {
+        return crate::bench_cache::run(opts);
     }
     let file = prompts()?;
     if opts.moe {
@@ -415,7 +424,19 @@ impl Worker {
         args: &[String],
         load: &LoadParams,
     ) -> anyhow::Result<Self> {
-        let client = Client::spawn(bin, args, [("MLX_WORKER_LOG", "warn")])
+        Self::start_env(bin, args, &[], load).await
+    }
+
+    /// [`Worker::start_args`] with `env` added to the worker's environment.
+    pub async fn start_env(
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, &Path)],
+        load: &LoadParams,
+    ) -> anyhow::Result<Self> {
+        let mut envs = vec![("MLX_WORKER_LOG", OsStr::new("warn"))];
+        envs.extend(env.iter().map(|&(k, v)| (k, v.as_os_str())));
+        let client = Client::spawn(bin, args, envs)
             .with_context(|| format!("starting {}", bin.display()))?;
         let initialized = client
             .request_value(

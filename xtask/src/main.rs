@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_batch;
+mod bench_cache;
 mod bench_constrained;
 mod bench_fixtures;
 mod bench_speculative;
@@ -72,8 +73,9 @@ enum Cmd {
     /// parity fixtures and GGUF round trips; then the worker's model types mlx-lm does not load.
     Families,
     /// The release mlx-worker beside mlx-lm (stock and with OpenBLAS) on SmolLM2 (`--moe`: wide
-    /// MoE and hybrid models; `--vision`, `--constrained`; `--batch`: several chats at once):
-    /// prefill and decode tok/s, ttft, peak memory; medians and ratios.
+    /// MoE and hybrid models; `--vision`, `--constrained`; `--batch`: several chats at once;
+    /// `--cache`: a 4k-token chat's ttft cold and from each prompt-cache tier): prefill and decode
+    /// tok/s, ttft, peak memory; medians and ratios.
     Bench(bench::Options),
     /// The end-to-end dispatcher fuzzer (tests/fuzz) for --lines lines in release, over --runs
     /// seeds from --seed: the real worker over real pipes, every answer checked by the contract.

@@ -35,6 +35,9 @@ const CANCEL_GRACE: Duration = Duration::from_millis(450);
 const PARENT_POLL: Duration = Duration::from_millis(100);
 /// How long a stop then waits for the MLX thread to free memory.
 const FREE_GRACE: Duration = Duration::from_millis(200);
+/// How long, with the prompt cache's disk tier on, for it to write the kept conversations too
+/// (a gigabyte of caches takes seconds).
+const WRITE_GRACE: Duration = Duration::from_secs(60);
 /// How long rank 0 of a group waits, on a graceful stop, for the other ranks to take its quit.
 const GROUP_QUIT_GRACE: Duration = Duration::from_secs(10);
 
@@ -186,8 +189,10 @@ impl Dispatcher {
         // Rank 0 of a group stopping gracefully tells the other ranks to stop, which waits for
         // them to be listening (a rank may still be starting).
         let in_group = self.info.as_ref().is_some_and(|i| i.group.is_some());
+        let writes = self.info.as_ref().is_some_and(|i| i.writes_at_exit);
         let grace = match self.stopping.is_some_and(StopReason::drains) && in_group {
             true => GROUP_QUIT_GRACE,
+            false if writes => WRITE_GRACE,
             false => FREE_GRACE,
         };
         if !self.executor.quit(grace).await {

@@ -37,6 +37,8 @@ pub struct EngineInfo {
     pub group: Option<GroupInfo>,
     /// How batched generations attend.
     pub batch_attention: protocol::methods::BatchAttention,
+    /// Whether stopping writes the prompt caches to disk (the disk tier is on).
+    pub writes_at_exit: bool,
 }
 
 /// The engine and the tokenizers of its resident models.
@@ -97,6 +99,7 @@ impl WorkerEngine {
                 BatchAttention::Rows => protocol::methods::BatchAttention::Rows,
                 BatchAttention::Padded => protocol::methods::BatchAttention::Padded,
             },
+            writes_at_exit: self.engine.cache_stats().disk.is_some(),
         }
     }
 

@@ -76,19 +76,21 @@ impl DiskShared {
         }))
     }
 
-    /// Whether `bytes` more may be written within the hour's budget (and counts them if so).
+    /// Whether `bytes` more may be written within the hour's budget (and the tier's).
     fn may_write(&mut self, bytes: u64) -> bool {
         let hour = Duration::from_secs(3600);
         while self.writes.front().is_some_and(|(t, _)| t.elapsed() > hour) {
             self.writes.pop_front();
         }
         let written: u64 = self.writes.iter().map(|(_, b)| b).sum();
-        let fits =
-            bytes <= self.settings.bytes && written + bytes <= self.settings.write_bytes_per_hour;
-        if fits {
-            self.writes.push_back((Instant::now(), bytes));
-        }
-        fits
+        bytes <= self.settings.bytes && written + bytes <= self.settings.write_bytes_per_hour
+    }
+
+    /// Counts a file of `bytes` written.
+    fn wrote(&mut self, bytes: u64) {
+        self.writes.push_back((Instant::now(), bytes));
+        (self.counts.writes, self.counts.written_bytes) =
+            (self.counts.writes + 1, self.counts.written_bytes + bytes);
     }
 }
 
@@ -108,6 +110,19 @@ pub(crate) struct Indexed {
     pub adapter_on: bool,
     pub conversation: Option<String>,
     pub bytes: u64,
+}
+
+/// Why a file is not used: damaged or foreign (it is deleted), or not read this time (an I/O
+/// error: gone meanwhile, too many open files; it stays).
+enum Unusable {
+    Damaged(String),
+    Unread(String),
+}
+
+impl From<String> for Unusable {
+    fn from(why: String) -> Self {
+        Unusable::Damaged(why)
+    }
 }
 
 /// One resident's files.
@@ -155,7 +170,10 @@ impl DiskTier {
                 Ok(indexed) => {
                     self.index.insert(name, indexed);
                 }
-                Err(why) => self.reject(&name, &why),
+                Err(Unusable::Damaged(why)) => self.reject(&name, &why),
+                Err(Unusable::Unread(why)) => {
+                    tracing::debug!(file = %name, "prompt cache file skipped: {why}")
+                }
             }
         }
         &self.index
@@ -190,18 +208,28 @@ impl DiskTier {
                 let _ = file.and_then(|f| f.set_modified(SystemTime::now()));
                 Some(entry)
             }
-            Err(why) => {
+            Err(Unusable::Damaged(why)) => {
                 self.reject(name, &why);
+                None
+            }
+            Err(Unusable::Unread(why)) => {
+                tracing::warn!(file = %path.display(), "prompt cache file not read: {why}");
+                self.index.remove(name);
                 None
             }
         }
     }
 
-    fn read_file(&self, path: &Path, template: &[KvCache]) -> Result<Entry, String> {
-        let bytes = fs::read(path).map_err(|e| e.to_string())?;
-        let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| e.to_string())?;
+    fn read_file(&self, path: &Path, template: &[KvCache]) -> Result<Entry, Unusable> {
+        let bytes = fs::read(path).map_err(|e| Unusable::Unread(e.to_string()))?;
+        Ok(self.parse(&bytes, template)?)
+    }
+
+    /// A file's bytes as an entry, every check passed.
+    fn parse(&self, bytes: &[u8], template: &[KvCache]) -> Result<Entry, String> {
+        let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
         let meta = header.metadata().clone().unwrap_or_default();
-        let tensors = SafeTensors::deserialize(&bytes).map_err(|e| e.to_string())?;
+        let tensors = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
         let mut views = tensors.tensors();
         views.sort_by(|a, b| a.0.cmp(&b.0));
         let field = |key: &str| meta.get(key).ok_or(format!("no {key} in its header"));
@@ -230,25 +258,31 @@ impl DiskTier {
     }
 
     /// Reads a file's header alone.
-    fn header(&self, name: &str) -> Result<Indexed, String> {
+    fn header(&self, name: &str) -> Result<Indexed, Unusable> {
         let path = self.dir.join(name);
-        let mut file = fs::File::open(&path).map_err(|e| e.to_string())?;
-        let len = file.metadata().map_err(|e| e.to_string())?.len();
+        let unread = |e: std::io::Error| Unusable::Unread(e.to_string());
+        let mut file = fs::File::open(&path).map_err(unread)?;
+        let len = file.metadata().map_err(unread)?.len();
+        if len < 8 {
+            return Err(Unusable::Damaged("shorter than a header".into()));
+        }
         let mut n = [0u8; 8];
-        file.read_exact(&mut n).map_err(|e| e.to_string())?;
+        file.read_exact(&mut n).map_err(unread)?;
         let n = u64::from_le_bytes(n);
         if n > 64 << 20 || n + 8 > len {
-            return Err("its header length is out of range".into());
+            return Err(Unusable::Damaged(
+                "its header length is out of range".into(),
+            ));
         }
         let mut header = vec![0u8; n as usize];
-        file.read_exact(&mut header).map_err(|e| e.to_string())?;
+        file.read_exact(&mut header).map_err(unread)?;
         #[derive(serde::Deserialize)]
         struct Header {
             #[serde(rename = "__metadata__", default)]
             metadata: HashMap<String, String>,
         }
         let header: Header = serde_json::from_slice(&header).map_err(|e| e.to_string())?;
-        self.indexed(&header.metadata, len)
+        Ok(self.indexed(&header.metadata, len)?)
     }
 
     /// What a header says, checked against this model.
@@ -304,13 +338,10 @@ impl DiskTier {
             self.shared.borrow_mut().counts.skipped_writes += 1;
             return false;
         }
-        let name = self.file_name(&entry.tokens, entry.adapter_on);
+        let owner = (entry.adapter_on, entry.conversation.as_deref());
+        let name = self.file_name(&entry.tokens, owner);
         match self.write_file(&name, entry, &layout, &arrays) {
-            Ok(len) => {
-                let mut shared = self.shared.borrow_mut();
-                shared.counts.writes += 1;
-                shared.counts.written_bytes += len;
-            }
+            Ok(len) => self.shared.borrow_mut().wrote(len),
             Err(e) => {
                 tracing::warn!("prompt cache entry not written: {e}");
                 return false;
@@ -375,9 +406,14 @@ impl DiskTier {
         self.index.remove(name);
     }
 
-    /// The name of the file holding `tokens` computed with the adapter as `adapter_on` says.
-    pub fn file_name(&self, tokens: &[u32], adapter_on: bool) -> String {
+    /// The name of the file holding `tokens` computed with the adapter as `adapter_on` says,
+    /// for `conversation` (two conversations holding the same tokens keep a file each).
+    pub fn file_name(&self, tokens: &[u32], owner: (bool, Option<&str>)) -> String {
+        let (adapter_on, conversation) = owner;
         let mut bytes: Vec<u8> = vec![adapter_on as u8];
+        if let Some(c) = conversation {
+            bytes.extend([1u8].iter().chain(c.as_bytes()).chain(&[0u8]));
+        }
         bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
         format!("{:032x}.safetensors", xxh3_128(&bytes))
     }
@@ -471,6 +507,7 @@ fn checksum(meta: &HashMap<String, String>, views: &[(String, TensorView)]) -> S
     }
     for (name, view) in views {
         hash.update(name.as_bytes());
+        hash.update(format!("{:?}{:?}", view.dtype(), view.shape()).as_bytes());
         hash.update(view.data());
     }
     format!("{:032x}", hash.digest128())

@@ -512,11 +512,12 @@ impl Engine {
     }
 
     /// The index of the resident `model` names, now the only one with a prompt cache: memory
-    /// for one, not one per resident.
+    /// for one, not one per resident (the others' conversations go to the disk tier, if on).
     pub(crate) fn using(&mut self, model: Option<&str>) -> Result<usize, EngineError> {
         let i = self.position(model)?;
         for (j, other) in self.models.iter_mut().enumerate() {
             if j != i {
+                other.prompt_cache.spill_all();
                 other.forget_caches();
             }
         }

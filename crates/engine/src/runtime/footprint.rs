@@ -267,9 +267,44 @@ pub(crate) fn admit(
     }
 }
 
+/// Bytes MLX may still allocate under its limit (all, without one).
+pub(crate) fn free_bytes() -> u64 {
+    let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+    memory::limit_bytes().map_or(u64::MAX, |limit| limit.saturating_sub(active))
+}
+
+/// Whether a generation of `prompt` tokens and `max_new` more should wait for the generations
+/// beside it (`others`, as [`admit`] takes them) rather than be cut or refused: it does not fit
+/// whole beside them, but would once they end (their caches then are kept conversations, which
+/// a generation that needs the memory has dropped, or freed).
+pub(crate) fn waits(
+    footprint: &Footprint,
+    (prompt, max_new): (usize, usize),
+    cache: &PromptCache,
+    others: impl Iterator<Item = (usize, usize)>,
+) -> bool {
+    let Some(limit) = memory::limit_bytes().filter(|_| !footprint.layers.is_empty()) else {
+        return false;
+    };
+    let others: Vec<(usize, usize)> = others.collect();
+    if others.is_empty() {
+        return false;
+    }
+    let kv = |t: usize| footprint.kv_bytes(t as u64);
+    let reserved: u64 = others
+        .iter()
+        .map(|&(now, end)| kv(end).saturating_sub(kv(now)))
+        .sum();
+    let held: u64 = others.iter().map(|&(now, _)| kv(now)).sum();
+    let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+    let free = limit.saturating_sub(active) + cache.bytes();
+    let needed = footprint.bytes((prompt + max_new) as u64);
+    needed > free.saturating_sub(reserved) && needed <= free + held
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{admit, Footprint};
+    use super::{admit, waits, Footprint};
     use crate::{
         error::EngineError,
         layers::kv_cache::CacheSize,
@@ -347,5 +382,26 @@ mod tests {
         }
         // One that ends within its current step takes nothing more.
         admit_with_room(300, &mut max_new, &[(10, 200)]).unwrap();
+    }
+
+    #[test]
+    fn what_fits_alone_waits_for_the_rows_beside_it() {
+        let _mlx = fixtures::mlx_test_lock();
+        let active = mlx_rs::memory::active_memory().unwrap();
+        let limit = mlx_rs::memory::set_memory_limit(active + 600_000).unwrap();
+        let (footprint, cache) = (thousand_a_position(), PromptCache::new(0));
+        let waits = |len: usize, others: &[(usize, usize)]| {
+            waits(&footprint, (len, 10), &cache, others.iter().copied())
+        };
+        // Alone it would not wait; beside a row that will grow a step it waits; too big even
+        // once that row is done (its step counts as held, freed at its end) it does not: it is
+        // refused or cut instead.
+        let verdicts = (
+            waits(300, &[]),
+            waits(300, &[(10, 300)]),
+            waits(900, &[(10, 300)]),
+        );
+        mlx_rs::memory::set_memory_limit(limit).unwrap();
+        assert_eq!(verdicts, (false, true, false));
     }
 }

@@ -61,6 +61,8 @@ struct Kept {
     pinned: bool,
     /// A file of the disk tier holds the same (read from it and not changed since).
     stored: bool,
+    /// Read from disk for a prompt and not yet used: its first use counts as the disk's hit.
+    read_for_use: bool,
 }
 
 /// A kept conversation, as `cache_list` shows it.
@@ -101,6 +103,7 @@ impl Kept {
             },
             pinned: false,
             stored: true,
+            read_for_use: true,
         }
     }
 
@@ -140,70 +143,24 @@ impl PromptCache {
 
     /// Caches for generating from `prompt`: a kept entry's cut back to the longest prefix it
     /// shares with it (for a hybrid model whose states cannot be cut back, to its latest
-    /// snapshot within that prefix), or fresh ones. A file of the disk tier sharing more than
-    /// any entry in memory is read in first. Returns the caches, how many prompt tokens they
-    /// already hold, and the entry's snapshots within those (still prefixes of the prompt).
-    /// With `lend`, an entry the prompt extends whole lends a copy too (the generation will not
-    /// be kept in its place).
+    /// snapshot within that prefix), or fresh ones. Returns the caches, how many prompt tokens
+    /// they already hold, and the entry's snapshots within those (still prefixes of the
+    /// prompt). With `lend`, an entry the prompt extends whole lends a copy too (the generation
+    /// will not be kept in its place). A file of the disk tier is read in before, by
+    /// [`Self::read_in`], where memory allows.
     pub fn take(
         &mut self,
         prompt: &[u32],
         (owner, lend): (&Owner, bool),
         make_caches: impl Fn() -> Vec<KvCache>,
     ) -> (Vec<KvCache>, usize, Vec<Snapshot>) {
-        let from_disk = self.read_in(prompt, owner.adapter_on, &make_caches);
-        let taken = self.take_kept(prompt, (owner, lend), &make_caches);
-        let reused = taken.1 as u64;
         let mut counts = self.counts.get();
         counts.lookups += 1;
-        match &self.disk {
-            Some(disk) if from_disk && reused > 0 => disk.count_hit(reused),
-            _ if reused > 0 => {
-                (counts.hits, counts.hit_tokens) = (counts.hits + 1, counts.hit_tokens + reused)
-            }
-            _ => {}
-        }
-        self.counts.set(counts);
-        taken
-    }
-
-    /// Reads in the file sharing the longest prefix with `prompt` if it shares more than any
-    /// entry in memory; whether it did.
-    fn read_in(
-        &mut self,
-        prompt: &[u32],
-        adapter_on: bool,
-        make_caches: &dyn Fn() -> Vec<KvCache>,
-    ) -> bool {
-        let in_memory = self
-            .entries
-            .iter()
-            .map(|e| e.shared(prompt, adapter_on))
-            .max();
-        let Some(disk) = &mut self.disk else {
-            return false;
-        };
-        let best = disk.best(prompt, adapter_on);
-        let Some((_, name)) = best.filter(|(shared, _)| *shared > in_memory.unwrap_or(0)) else {
-            return false;
-        };
-        let Some(entry) = disk.read(&name, &make_caches()) else {
-            return false;
-        };
-        self.entries.push(Kept::of(entry));
-        self.fit_budget();
-        true
-    }
-
-    fn take_kept(
-        &mut self,
-        prompt: &[u32],
-        (owner, lend): (&Owner, bool),
-        make_caches: &dyn Fn() -> Vec<KvCache>,
-    ) -> (Vec<KvCache>, usize, Vec<Snapshot>) {
         let Some((shared, i, copies)) = self.reuse(prompt, (owner, lend)) else {
+            self.counts.set(counts);
             return (make_caches(), 0, Vec::new());
         };
+        let from_disk = std::mem::take(&mut self.entries[i].read_for_use);
         let drop = (self.entries[i].tokens.len() - shared) as i32;
         let (mut caches, snapshots) = if copies {
             // Used now: the entry moves to the most recent end, and lends a copy.
@@ -215,13 +172,51 @@ impl PromptCache {
             let entry = self.entries.remove(i);
             (entry.caches, entry.snapshots)
         };
-        match cut_back(&mut caches, &snapshots, drop, shared) {
-            Some(at) => {
-                let within = snapshots.into_iter().filter(|s| s.positions <= at);
-                (caches, at, within.collect())
+        let Some(at) = cut_back(&mut caches, &snapshots, drop, shared) else {
+            self.counts.set(counts);
+            return (make_caches(), 0, Vec::new());
+        };
+        match &self.disk {
+            Some(disk) if from_disk => disk.count_hit(at as u64),
+            _ => {
+                (counts.hits, counts.hit_tokens) = (counts.hits + 1, counts.hit_tokens + at as u64)
             }
-            None => (make_caches(), 0, Vec::new()),
         }
+        self.counts.set(counts);
+        let within = snapshots.into_iter().filter(|s| s.positions <= at);
+        (caches, at, within.collect())
+    }
+
+    /// Reads in the file of the disk tier sharing the longest prefix with `prompt` when it
+    /// shares more than any entry in memory and its bytes fit `room`: it becomes the newest
+    /// entry (past the budget until the next generation is kept). Whether it did.
+    pub fn read_in(
+        &mut self,
+        prompt: &[u32],
+        adapter_on: bool,
+        make_caches: &dyn Fn() -> Vec<KvCache>,
+        room: u64,
+    ) -> bool {
+        let in_memory = self
+            .entries
+            .iter()
+            .map(|e| e.shared(prompt, adapter_on))
+            .max();
+        let Some(disk) = &mut self.disk else {
+            return false;
+        };
+        let Some((shared, name)) = disk.best(prompt, adapter_on) else {
+            return false;
+        };
+        let bytes = disk.files().get(&name).map_or(u64::MAX, |i| i.bytes);
+        if shared <= in_memory.unwrap_or(0) || bytes > room {
+            return false;
+        }
+        let Some(entry) = disk.read(&name, &make_caches()) else {
+            return false;
+        };
+        self.entries.push(Kept::of(entry));
+        true
     }
 
     /// The entry `prompt` would reuse: how many tokens it shares, its index, and whether it
@@ -302,6 +297,7 @@ impl PromptCache {
             owner: owner.clone(),
             pinned,
             stored: false,
+            read_for_use: false,
         });
         self.fit_budget();
     }
@@ -372,7 +368,12 @@ impl PromptCache {
             .collect();
         if let Some(disk) = &mut self.disk {
             let in_memory: Vec<String> = (self.entries.iter())
-                .map(|e| disk.file_name(&e.tokens, e.owner.adapter_on))
+                .map(|e| {
+                    disk.file_name(
+                        &e.tokens,
+                        (e.owner.adapter_on, e.owner.conversation.as_deref()),
+                    )
+                })
                 .collect();
             let mut files: Vec<_> = (disk.files().iter())
                 .filter(|(name, _)| !in_memory.contains(name))
@@ -473,6 +474,7 @@ impl PromptCache {
             },
             pinned: false,
             stored: false,
+            read_for_use: false,
         };
         self.entries.push(entry);
         self.fit_budget();

@@ -88,6 +88,9 @@ struct Batch<'a> {
     prefilling: VecDeque<Joiner<'a>>,
     /// By sequence id.
     pending: Vec<Option<Pending<'a>>>,
+    /// Generations that fit in memory alone but not beside the rows running, held back (first
+    /// come first) until a row ends, and how many rows there were then.
+    held: (Vec<(Admission<'a>, Instant)>, usize),
 }
 
 /// Where a batch runs: what [`run`] needs of the engine.
@@ -155,6 +158,7 @@ pub(crate) fn run<'a, 'f: 'a>(
         interleave: open,
         prefilling: VecDeque::new(),
         pending: Vec::new(),
+        held: (Vec::new(), 0),
     };
     let mut arriving: Vec<(Admission<'a>, Instant)> = vec![(first, started)];
     loop {
@@ -166,7 +170,14 @@ pub(crate) fn run<'a, 'f: 'a>(
             true => max_batch,
             false => max_batch.min(taken + 1),
         };
-        while open && taken + arriving.len() < room {
+        // Those held back try again once a row has ended (or one was cancelled); meanwhile
+        // nothing overtakes them.
+        let (held, beside) = &mut batch.held;
+        let cancelled = held.iter().any(|(a, _)| a.cancel.is_cancelled());
+        if !held.is_empty() && (taken < *beside || cancelled) {
+            arriving.append(held);
+        }
+        while open && batch.held.0.is_empty() && taken + arriving.len() < room {
             match more(&fits) {
                 Some(admission) => arriving.push((admission, Instant::now())),
                 None => break,
@@ -178,7 +189,7 @@ pub(crate) fn run<'a, 'f: 'a>(
         }
         batch.prefill_step(cache, &mut || waiting(more));
         if batch.seqs.is_empty() {
-            match batch.prefilling.is_empty() {
+            match batch.prefilling.is_empty() && batch.held.0.is_empty() {
                 true => return,
                 false => continue,
             }
@@ -202,28 +213,50 @@ impl<'a> Batch<'a> {
     ) {
         let mut opened = Vec::new();
         for (admission, started) in admissions {
+            // Beside it: the rows decoding, and those still to prefill (counted whole: what
+            // a long prompt prefilled so far is in MLX's memory already, twice is on the safe
+            // side), those admitted with it among them.
+            let unfilled = |p: &Joiner| (0, p.prompt.ids.len() + p.req.max_new_tokens);
+            let others = || {
+                (self.seqs.iter().map(Sequence::positions))
+                    .chain(self.prefilling.iter().chain(&opened).map(unfilled))
+            };
+            let prepared = prepare(self.view, vocabulary, &admission.req);
+            if let Ok(prep) = &prepared {
+                let asked = (prep.prompt.cache_keys.len(), prep.req.max_new_tokens);
+                let footprint = self.view.footprint;
+                if !admission.cancel.is_cancelled()
+                    && footprint::waits(footprint, asked, cache, others())
+                {
+                    let rows = self.seqs.len() + self.prefilling.len() + opened.len();
+                    tracing::info!(
+                        rows,
+                        "a generation waits for the rows beside it to end: it fits in memory alone"
+                    );
+                    self.held.1 = rows;
+                    self.held.0.push((admission, started));
+                    continue;
+                }
+            }
             let Admission {
-                req,
+                req: _,
                 cancel,
                 on_delta,
                 on_done,
             } = admission;
             let id = self.pending.len();
-            // Beside it: the rows decoding, and those still to prefill (counted whole: what
-            // a long prompt prefilled so far is in MLX's memory already, twice is on the safe
-            // side), those admitted with it among them.
-            let unfilled = |p: &Joiner| (0, p.prompt.ids.len() + p.req.max_new_tokens);
-            let others = (self.seqs.iter().map(Sequence::positions))
-                .chain(self.prefilling.iter().chain(&opened).map(unfilled));
-            let admitted = prepare(self.view, vocabulary, &req).and_then(|mut prep| {
+            let admitted = prepared.and_then(|mut prep| {
                 let keys = &prep.prompt.cache_keys[..];
                 let owner = Owner {
                     adapter_on: prep.adapter_on,
                     conversation: prep.req.conversation.clone(),
                 };
+                // A conversation on disk comes back before the memory is counted.
+                let make = || self.view.model.make_caches();
+                cache.read_in(keys, owner.adapter_on, &make, footprint::free_bytes());
                 let prompt = (keys, &owner, !prep.req.persist);
                 let max_new = &mut prep.req.max_new_tokens;
-                footprint::admit(self.view.footprint, prompt, max_new, cache, others)?;
+                footprint::admit(self.view.footprint, prompt, max_new, cache, others())?;
                 Ok(prep)
             });
             let prep = match admitted {
