@@ -134,8 +134,7 @@ async fn named_conversations_are_listed_pinned_forked_and_evicted() {
     assert_eq!(after.usage.cached_tokens, 0);
 
     // `status` counts lookups and hits per tier.
-    let status = within(w.call::<Status>(&StatusParams {})).await.unwrap();
-    let cache = status.prompt_cache;
+    let cache = support::settled_status(&w).await.prompt_cache;
     assert_eq!(cache.lookups, 6);
     // Every one but the first and the last (`b` shares the template's opening with `a`).
     assert_eq!(cache.memory.hits, 4, "{cache:?}");

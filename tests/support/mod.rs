@@ -102,6 +102,17 @@ pub fn blas_rows_exact() -> bool {
     std::env::var("MLX_WORKER_BLAS_ROWS_EXACT").map_or(true, |v| v != "0")
 }
 
+/// `status` once the generations answered so far have left the engine: a `status` is answered
+/// from what the engine published after its last job, and a generation's response may come
+/// just before that (a `cache_list`, itself a job, waits for it).
+pub async fn settled_status(w: &Client) -> protocol::methods::StatusResult {
+    use protocol::methods::{CacheList, CacheListParams, Status, StatusParams};
+    within(w.call::<CacheList>(&CacheListParams::default()))
+        .await
+        .unwrap();
+    within(w.call::<Status>(&StatusParams {})).await.unwrap()
+}
+
 /// A greedy request for a chat of `(role, content)` turns.
 pub fn chat(turns: &[(&str, &str)], max_new_tokens: u32) -> GenerateParams {
     let messages = turns

@@ -355,7 +355,7 @@ impl PromptCache {
     }
 
     /// Every kept conversation: those in memory (least recently used first), then those only
-    /// on disk.
+    /// on disk (not a named one's older file while it is in memory).
     pub fn list(&mut self) -> Vec<Conversation> {
         let mut list: Vec<Conversation> = (self.entries.iter())
             .map(|e| Conversation {
@@ -375,8 +375,13 @@ impl PromptCache {
                     )
                 })
                 .collect();
+            // A named conversation in memory is that conversation (a file of it holds an
+            // older turn, replaced when the newer one is written).
+            let named_in_memory = |c: &Option<String>| {
+                c.is_some() && self.entries.iter().any(|e| e.owner.conversation == *c)
+            };
             let mut files: Vec<_> = (disk.files().iter())
-                .filter(|(name, _)| !in_memory.contains(name))
+                .filter(|(name, i)| !in_memory.contains(name) && !named_in_memory(&i.conversation))
                 .map(|(_, i)| Conversation {
                     conversation_id: i.conversation.clone(),
                     tokens: i.tokens.len(),
