@@ -18,6 +18,15 @@ fn chat(turns: &[(&str, &str)]) -> GenerateParams {
     support::chat(turns, 12)
 }
 
+/// The first question, its answer, and the next question.
+fn next_turn(answer: &str) -> [(&'static str, &str); 3] {
+    [
+        ("user", "Name three colours."),
+        ("assistant", answer),
+        ("user", "And three more?"),
+    ]
+}
+
 async fn ask(w: &Client, p: &GenerateParams) -> GenerateResult {
     within(w.generate(p).unwrap().finish()).await.unwrap()
 }
@@ -85,11 +94,7 @@ async fn a_conversation_resumes_from_disk_after_a_restart() {
     w.shutdown().await.unwrap();
     assert_eq!(files(cache.path()).len(), 1, "written at exit");
 
-    let turns = [
-        ("user", "Name three colours."),
-        ("assistant", first.text.as_str()),
-        ("user", "And three more?"),
-    ];
+    let turns = next_turn(&first.text);
     let w = disk_worker(cache.path(), model.path(), &[]).await;
     let second = ask(&w, &chat(&turns)).await;
     let held = first.usage.prompt_tokens + first.usage.completion_tokens;
@@ -151,11 +156,7 @@ async fn a_damaged_or_foreign_file_is_deleted_not_used() {
     let junk = file.with_file_name("junk.safetensors");
     std::fs::write(&junk, b"not a cache").unwrap();
 
-    let turns = [
-        ("user", "Name three colours."),
-        ("assistant", first.text.as_str()),
-        ("user", "And three more?"),
-    ];
+    let turns = next_turn(&first.text);
     let w = disk_worker(cache.path(), model.path(), &[]).await;
     let second = ask(&w, &chat(&turns)).await;
     assert_eq!(second.usage.cached_tokens, 0, "{:?}", second.usage);

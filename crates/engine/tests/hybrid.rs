@@ -357,15 +357,7 @@ fn a_hybrid_conversation_resumes_from_disk_and_answers_the_same() {
                 bytes: 1 << 30,
                 write_bytes_per_hour: 1 << 32,
             };
-            let mut engine = Engine::new().with_disk_cache(Some(disk));
-            let load = LoadRequest {
-                model: dir.display().to_string(),
-                ..Default::default()
-            };
-            engine
-                .load(&load, &mut |_| {}, &CancelToken::new())
-                .unwrap();
-            engine
+            loaded_in(Engine::new().with_disk_cache(Some(disk)), &dir)
         };
         let prompt: Vec<u32> = (100..140).collect();
         let first = greedy(&mut with_disk(), &prompt, 6);

@@ -180,20 +180,12 @@ impl DiskTier {
     }
 
     /// The file sharing the longest prefix with `prompt` (computed with the adapter as
-    /// `adapter_on` says): its name and how many tokens (at most all but the prompt's last).
-    pub fn best(&mut self, prompt: &[u32], adapter_on: bool) -> Option<(usize, String)> {
-        let most = prompt.len().saturating_sub(1);
-        let shared = |i: &Indexed| {
-            let same = i.tokens.iter().zip(prompt).take_while(|(a, b)| a == b);
-            if i.adapter_on == adapter_on {
-                same.count().min(most)
-            } else {
-                0
-            }
-        };
+    /// `adapter_on` says): how many tokens ([`shared_prefix`]), its name and its bytes.
+    pub fn best(&mut self, prompt: &[u32], adapter_on: bool) -> Option<(usize, String, u64)> {
         (self.files().iter())
-            .map(|(name, i)| (shared(i), name.clone()))
-            .filter(|(n, _)| *n > 0)
+            .filter(|(_, i)| i.adapter_on == adapter_on)
+            .map(|(name, i)| (shared_prefix(&i.tokens, prompt), name.clone(), i.bytes))
+            .filter(|(n, _, _)| *n > 0)
             .max()
     }
 
@@ -459,6 +451,14 @@ impl DiskTier {
         }
         let _ = lock.unlock();
     }
+}
+
+/// How many leading tokens of `prompt` caches holding `kept` can give: the common prefix, at
+/// most all of the prompt but its last token (which must run to give the first logits). The
+/// prompt cache's rule, in memory and on disk.
+pub(crate) fn shared_prefix(kept: &[u32], prompt: &[u32]) -> usize {
+    let same = kept.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    same.min(prompt.len().saturating_sub(1))
 }
 
 /// The files under the tier's directory, and their bytes.

@@ -16,7 +16,7 @@
 use std::{cell::Cell, rc::Rc};
 
 use crate::layers::kv_cache::{KvCache, Snapshot};
-use crate::runtime::disk_cache::{DiskTier, Entry};
+use crate::runtime::disk_cache::{shared_prefix, DiskTier, Entry};
 
 /// The default byte budget of a resident's prompt cache (`--prompt-cache-bytes`).
 pub const DEFAULT_PROMPT_CACHE_BYTES: u64 = 1 << 30;
@@ -79,11 +79,10 @@ pub struct Conversation {
 impl Kept {
     /// How many leading tokens of `prompt` this entry could give (0 if none).
     fn shared(&self, prompt: &[u32], adapter_on: bool) -> usize {
-        if self.owner.adapter_on != adapter_on {
-            return 0;
+        match self.owner.adapter_on == adapter_on {
+            true => shared_prefix(&self.tokens, prompt),
+            false => 0,
         }
-        let shared = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b);
-        shared.count().min(prompt.len().saturating_sub(1))
     }
 
     fn bytes(&self) -> u64 {
@@ -205,10 +204,9 @@ impl PromptCache {
         let Some(disk) = &mut self.disk else {
             return false;
         };
-        let Some((shared, name)) = disk.best(prompt, adapter_on) else {
+        let Some((shared, name, bytes)) = disk.best(prompt, adapter_on) else {
             return false;
         };
-        let bytes = disk.files().get(&name).map_or(u64::MAX, |i| i.bytes);
         if shared <= in_memory.unwrap_or(0) || bytes > room {
             return false;
         }
