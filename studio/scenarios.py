@@ -433,14 +433,18 @@ def worker_other_models(results: dict) -> None:
     def dflash():
         # A DFlash block drafter beside the tiny Qwen3.5 (made with mlx-vlm's `qwen3_dflash`
         # class, saved as z-lab's releases are), named as Studio's `spec_draft_model`: drafts
-        # under `dflash` and `auto`, the same reply as without; under `dspark` it is refused by kind.
+        # under `dflash` and `auto`, the same reply as without; under `dspark` it is refused by
+        # kind. DFlash2, DSpark and EAGLE-3 companions draft under `dflash`, `dspark`, `eagle3`.
         drafter = os.path.join(TINY_QWEN3_5, "dflash")
         replies = []
-        for mode in ("dflash", "auto", "off"):
-            child = Child(spawn_config(TINY_QWEN3_5, speculative_type=mode, spec_draft_model=drafter))
+        # DFlash2 is reported as `dflash`, as Studio reports it.
+        runs = [("dflash", "dflash", "dflash"), ("dflash", "auto", "dflash"), ("dflash", "off", None),
+                ("dflash2", "dflash", "dflash"), ("dspark", "dspark", "dspark"), ("eagle3", "eagle3", "eagle3")]
+        for name, mode, kind in runs:
+            config = spawn_config(TINY_QWEN3_5, speculative_type=mode, spec_draft_model=os.path.join(TINY_QWEN3_5, name))
+            child = Child(config)
             try:
                 info = child.loaded["model_info"]
-                kind = None if mode == "off" else "dflash"
                 check(info["spec_drafter_kind"] == kind and info["spec_fallback_reason"] is None, str(info))
                 _, tokens = child.generate(max_new_tokens=12)
                 check(tokens and cumulative(tokens), str(tokens))
@@ -511,7 +515,7 @@ def worker_other_models(results: dict) -> None:
     results[("SmolLM2 under a memory limit: context fitted, long prompt refused", "worker")] = attempt(memory_budget)
     results[("Gemma 3 270M: load with 8-bit KV, chat", "worker")] = attempt(gemma3)
     results[("Qwen3.5: its own MTP head as Studio's mtp drafter, not auto's on text", "worker")] = attempt(mtp)
-    results[("Qwen3.5: a DFlash companion as Studio's dflash / auto drafter", "worker")] = attempt(dflash)
+    results[("Qwen3.5: DFlash, DFlash2, DSpark and EAGLE-3 companions as Studio's drafters", "worker")] = attempt(dflash)
     results[("thinking (template opens <think>), tools", "worker")] = attempt(thinking_and_tools)
     results[("gpt-oss harmony: analysis as <think>, final answer", "worker")] = attempt(harmony)
     results[("LoRA: adapter on, off, on", "worker")] = attempt(lora)

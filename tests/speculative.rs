@@ -5,10 +5,30 @@
 
 use crate::support::{model_id, rpc_error, tiny_model, within_for, worker};
 use protocol::methods::*;
+use protocol::Client;
 use protocol::ErrorCode;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(120);
+
+/// 24 greedy tokens after the prompt ids 100..140 (the fixtures' drafter references' prompt).
+fn greedy_after_the_prompt() -> GenerateParams {
+    let mut ask = GenerateParams::new(vec![]);
+    ask.prompt_ids = Some((100..140).collect());
+    (ask.max_new_tokens, ask.sampling.temperature) = (24, 0.0);
+    ask
+}
+
+async fn answer(w: &Client, ask: &GenerateParams) -> GenerateResult {
+    within_for(LIMIT, w.generate(ask).unwrap().finish())
+        .await
+        .unwrap()
+}
+
+fn speculating(ask: &mut GenerateParams, method: &str) {
+    ask.speculative =
+        Some(serde_json::from_value(serde_json::json!({ "method": method })).unwrap());
+}
 
 #[tokio::test]
 async fn the_mtp_head_and_a_dflash_drafter_answer_as_one_token_per_pass() {
@@ -29,20 +49,54 @@ async fn the_mtp_head_and_a_dflash_drafter_answer_as_one_token_per_pass() {
         "{auto:?}"
     );
 
-    let mut ask = GenerateParams::new(vec![]);
-    ask.prompt_ids = Some((100..140).collect());
-    (ask.max_new_tokens, ask.sampling.temperature) = (24, 0.0);
-    let plain = within_for(LIMIT, w.generate(&ask).unwrap().finish())
-        .await
-        .unwrap();
+    let mut ask = greedy_after_the_prompt();
+    let plain = answer(&w, &ask).await;
     for method in ["mtp", "draft_model", "auto"] {
-        ask.speculative =
-            Some(serde_json::from_value(serde_json::json!({ "method": method })).unwrap());
-        let fast = within_for(LIMIT, w.generate(&ask).unwrap().finish())
-            .await
-            .unwrap();
+        speculating(&mut ask, method);
+        let fast = answer(&w, &ask).await;
         assert_eq!(fast.text, plain.text, "{method}");
         assert!(fast.usage.drafted_tokens > 0, "{method}: {:?}", fast.usage);
+    }
+    assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
+    assert!(w.stray_stdout_lines().is_empty());
+}
+
+/// DFlash2, DSpark and EAGLE-3 companions (made with mlx-vlm's classes beside the fixture):
+/// loaded as `draft_model` and named by their kind, greedy answers as one token per pass with
+/// drafts taken, and a sampled request speculating too (drafts drawn from the selector's, the
+/// Markov head's or the draft vocabulary's distribution and judged by the acceptance rule).
+#[tokio::test]
+async fn dflash2_dspark_and_eagle3_drafters_answer_as_one_token_per_pass() {
+    let Some(dir) = fixtures::vision_fixture("tiny-qwen3-5") else {
+        return;
+    };
+    let w = worker(&[]);
+    for (name, kind) in [
+        ("dflash2", DraftKind::Dflash2),
+        ("dspark", DraftKind::Dspark),
+        ("eagle3", DraftKind::Eagle3),
+    ] {
+        let mut load = LoadParams::new(model_id(&dir));
+        load.draft_model = Some(model_id(&dir.join(name)));
+        let loaded = within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
+        assert_eq!(loaded.info.draft_kind, Some(kind), "{name}");
+
+        let mut ask = greedy_after_the_prompt();
+        let plain = answer(&w, &ask).await;
+        speculating(&mut ask, "draft_model");
+        let fast = answer(&w, &ask).await;
+        assert_eq!(fast.text, plain.text, "{name}");
+        assert!(fast.usage.drafted_tokens > 0, "{name}: {:?}", fast.usage);
+
+        (ask.sampling.temperature, ask.sampling.seed) = (0.8, Some(7));
+        let drawn = answer(&w, &ask).await;
+        assert!(
+            drawn.usage.completion_tokens > 0,
+            "{name}: {:?}",
+            drawn.usage
+        );
+        assert!(drawn.usage.drafted_tokens > 0, "{name}: {:?}", drawn.usage);
+        assert!(drawn.usage.accepted_tokens <= drawn.usage.drafted_tokens);
     }
     assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
     assert!(w.stray_stdout_lines().is_empty());

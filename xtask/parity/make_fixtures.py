@@ -18,6 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import _get_classes
@@ -904,19 +905,43 @@ def mtp_reference(model, head, prompt, chain):
     return {"prompt": prompt, "first": first, "guesses": guesses, "chained": block[0, 1:].tolist()}
 
 
-def dflash_drafter(config, spec):
-    """mlx-vlm's block drafter (`qwen3_dflash`'s `DFlashDraftModel`) for a target config:
-    `spec["layers"]` layers of 4 heads of 16 (2 key/value heads) over the target's hidden size and
-    vocabulary, reading the target's layers `spec["target_layer_ids"]`; the last token of the
-    vocabulary is its mask."""
+def dflash_drafter(config, spec, kind="dflash"):
+    """mlx-vlm's block drafter of `kind` for a target config (`qwen3_dflash`'s
+    `DFlashDraftModel`; `dflash2`'s, with its causal convolutions and candidate selector;
+    `dspark`'s, with its Markov head): `spec["layers"]` layers of 4 heads of 16 (2 key/value
+    heads) over the target's hidden size and vocabulary, reading the target's layers
+    `spec["target_layer_ids"]`; the last token of the vocabulary is its mask."""
+    from mlx_vlm.speculative.drafters.dflash2 import DFlash2DraftModel
+    from mlx_vlm.speculative.drafters.dflash2.config import DFlash2Config
+    from mlx_vlm.speculative.drafters.dspark import DSparkDraftModel
+    from mlx_vlm.speculative.drafters.dspark.config import DSparkConfig
     from mlx_vlm.speculative.drafters.qwen3_dflash import DFlashDraftModel
     from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig
 
-    return DFlashDraftModel(DFlashConfig(**dflash_config(config, spec)))
+    fields = dflash_config(config, spec)
+    if kind == "dflash2":
+        return DFlash2DraftModel(DFlash2Config(**fields, **DFLASH2_FIELDS))
+    if kind == "dspark":
+        return DSparkDraftModel(DSparkConfig(**fields, **DSPARK_FIELDS, proposal_length=spec["block_size"] - 1))
+    return DFlashDraftModel(DFlashConfig(**fields))
 
 
-def dflash_config(config, spec):
-    """The drafter's fields, flat, as mlx-vlm's `DFlashConfig` takes them."""
+# DFlash2's convolutions (kernel 3 over groups of 16 features), its selector (8 candidates, rank 8)
+# and its input and output scales; DSpark's Markov head (rank 16), drafting from the anchor.
+DFLASH2_FIELDS = {
+    "conv_kernel_size": 3,
+    "conv_group_size": 16,
+    "selector_rank": 8,
+    "selector_top_k": 8,
+    "input_embedding_scale": 1.5,
+    "output_multiplier": 0.75,
+}
+DSPARK_FIELDS = {"markov_rank": 16, "sample_from_anchor": True}
+
+
+def drafter_layers(config, spec):
+    """A companion drafter's layers: `spec["layers"]` of the target's width and vocabulary, 4
+    heads of 16 (2 key/value heads)."""
     return {
         "hidden_size": config["hidden_size"],
         "intermediate_size": 128,
@@ -928,6 +953,13 @@ def dflash_config(config, spec):
         "vocab_size": config["vocab_size"],
         "max_position_embeddings": config["max_position_embeddings"],
         "rope_theta": 1000000.0,
+    }
+
+
+def dflash_config(config, spec):
+    """The drafter's fields, flat, as mlx-vlm's `DFlashConfig` takes them."""
+    return {
+        **drafter_layers(config, spec),
         "rope_scaling": None,
         "tie_word_embeddings": True,
         "block_size": spec["block_size"],
@@ -937,28 +969,121 @@ def dflash_config(config, spec):
     }
 
 
-def write_dflash(config, spec, seed, scale, out):
-    """A DFlash drafter for the model, shipped as z-lab's releases ship one: its own directory
-    (`out`) with config.json (a `qwen3` model type, the drafter's fields under `dflash_config`)
-    and model.safetensors named as its module tree, without embedding or lm_head (it binds to
-    the target's). Made with mlx-vlm's class from its own seed, its layers' matrices scaled as
-    the model's blocks (not its norms), so that its guesses vary."""
+def write_dflash(config, spec, seed, scale, out, kind="dflash"):
+    """A block drafter of `kind` for the model, shipped as its releases ship one: its own
+    directory (`out`) with config.json (a `qwen3` model type, the drafter's fields under
+    `dflash_config`; DFlash2 and DSpark named by `architectures`, DSpark's block counting its
+    proposals only) and model.safetensors named as its module tree, without embedding or lm_head
+    (it binds to the target's). Made with mlx-vlm's class from its own seed, its layers'
+    matrices scaled as the model's blocks (not its norms), so that its guesses vary; DFlash2's
+    base kernels (zeros in the class) drawn too, so that every term of its convolution counts."""
     mx.random.seed(seed)
-    drafter = dflash_drafter(config, spec)
+    drafter = dflash_drafter(config, spec, kind)
     scale_layers(drafter, scale)
+    if kind == "dflash2":
+        drafter.update(
+            tree_map_with_path(
+                lambda path, p: mx.random.normal(p.shape) * 0.5 if path.endswith("base_kernel") else p,
+                drafter.parameters(),
+            )
+        )
     fields = dflash_config(config, spec)
+    inner = {"mask_token_id": fields["mask_token_id"], "target_layer_ids": fields["target_layer_ids"]}
+    architectures = ["DFlashDraftModel"]
+    if kind == "dflash2":
+        architectures = ["DFlash2DraftModel"]
+        inner.update(DFLASH2_FIELDS)
+    if kind == "dspark":
+        architectures = ["Qwen3DSparkModel"]
+        inner.update(DSPARK_FIELDS, projector_type="dspark", block_size=spec["block_size"] - 1)
+        del fields["block_size"]
     released = {
-        "architectures": ["DFlashDraftModel"],
+        "architectures": architectures,
         "model_type": "qwen3",
         "hidden_act": "silu",
         "attention_bias": False,
         **{k: v for k, v in fields.items() if k not in ("mask_token_id", "target_layer_ids")},
-        "dflash_config": {"mask_token_id": fields["mask_token_id"], "target_layer_ids": fields["target_layer_ids"]},
+        "dflash_config": inner,
         "torch_dtype": "float32",
     }
     out.mkdir()
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(drafter.parameters())), metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(released, indent=2))
+
+
+def eagle3_config(config, spec):
+    """An EAGLE-3 drafter's config.json in the speculators format mlx-vlm reads (Red Hat's
+    releases): one Llama layer of the target's width over its vocabulary
+    (`transformer_layer_config`), a draft vocabulary of `spec["draft_vocab"]` tokens mapped into
+    the target's by `d2t`, the target's layers `spec["aux_layers"]` as its context."""
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {"model_type": "llama", **drafter_layers(config, spec)},
+        "draft_vocab_size": spec["draft_vocab"],
+        "target_hidden_size": config["hidden_size"],
+        "norm_before_residual": True,
+        "eagle_aux_hidden_state_layer_ids": list(spec["aux_layers"]),
+        "speculators_config": {"proposal_methods": [{"speculative_tokens": spec["block_size"] - 2}]},
+        "torch_dtype": "float32",
+    }
+
+
+def write_eagle3(config, spec, seed, scale, out):
+    """An EAGLE-3 drafter for the model, made with mlx-vlm's `Eagle3DraftModel` from its own
+    seed and saved as the speculators releases are: config.json (`eagle3_config`) and
+    model.safetensors named as its module tree, with its own (random) embedding, which binds to
+    the target's where the shapes agree, and `d2t`, each draft token's offset to its target
+    token (a sorted random subset of the target's vocabulary)."""
+    from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel, ModelConfig
+
+    mx.random.seed(seed)
+    released = eagle3_config(config, spec)
+    drafter = Eagle3DraftModel(ModelConfig.from_dict(released))
+    scale_layers(drafter, scale)
+    rng = np.random.default_rng(seed)
+    targets = np.sort(rng.choice(config["vocab_size"], spec["draft_vocab"], replace=False))
+    drafter.d2t = mx.array(targets - np.arange(spec["draft_vocab"]), dtype=mx.int32)
+    out.mkdir()
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(drafter.parameters())), metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(released, indent=2))
+
+
+def eagle3_reference(model, drafter, prompt, block, accepted):
+    """Two rounds of mlx-vlm's EAGLE-3 drafter (as mlx-vlm loads it) beside mlx-lm's model,
+    greedy, as `_eagle3_rounds` runs them: the prompt through the model (its layers before the
+    drafter's `target_layer_ids` captured, `capture_layer_ids`; `first`, its greedy token), the
+    drafter prefilled over the prompt shifted by `first` (`prefill_from_target_hidden`), a block
+    (`draft1`: the seed and its chained guesses), the model over `first` and the block
+    (`target1`), then the drafter told that `accepted` guesses and the model's token after
+    them were taken (`accept_verified_tokens`; forced, so that the path that re-runs accepted
+    guesses is compared even though a random drafter agrees with nothing), and the next block
+    (`draft2`). The worker's drafter must guess the same."""
+    argmax = lambda logits: mx.argmax(logits, axis=-1)
+    layer_ids = list(drafter.config.capture_layer_ids)
+    cache = model.make_cache()
+    logits, hidden = forward_capturing(model, mx.array([prompt]), cache, layer_ids)
+    first = int(mx.argmax(logits[0, -1]).item())
+    drafter.reset(model)
+    drafter.prefill_from_target_hidden(mx.array([prompt]), hidden, first, None, mx.int32, greedy=True)
+    draft1 = drafter.draft_block(first, hidden[:, -1:], None, block, None, mx.int32, greedy=True)
+    logits, verified = forward_capturing(model, mx.concatenate([mx.array([[first]]), draft1], axis=1), cache, layer_ids)
+    target1 = argmax(logits)[0].tolist()
+    nxt = target1[accepted]
+    drafter.accept_verified_tokens(verified, draft1, accepted, [nxt], None, mx.int32, greedy=True)
+    draft2 = drafter.draft_block(nxt, verified[:, accepted : accepted + 1], None, block, None, mx.int32, greedy=True)
+    draft1, draft2 = draft1[0].tolist(), draft2[0].tolist()
+    assert len(set(draft1)) > 1 and len(set(draft2)) > 1, (draft1, draft2)
+    return {
+        "prompt": prompt,
+        "first": first,
+        "draft1": draft1,
+        "target1": target1,
+        "accepted": accepted,
+        "draft2": draft2,
+        "block_size": block,
+        "capture_layer_ids": layer_ids,
+    }
 
 
 def forward_capturing(model, ids, cache, layer_ids):
@@ -998,6 +1123,11 @@ def dflash_reference(model, drafter, prompt, layer_ids, block):
     cache = model.make_cache()
     logits, hidden = forward_capturing(model, mx.array([prompt]), cache, layer_ids)
     first = int(mx.argmax(logits[0, -1]).item())
+    # DFlash2 and DSpark bind only to a model that says it rolls back its caches (mlx-vlm's);
+    # these two rounds never roll back, so mlx-lm's model says so for them.
+    lm = model.language_model
+    if not hasattr(lm, "rollback_speculative_cache"):
+        lm.rollback_speculative_cache = lambda *args: None
     drafter.bind(model)
     dcache = drafter.make_cache()
     draft1 = drafter.draft_block(first, hidden, dcache, block, argmax)[0].tolist()
@@ -1164,21 +1294,33 @@ def build(spec, out):
         head.load_weights(list(head.sanitize(stored).items()))
         reference = mtp_reference(loaded, head, list(range(100, 140)), 3)
         (tmp / "mtp_reference.json").write_text(json.dumps(reference))
-    if dflash := spec.get("dflash"):
+    for kind, offset in (("dflash", 2024), ("dflash2", 2030), ("dspark", 2040)):
+        if not (dflash := spec.get(kind)):
+            continue
         # A companion block drafter in its own directory, and what mlx-vlm drafts with it (as
         # mlx-vlm loads it) beside the model as mlx-lm loads it from the files.
         from mlx_lm.utils import load_model
         from mlx_vlm.utils import load_model as load_vlm_model
 
-        # Its own seed, after the model's: the first offset from 2000 whose drafter guesses a
-        # different token at every position of both reference blocks (many repeat one).
-        write_dflash(config, dflash, spec.get("seed", 0) + 2024, scale, tmp / "dflash")
+        # Its own seed, after the model's: for DFlash the first offset from 2000 whose drafter
+        # guesses a different token at every position of both reference blocks (many repeat one).
+        write_dflash(config, dflash, spec.get("seed", 0) + offset, scale, tmp / kind, kind)
         loaded, _ = load_model(tmp)
-        drafter = load_vlm_model(tmp / "dflash")
+        drafter = load_vlm_model(tmp / kind)
         reference = dflash_reference(
             loaded, drafter, list(range(100, 140)), dflash["target_layer_ids"], dflash["block_size"]
         )
-        (tmp / "dflash_reference.json").write_text(json.dumps(reference))
+        (tmp / f"{kind}_reference.json").write_text(json.dumps(reference))
+    if eagle3 := spec.get("eagle3"):
+        # An EAGLE-3 companion in its own directory and what mlx-vlm drafts with it.
+        from mlx_lm.utils import load_model
+        from mlx_vlm.utils import load_model as load_vlm_model
+
+        write_eagle3(config, eagle3, spec.get("seed", 0) + 2050, scale, tmp / "eagle3")
+        loaded, _ = load_model(tmp)
+        drafter = load_vlm_model(tmp / "eagle3")
+        reference = eagle3_reference(loaded, drafter, list(range(100, 140)), eagle3["block_size"], 2)
+        (tmp / "eagle3_reference.json").write_text(json.dumps(reference))
     (tmp / "spec.json").write_text(json.dumps(spec, sort_keys=True))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

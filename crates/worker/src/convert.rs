@@ -367,6 +367,9 @@ pub fn model_info(info: &mlx_engine::ModelInfo) -> ModelInfo {
         draft_kind: info.draft_kind.map(|kind| match kind {
             mlx_engine::DraftKind::Model => DraftKind::Model,
             mlx_engine::DraftKind::Dflash => DraftKind::Dflash,
+            mlx_engine::DraftKind::Dflash2 => DraftKind::Dflash2,
+            mlx_engine::DraftKind::Dspark => DraftKind::Dspark,
+            mlx_engine::DraftKind::Eagle3 => DraftKind::Eagle3,
         }),
         speculative_auto: AutoDrafter {
             method: info.speculative_auto.0.map(|method| match method {

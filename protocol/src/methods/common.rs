@@ -146,8 +146,9 @@ pub struct ModelInfo {
     #[serde(default)]
     pub mtp_layers: u32,
     /// What `draft_model` turned out to be, when one was loaded: `"model"` (a smaller model of
-    /// the same vocabulary) or `"dflash"` (a DFlash block drafter reading this model's hidden
-    /// states); either drafts for `speculative: {"method": "draft_model"}`.
+    /// the same vocabulary), or a drafter reading this model's hidden states: `"dflash"`,
+    /// `"dflash2"`, `"dspark"` or `"eagle3"`; each drafts for `speculative: {"method":
+    /// "draft_model"}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_kind: Option<DraftKind>,
     /// What `speculative: {"method": "auto"}` drafts with on this model, and why.
@@ -198,6 +199,12 @@ pub enum DraftKind {
     Model,
     /// A DFlash block drafter.
     Dflash,
+    /// A DFlash2 block drafter (DFlash with convolutions and a candidate selector).
+    Dflash2,
+    /// A DSpark block drafter (DFlash with a Markov head chaining its guesses).
+    Dspark,
+    /// An EAGLE-3 drafter (speculators format), chaining guesses on the model's hidden states.
+    Eagle3,
 }
 
 /// How a model is split over the ranks of a group (`load`'s `parallel`; mlx-lm's names).

@@ -1,6 +1,6 @@
 //! What every layer file shares: MLX's error type, a batch's rows, scalars in an array's dtype.
 
-use mlx_rs::{ops::indexing::IndexOp, Array};
+use mlx_rs::{ops, ops::indexing::IndexOp, Array};
 
 /// The result of an MLX computation.
 pub type Result<T> = std::result::Result<T, mlx_rs::error::Exception>;
@@ -20,4 +20,13 @@ pub fn split_rows(x: &Array) -> Vec<Array> {
 /// `x` bf16); an mlx-rs scalar is an f32 array and would promote, so cast it first.
 pub fn scalar_like(v: f32, like: &Array) -> Result<Array> {
     Array::from_f32(v).as_dtype(like.dtype())
+}
+
+/// Logits soft-capped at `cap`: `tanh(x / cap) * cap`, the cap in the logits' dtype.
+pub fn soft_cap(logits: Array, cap: Option<f32>) -> Result<Array> {
+    let Some(cap) = cap else {
+        return Ok(logits);
+    };
+    let cap = scalar_like(cap, &logits)?;
+    ops::tanh(logits.divide(&cap)?)?.multiply(&cap)
 }

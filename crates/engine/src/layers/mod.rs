@@ -29,7 +29,7 @@ pub mod short_conv;
 pub mod weights;
 
 pub use activation::{gelu, gelu_approx, quick_gelu, Activation};
-pub use array::{row, scalar_like, Result};
+pub use array::{row, scalar_like, soft_cap, Result};
 pub use attention::{
     Attention, AttentionShape, QkNorm, QkNormOver, Qkv, QueryTemperature, TemperatureForm,
 };

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use mlx_rs::{ops, Array};
+use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -121,11 +121,7 @@ impl Family for Gemma4 {
 
     /// `tanh(x / cap) * cap`, the cap in the logits' dtype.
     fn logits(&self, logits: Array) -> layers::Result<Array> {
-        let Some(cap) = self.softcap else {
-            return Ok(logits);
-        };
-        let cap = scalar_like(cap, &logits)?;
-        ops::tanh(logits.divide(&cap)?)?.multiply(&cap)
+        layers::soft_cap(logits, self.softcap)
     }
 
     fn per_layer_inputs(&self, tokens: Option<&Array>, h: &Array) -> layers::Result<Option<Array>> {

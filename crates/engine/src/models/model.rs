@@ -150,6 +150,10 @@ pub trait LanguageModel {
             "this model's head does not take outside hidden states",
         ))
     }
+    /// Whether [`Self::head_logits`] is a head of its own, not the embedding's table (tied).
+    fn has_lm_head(&self) -> bool {
+        true
+    }
     /// The layers of the checkpoint's own multi-token-prediction head; 0: none.
     fn mtp_depth(&self) -> usize {
         0

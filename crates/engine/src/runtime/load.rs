@@ -241,8 +241,9 @@ pub(crate) fn quantize(
 }
 
 /// The drafter of `main` for speculative decoding, loaded with the same token and nothing
-/// else: a DFlash block drafter made for `model` (config.json's `dflash_config`), or a text
-/// model whose tokenizer has the same vocabulary (token ids) as `tokenizer`.
+/// else: an EAGLE-3 drafter or a block drafter made for `model` (config.json's
+/// `dflash_config`: DFlash, DFlash2 or DSpark), or a text model whose tokenizer has the same
+/// vocabulary (token ids) as `tokenizer`.
 pub(crate) fn draft(
     main: &LoadRequest,
     tokenizer: &ModelTokenizer,
@@ -264,7 +265,20 @@ pub(crate) fn draft(
     };
     let files = resolve(&req, progress, cancel)?;
     let config = read_config(&files.path)?;
-    if models::DFlash::is_dflash(&config) {
+    if models::Eagle3::is_eagle3(&config) {
+        let weights = Weights::load_dir(&files.path, &config)?;
+        let bytes = weights.nbytes();
+        let facts = built.model.facts();
+        let drafter = models::Eagle3::load(
+            &config,
+            weights,
+            facts.hidden_size,
+            facts.layers,
+            facts.embedding_rows,
+        )?;
+        return Ok(Some((Draft::Eagle3(Box::new(drafter)), bytes)));
+    }
+    if models::DFlash::kind(&config).is_some() {
         let weights = Weights::load_dir(&files.path, &config)?;
         let bytes = weights.nbytes();
         let facts = built.model.facts();
@@ -326,6 +340,9 @@ pub(crate) fn auto_drafter(
         }
         (_, Some(Draft::Block(_))) => {
             "the `draft_model` loaded with it, a DFlash block drafter".into()
+        }
+        (_, Some(Draft::Eagle3(_))) => {
+            "the `draft_model` loaded with it, an EAGLE-3 drafter".into()
         }
         (_, Some(Draft::Model(_))) => "the `draft_model` loaded with it".into(),
         _ => "no drafter beside the model: drafts copied from the prompt and the output (prompt \

@@ -8,8 +8,6 @@ mod batching_tests;
 pub mod cancel;
 pub mod constrained;
 pub mod disk_cache;
-#[cfg(test)]
-mod drafter_tests;
 pub mod engine;
 pub mod footprint;
 #[cfg(test)]

@@ -127,6 +127,12 @@ pub enum DraftKind {
     Model,
     /// A DFlash block drafter.
     Dflash,
+    /// A DFlash2 block drafter (convolutions and a candidate selector).
+    Dflash2,
+    /// A DSpark block drafter (a Markov head over the block).
+    Dspark,
+    /// An EAGLE-3 drafter (chaining guesses on the model's hidden states and its own).
+    Eagle3,
 }
 
 /// A split model: its mode and each rank's share, by rank.

@@ -6,7 +6,7 @@ use text::ModelTokenizer;
 
 use crate::{
     layers::lora::AdapterSwitch,
-    models::{DFlash, LanguageModel},
+    models::{BlockKind, DFlash, Eagle3, LanguageModel},
     runtime::footprint::Footprint,
     runtime::image_features::ImageFeatures,
     runtime::prompt_cache::PromptCache,
@@ -18,15 +18,22 @@ use crate::{
 pub(crate) enum Draft {
     /// A smaller model of the same vocabulary, decoding ahead of it.
     Model(Box<dyn LanguageModel>),
-    /// A DFlash block drafter, reading the model's hidden states.
+    /// A block drafter (DFlash, DFlash2, DSpark), reading the model's hidden states.
     Block(Box<DFlash>),
+    /// An EAGLE-3 drafter, reading the model's hidden states and chaining its guesses.
+    Eagle3(Box<Eagle3>),
 }
 
 impl Draft {
     pub(crate) fn kind(&self) -> DraftKind {
         match self {
             Draft::Model(_) => DraftKind::Model,
-            Draft::Block(_) => DraftKind::Dflash,
+            Draft::Eagle3(_) => DraftKind::Eagle3,
+            Draft::Block(drafter) => match drafter.kind {
+                BlockKind::Dflash => DraftKind::Dflash,
+                BlockKind::Dflash2 => DraftKind::Dflash2,
+                BlockKind::Dspark => DraftKind::Dspark,
+            },
         }
     }
 }

@@ -236,8 +236,9 @@ class ModelInfo(_ModelInfoRequired, total=False):
     #: default: 0
     mtp_layers: int
     #: What `draft_model` turned out to be, when one was loaded: `"model"` (a smaller model of
-    #: the same vocabulary) or `"dflash"` (a DFlash block drafter reading this model's hidden
-    #: states); either drafts for `speculative: {"method": "draft_model"}`.
+    #: the same vocabulary), or a drafter reading this model's hidden states: `"dflash"`,
+    #: `"dflash2"`, `"dspark"` or `"eagle3"`; each drafts for `speculative: {"method":
+    #: "draft_model"}`.
     draft_kind: DraftKind | None
     #: What `speculative: {"method": "auto"}` drafts with on this model, and why.
     #: default: {"method": null, "reason": ""}
@@ -314,7 +315,7 @@ class RankShare(TypedDict):
 
 
 #: What a load's `draft_model` is.
-DraftKind = Literal['model', 'dflash']
+DraftKind = Literal['model', 'dflash', 'dflash2', 'dspark', 'eagle3']
 
 
 class _AutoDrafterRequired(TypedDict):
@@ -812,8 +813,9 @@ class ResidentModel(_ResidentModelRequired, total=False):
     #: default: 0
     mtp_layers: int
     #: What `draft_model` turned out to be, when one was loaded: `"model"` (a smaller model of
-    #: the same vocabulary) or `"dflash"` (a DFlash block drafter reading this model's hidden
-    #: states); either drafts for `speculative: {"method": "draft_model"}`.
+    #: the same vocabulary), or a drafter reading this model's hidden states: `"dflash"`,
+    #: `"dflash2"`, `"dspark"` or `"eagle3"`; each drafts for `speculative: {"method":
+    #: "draft_model"}`.
     draft_kind: DraftKind | None
     #: What `speculative: {"method": "auto"}` drafts with on this model, and why.
     #: default: {"method": null, "reason": ""}

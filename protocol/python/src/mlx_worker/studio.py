@@ -349,7 +349,7 @@ class MLXInferenceBackend:
         kv_bits, turboquant = parse_kv_quant(kv_quant)
         kv_sent = kv_bits if (not turboquant and kv_bits in WORKER_KV_BITS) else None
         mode = spec_mode(speculative_type)
-        draft_model = spec_draft_model if (spec_draft_model and mode in ("auto", "dflash")) else None
+        draft_model = spec_draft_model if (spec_draft_model and mode in ("auto", *_COMPANION_MODES)) else None
         params: dict[str, Any] = {
             "max_seq_length": int(max_seq_length) if max_seq_length and int(max_seq_length) > 0 else 0,
             "load_in_4bit": bool(load_in_4bit),
@@ -1057,6 +1057,12 @@ def _offload_fields(offload: Any) -> dict[str, Any]:
     return {"disk_bytes": None, "ple": part(knobs[0]), "experts": part(knobs[1])}
 
 
+# The worker's companion drafter kinds as Studio names them (its ``_reported``: DFlash2 is
+# "dflash"), and the modes that load one.
+_COMPANION_KINDS = {"dflash": "dflash", "dflash2": "dflash", "dspark": "dspark", "eagle3": "eagle3"}
+_COMPANION_MODES = ("dflash", "dspark", "eagle3")
+
+
 def _speculation(
     mode: str,
     named: str | None,
@@ -1070,11 +1076,12 @@ def _speculation(
 ) -> dict[str, Any]:
     """Studio's ``speculative_type`` / ``spec_*`` fields and the worker's ``speculative``
     request for them: ``ngram`` is the worker's prompt lookup; ``mtp`` the checkpoint's own
-    multi-token-prediction head where the worker loaded one; ``dflash`` the named DFlash
-    companion the worker loaded as its draft model (``draft_kind``); ``auto`` a named drafter,
+    multi-token-prediction head where the worker loaded one; ``dflash`` / ``dspark`` /
+    ``eagle3`` the named companion the worker loaded as its draft model (``draft_kind``: DFlash2
+    reported as ``dflash``, as Studio reports it); ``auto`` a named drafter,
     else that head, on a vision model or with a named drafter only (Studio's order and its
-    ``speculates_on_route``: ``auto`` on a text model names nothing); the drafter kinds it lacks (DSpark, EAGLE-3, DFlash or
-    MTP not found) fall back to the copy-only n-gram draft with Studio's reason, as Studio's
+    ``speculates_on_route``: ``auto`` on a text model names nothing); a drafter not found (or of
+    another kind than the mode) falls back to the copy-only n-gram draft with Studio's reason, as Studio's
     backend falls back when it finds none."""
     try:  # reported as asked (Studio's load route compares it), capped where it is used
         asked = int(n_max) if n_max is not None and int(n_max) > 0 else None
@@ -1092,7 +1099,7 @@ def _speculation(
         pass
     elif mode == "auto":
         if draft_model:
-            kind, method = ("dflash" if draft_kind == "dflash" else "draft_model"), "draft_model"
+            kind, method = _COMPANION_KINDS.get(draft_kind, "draft_model"), "draft_model"
         elif mtp_layers:
             kind, method = "mtp", "mtp"
             reason = "drafter_incompatible" if draft_refused else None
@@ -1102,9 +1109,9 @@ def _speculation(
         # A named companion is not loaded here: Studio passes over it to the built-in head.
         kind, method = "mtp", "mtp"
         reason = "drafter_incompatible" if named else None
-    elif mode == "dflash" and draft_kind == "dflash":
-        kind, method = "dflash", "draft_model"
-    else:  # dspark, eagle3, dflash or mtp not found: no such drafter here
+    elif mode in _COMPANION_MODES and _COMPANION_KINDS.get(draft_kind) == mode:
+        kind, method = mode, "draft_model"
+    else:  # a dflash, dspark, eagle3 or mtp drafter not found: no such drafter here
         kind, method = "ngram", "prompt_lookup"
         reason = "drafter_incompatible" if named else "drafter_not_found"
     speculative = None

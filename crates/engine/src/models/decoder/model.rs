@@ -131,6 +131,10 @@ impl<F: Family> LanguageModel for Decoder<F> {
         self.project(hidden)
     }
 
+    fn has_lm_head(&self) -> bool {
+        self.lm_head.is_some()
+    }
+
     fn mtp_depth(&self) -> usize {
         self.mtp.as_ref().map_or(0, MtpHead::depth)
     }

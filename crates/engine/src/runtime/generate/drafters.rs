@@ -1,15 +1,16 @@
 //! Where drafts come from: the sequence itself (prompt lookup), a draft model with its own
-//! caches, the model's own multi-token-prediction head, a DFlash block drafter. Model drafters
+//! caches, the model's own multi-token-prediction head or an EAGLE-3 drafter (chaining
+//! guesses), a DFlash, DFlash2 or DSpark block drafter. Model drafters
 //! pick each token greedily, or draw it from their distribution when the request samples
 //! ([`pick`]).
 
-use mlx_rs::{ops, transforms, Array};
+use mlx_rs::{ops, ops::indexing::IndexOp, transforms, Array};
 
 use super::{context::GenerationContext, context::Result, state::HiddenSink};
 use crate::{
     layers::kv_cache::Caches,
     layers::kv_cache::KvCache,
-    models::{DFlash, Input, LanguageModel},
+    models::{DFlash, Eagle3, Input, LanguageModel, Proposer},
     runtime::sampler::{log_softmax, Sampler},
     CancelToken,
 };
@@ -17,10 +18,13 @@ use crate::{
 /// The longest suffix of the sequence looked up in it; shorter ones are tried after.
 const MAX_NGRAM: usize = 3;
 
-/// The model's own multi-token-prediction head (mlx-vlm's MTP drafter): its caches hold a
-/// position for every token taken whose preceding hidden state the model gave.
-pub(super) struct MtpDraft<'a> {
+/// A drafter that guesses from the token before and a hidden state, chaining guesses on its
+/// own hidden states: the model's own multi-token-prediction head (mlx-vlm's MTP drafter) or an
+/// EAGLE-3 drafter beside it. Its caches hold a position for every token taken whose preceding
+/// hidden state the model gave.
+pub(super) struct ChainDraft<'a> {
     model: &'a dyn LanguageModel,
+    head: Head<'a>,
     caches: Vec<KvCache>,
     /// The head's logits `(1, V)` for the token after the last one taken, and its own hidden
     /// state there `(1, 1, H)`, from which it chains.
@@ -30,6 +34,13 @@ pub(super) struct MtpDraft<'a> {
     /// Until the first token is taken: the prompt tokens after the first position whose hidden
     /// state was kept, and those hidden states `(1, T, H)`.
     prompt: Option<(Vec<u32>, Array)>,
+}
+
+/// What a [`ChainDraft`] runs.
+enum Head<'a> {
+    /// The model's own multi-token-prediction head (`LanguageModel::mtp_forward`).
+    Mtp,
+    Eagle3(&'a Eagle3),
 }
 
 /// A draft model with its own caches, which hold the sequence up to `unfed`.
@@ -147,26 +158,33 @@ impl<'a> DraftModel<'a> {
     }
 }
 
-impl<'a> MtpDraft<'a> {
-    /// The head of `model`, to be prefilled (at the first token taken) with `prompt`'s hidden
+impl<'a> ChainDraft<'a> {
+    /// The multi-token-prediction head of `model` (`eagle3`: none), or the EAGLE-3 drafter
+    /// `eagle3` beside it, to be prefilled (at the first token taken) with `prompt`'s hidden
     /// states `hidden` (from the first position kept on, as [`SequenceState::hidden`] holds
     /// them); `None` when the model has no head or they do not reach the prompt's end (then
     /// the request runs one token per pass).
     pub(super) fn new(
         model: &'a dyn LanguageModel,
+        eagle3: Option<&'a Eagle3>,
         prompt: &[u32],
         hidden: Option<HiddenSink>,
     ) -> Result<Option<Self>> {
-        if model.mtp_depth() == 0 {
+        if eagle3.is_none() && model.mtp_depth() == 0 {
             return Ok(None);
         }
         let Some(hidden) = joined(prompt, hidden)? else {
             return Ok(None);
         };
         let start = prompt.len() - hidden.dim(1) as usize;
+        let (head, caches) = match eagle3 {
+            Some(drafter) => (Head::Eagle3(drafter), drafter.caches()),
+            None => (Head::Mtp, model.mtp_caches()),
+        };
         Ok(Some(Self {
             model,
-            caches: model.mtp_caches(),
+            head,
+            caches,
             seed: None,
             appended: 0,
             prompt: Some((prompt[start + 1..].to_vec(), hidden)),
@@ -188,7 +206,7 @@ impl<'a> MtpDraft<'a> {
         let mut token = pick(&logits, sampler, q.as_deref_mut())?.reshape(&[1, 1])?;
         let mut tokens = vec![token.clone()];
         while tokens.len() < limit {
-            let (logits, h) = (self.model).mtp_forward(&token, &hidden, &mut self.caches)?;
+            let (logits, h) = self.run(&token, &hidden)?;
             self.appended += 1;
             let logits = logits.take_axis(Array::from_int(0), 1)?;
             token = pick(&logits, sampler, q.as_deref_mut())?.reshape(&[1, 1])?;
@@ -200,9 +218,10 @@ impl<'a> MtpDraft<'a> {
     }
 
     /// After `draft`, `accepted` of it then `next` were taken: the head's positions run on its
-    /// own (wrong) hidden states past the accepted ones are trimmed, and it runs the accepted
-    /// rest and `next` beside the model's hidden states `hidden` `(1, k + 1, H)` of the
-    /// verification (mlx-vlm's `accept_verified_tokens`), which gives the next seed.
+    /// own (wrong) hidden states past the accepted ones are trimmed (EAGLE-3's: all of them,
+    /// as mlx-vlm's drafter trims), and it runs the accepted rest and `next` beside the model's
+    /// hidden states `hidden` `(1, k + 1, H)` of the verification (mlx-vlm's
+    /// `accept_verified_tokens`), which gives the next seed.
     pub(super) fn taken(
         &mut self,
         draft: &[u32],
@@ -216,7 +235,10 @@ impl<'a> MtpDraft<'a> {
                 (tokens, hidden)
             }
             (None, Some(verified)) => {
-                let keep = accepted.min(self.appended);
+                let keep = match self.head {
+                    Head::Mtp => accepted.min(self.appended),
+                    Head::Eagle3(_) => 0,
+                };
                 for cache in &mut self.caches {
                     cache.trim((self.appended - keep) as i32);
                 }
@@ -233,13 +255,30 @@ impl<'a> MtpDraft<'a> {
         };
         self.appended = 0;
         let input = Array::from_slice(&tokens, &[1, tokens.len() as i32]);
-        let (logits, h) = (self.model).mtp_forward(&input, &hidden, &mut self.caches)?;
+        let (logits, h) = self.run(&input, &hidden)?;
         let last = Array::from_int(h.dim(1) - 1);
         let logits = logits.take_axis(&last, 1)?;
         let h = h.take_axis(&last, 1)?.expand_dims(1)?;
         transforms::async_eval([&logits, &h])?;
         self.seed = Some((logits, h));
         Ok(())
+    }
+}
+
+impl ChainDraft<'_> {
+    /// The head over `tokens` `(1, L)` beside hidden states `hidden` `(1, L, _)`: its logits
+    /// `(1, L, V)` over the model's vocabulary and its own hidden states `(1, L, H)`.
+    fn run(&mut self, tokens: &Array, hidden: &Array) -> Result<(Array, Array)> {
+        let Head::Eagle3(drafter) = self.head else {
+            return Ok((self.model).mtp_forward(tokens, hidden, &mut self.caches)?);
+        };
+        let embeds = match drafter.embedding() {
+            Some(table) => table.forward(tokens)?,
+            None => self.model.embed(tokens)?,
+        };
+        let h = drafter.forward(&embeds, hidden, &mut self.caches)?;
+        let vocab = self.model.facts().embedding_rows;
+        Ok((drafter.logits(&h, vocab)?, h))
     }
 }
 
@@ -294,7 +333,8 @@ impl<'a> BlockDraft<'a> {
     }
 
     /// `limit` guesses in one pass of the drafter (mlx-vlm's `draft_block`): the block is the
-    /// last token taken and `limit` mask tokens; each mask's guess is picked ([`pick`]).
+    /// last token taken and mask tokens ([`DFlash::block`]); each guess is picked ([`pick`])
+    /// from its logits, among DFlash2's candidates or after DSpark's Markov step.
     pub(super) fn draft(
         &mut self,
         limit: usize,
@@ -304,23 +344,61 @@ impl<'a> BlockDraft<'a> {
         let Some(context) = self.context.take().filter(|_| limit > 0) else {
             return Ok(Vec::new());
         };
-        let block: Vec<u32> = std::iter::once(self.last)
-            .chain(std::iter::repeat_n(self.drafter.mask_token, limit))
-            .collect();
+        let (drafter, model) = (self.drafter, self.model);
+        let block = drafter.block(self.last, limit);
         let block = Array::from_slice(&block, &[1, block.len() as i32]);
-        let h = (self.drafter).forward(&self.model.embed(&block)?, &context, &mut self.caches)?;
-        let rows = ops::arange::<_, i32>(1, limit as i32 + 1, 1)?;
-        let logits = self.model.head_logits(&h.take_axis(&rows, 1)?)?;
-        // Greedy: every guess in one argmax; drawn: one draw (and its odds) per position.
-        let tokens = match q.is_some() {
-            false => vec![ops::indexing::argmax_axis(&logits, -1, None)?.reshape(&[-1])?],
-            true => (0..limit as i32)
-                .map(|i| {
-                    let row = logits.take_axis(Array::from_int(i), 1)?;
-                    pick(&row, sampler, q.as_deref_mut())
-                })
-                .collect::<Result<Vec<_>>>()?,
-        };
+        let h = drafter.forward(&drafter.embed(model, &block)?, &context, &mut self.caches)?;
+        let h = h.index((.., drafter.guess_positions(limit), ..));
+        let logits = drafter.logits(model, &h)?;
+        let row = |i: usize| logits.take_axis(Array::from_int(i as i32), 1);
+        let mut previous = Array::from_slice(&[self.last], &[1]);
+        let mut tokens = Vec::with_capacity(limit);
+        match &drafter.proposer {
+            // Greedy: every guess in one argmax; drawn: one draw (and its odds) per position.
+            Proposer::Head if q.is_none() => {
+                tokens.push(ops::indexing::argmax_axis(&logits, -1, None)?.reshape(&[-1])?)
+            }
+            Proposer::Head => {
+                for i in 0..limit {
+                    tokens.push(pick(&row(i)?, sampler, q.as_deref_mut())?);
+                }
+            }
+            Proposer::Markov(markov) => {
+                for i in 0..limit {
+                    previous = pick(
+                        &markov.step(&row(i)?, &previous)?,
+                        sampler,
+                        q.as_deref_mut(),
+                    )?;
+                    tokens.push(previous.clone());
+                }
+            }
+            // The selector's scores over its candidates; drawn, as logits over the whole
+            // vocabulary that leave every other token out, so that the odds are the vocabulary's.
+            Proposer::Selector(selector) => {
+                let candidates = selector.candidates(&h, &logits)?;
+                for i in 0..limit as i32 {
+                    let scores = selector.scores(&candidates, i, &previous)?;
+                    let among = candidates.tokens.index(i..i + 1);
+                    previous = match q.as_deref_mut() {
+                        None => {
+                            let best = ops::indexing::argmax_axis(&scores, -1, Some(true))?;
+                            among.take_along_axis(&best, -1)?.reshape(&[1])?
+                        }
+                        Some(q) => {
+                            let none = ops::full::<f32>(
+                                &[1, logits.dim(-1)],
+                                Array::from_f32(f32::NEG_INFINITY),
+                            )?
+                            .as_dtype(scores.dtype())?;
+                            let row = none.put_along_axis(&among, &scores, -1)?;
+                            pick(&row, sampler, Some(q))?
+                        }
+                    };
+                    tokens.push(previous.clone());
+                }
+            }
+        }
         let tokens = ops::concatenate(&tokens, 0)?;
         tokens.eval()?;
         Ok(tokens.as_slice::<u32>().to_vec())

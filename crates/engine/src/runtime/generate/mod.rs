@@ -5,6 +5,8 @@
 
 mod acceptance;
 mod context;
+#[cfg(test)]
+mod drafter_tests;
 mod drafters;
 mod guided;
 mod interleave;

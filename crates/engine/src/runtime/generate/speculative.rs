@@ -1,6 +1,6 @@
 //! Speculative decoding: draft tokens (`drafters.rs`: from the sequence itself, a smaller draft
-//! model with the same tokenizer, the model's own multi-token-prediction head or a DFlash block
-//! drafter, the last two reading the model's hidden states) are checked by one forward pass of
+//! model with the same tokenizer, the model's own multi-token-prediction head, an EAGLE-3
+//! drafter or a DFlash-style block drafter, the last three reading the model's hidden states) are checked by one forward pass of
 //! the model over the last token and the draft, which gives the model's own choice at every
 //! position. Drafts picked greedily or copied are taken while they agree with those choices,
 //! plus the first that does not (or one past the draft): every token is still the model's,
@@ -18,7 +18,7 @@ use mlx_rs::{transforms, Array};
 use super::{
     acceptance,
     context::{GenerationContext, Result, CLEAR_CACHE_EVERY},
-    drafters::{lookup, BlockDraft, DraftModel, MtpDraft},
+    drafters::{lookup, BlockDraft, ChainDraft, DraftModel},
     output::Output,
     state::SequenceState,
     state::Step,
@@ -41,6 +41,7 @@ pub(super) fn reads(method: Drafts, ctx: &GenerationContext<'_>) -> Option<Tap> 
     ) {
         (Drafts::Mtp, _) => Some(Tap::Final),
         (Drafts::DraftModel, Some(Draft::Block(d))) => Some(Tap::Layers(d.target_layers.clone())),
+        (Drafts::DraftModel, Some(Draft::Eagle3(d))) => Some(Tap::Layers(d.capture_layers.clone())),
         _ => None,
     }
 }
@@ -66,7 +67,8 @@ enum Source<'a> {
         history: Vec<u32>,
     },
     Model(DraftModel<'a>),
-    Mtp(MtpDraft<'a>),
+    /// The model's own multi-token-prediction head, or an EAGLE-3 drafter.
+    Chain(ChainDraft<'a>),
     Block(BlockDraft<'a>),
 }
 
@@ -98,6 +100,12 @@ impl<'a> Drafter<'a> {
                     draft.prefill(prompt, &dec.ctx, cancel)?;
                     Source::Model(draft)
                 }
+                Some(Draft::Eagle3(eagle3)) => {
+                    match ChainDraft::new(dec.ctx.model, Some(eagle3), prompt, hidden)? {
+                        Some(chain) => Source::Chain(chain),
+                        None => return Ok(None),
+                    }
+                }
                 Some(Draft::Block(dflash)) => {
                     match BlockDraft::new(dec.ctx.model, dflash, prompt, hidden)? {
                         Some(block) => Source::Block(block),
@@ -106,17 +114,21 @@ impl<'a> Drafter<'a> {
                 }
                 None => return Ok(None),
             },
-            Drafts::Mtp => match MtpDraft::new(dec.ctx.model, prompt, hidden)? {
-                Some(mtp) => Source::Mtp(mtp),
+            Drafts::Mtp => match ChainDraft::new(dec.ctx.model, None, prompt, hidden)? {
+                Some(mtp) => Source::Chain(mtp),
                 None => return Ok(None),
             },
         };
         let depth = dec.ctx.model.mtp_depth();
-        let num_draft_tokens = match &source {
+        let num_draft_tokens = match (&source, dec.ctx.draft) {
             // A block holds the last token and its guesses.
-            Source::Block(block) => {
+            (Source::Block(block), _) => {
                 let most = block.block_size() - 1;
                 spec.num_draft_tokens.unwrap_or(most).min(most)
+            }
+            // EAGLE-3's release says how many it drafts; it chains as many as asked.
+            (Source::Chain(_), Some(Draft::Eagle3(e))) if method == Drafts::DraftModel => {
+                spec.num_draft_tokens.unwrap_or(e.block_size - 1)
             }
             _ => (spec.num_draft_tokens).unwrap_or(method.default_count(depth)),
         };
@@ -140,7 +152,7 @@ impl<'a> Drafter<'a> {
         self.last = match &mut self.source {
             Source::Lookup { history } => lookup(history, limit),
             Source::Model(draft) => draft.draft(limit, sampler, q)?,
-            Source::Mtp(mtp) => mtp.draft(limit, sampler, q)?,
+            Source::Chain(chain) => chain.draft(limit, sampler, q)?,
             Source::Block(block) => block.draft(limit, sampler, q)?,
         };
         self.drafted += self.last.len();
@@ -166,7 +178,7 @@ impl<'a> Drafter<'a> {
                 history.push(next);
             }
             Source::Model(model) => model.taken(&draft, accepted, next),
-            Source::Mtp(mtp) => mtp.taken(&draft, accepted, next, hidden)?,
+            Source::Chain(chain) => chain.taken(&draft, accepted, next, hidden)?,
             Source::Block(block) => block.taken(accepted, next, hidden)?,
         }
         Ok(())
