@@ -354,34 +354,39 @@ async fn an_image_for_a_text_model_is_refused() {
     within_for(LIMIT, w.shutdown()).await.unwrap();
 }
 
-/// A multimodal checkpoint whose tower the worker does not run (`models::TEXT_OF_MULTIMODAL`)
-/// loads its language model alone, as mlx-lm does: not a vision model, images refused, text
-/// answered.
+/// A multimodal checkpoint whose tower the worker does not run (`models::TEXT_OF_MULTIMODAL`:
+/// Gemma 4's; Mistral Small 4's Pixtral, beside a `mistral4` language model) loads its
+/// language model alone, as mlx-lm does: not a vision model, images refused, text answered.
 #[tokio::test]
 async fn a_multimodal_checkpoint_without_its_tower_runs_as_text() {
-    let Some((dir, images)) = fixture("tiny-gemma4-multimodal") else {
-        return;
-    };
-    let w = worker(&[]);
-    let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
-        .await
-        .expect("load the gemma4 fixture");
-    assert!(!loaded.info.is_vision);
-    assert_eq!(loaded.info.architecture, "gemma4");
-    let p = greedy(vec![user(vec![
-        text("what is this?"),
-        image(model_id(&images.join("gradient.png"))),
-    ])]);
-    let e = rpc_error(
-        within_for(LIMIT, w.generate(&p).unwrap().finish()).await,
-        ErrorCode::InvalidParams,
-    );
-    let data = e.data_as::<InvalidParamsData>().unwrap();
-    assert_eq!(data.field, "messages[0].content[1]");
-    assert!(data.reason.contains("tower"), "{}", data.reason);
-    let ok = generate(&w, &greedy(vec![ChatMessage::new("user", "hi")])).await;
-    assert_eq!(ok.usage.completion_tokens, 8);
-    within_for(LIMIT, w.shutdown()).await.unwrap();
+    for (name, architecture) in [
+        ("tiny-gemma4-multimodal", "gemma4"),
+        ("tiny-mistral3-mistral4", "mistral3"),
+    ] {
+        let Some((dir, images)) = fixture(name) else {
+            return;
+        };
+        let w = worker(&[]);
+        let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))
+            .await
+            .expect("load the fixture");
+        assert!(!loaded.info.is_vision, "{name}");
+        assert_eq!(loaded.info.architecture, architecture);
+        let p = greedy(vec![user(vec![
+            text("what is this?"),
+            image(model_id(&images.join("gradient.png"))),
+        ])]);
+        let e = rpc_error(
+            within_for(LIMIT, w.generate(&p).unwrap().finish()).await,
+            ErrorCode::InvalidParams,
+        );
+        let data = e.data_as::<InvalidParamsData>().unwrap();
+        assert_eq!(data.field, "messages[0].content[1]");
+        assert!(data.reason.contains("tower"), "{}", data.reason);
+        let ok = generate(&w, &greedy(vec![ChatMessage::new("user", "hi")])).await;
+        assert_eq!(ok.usage.completion_tokens, 8);
+        within_for(LIMIT, w.shutdown()).await.unwrap();
+    }
 }
 
 /// The encoder of `tiny-gemma3-vl-448` (a 448 px tower: 1024 patches) takes seconds on a CPU.

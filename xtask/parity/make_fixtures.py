@@ -646,7 +646,7 @@ def config_for(spec):
     config.update(FAMILY_BASE[model_type])
     config.update(spec.get("config", {}))
     if outer := spec.get("wrap"):
-        return wrap(config, outer)
+        return wrap(config, outer, spec.get("towers"))
     return config
 
 
@@ -663,24 +663,26 @@ WRAPPERS = {
 }
 
 
-def wrap(config, outer):
+def wrap(config, outer, towers=None):
     """The family's tiny text config under `text_config` of a multimodal config.json (Gemma 4
-    also repeats the vocabulary at the top, which mlx-lm writes over the text config's)."""
+    also repeats the vocabulary at the top, which mlx-lm writes over the text config's), with a
+    `vision_config` where it has towers (the wrapper's, or the spec's "towers")."""
     arch, _ = WRAPPERS[outer]
+    towers = WRAPPERS[outer][1] if towers is None else towers
     wrapped = {
         "architectures": [arch],
         "model_type": outer,
         "text_config": config,
         "tie_word_embeddings": config["tie_word_embeddings"],
     }
-    if WRAPPERS[outer][1]:
+    if towers:
         wrapped["vision_config"] = {"hidden_size": 16}
     if outer == "gemma4":
         wrapped["vocab_size"] = config["vocab_size"]
     return wrapped
 
 
-def hf_multimodal(weights, outer):
+def hf_multimodal(weights, outer, towers=None):
     """A wrapped model's tensors as transformers 5 saves them: the language model under
     `model.language_model.`, the head at the top, fused experts (`experts.gate_up_proj`, gate rows
     then up rows, and `experts.down_proj`), and a small tensor per tower."""
@@ -698,7 +700,7 @@ def hf_multimodal(weights, outer):
         parent = parent if parent.endswith(".experts") else parent + ".experts"
         out[f"{parent}.gate_up_proj"] = mx.concatenate([out.pop(key), up], axis=-2)
         out[f"{parent}.down_proj"] = out.pop(key.replace("gate_proj", "down_proj"))
-    for tower in WRAPPERS[outer][1]:
+    for tower in WRAPPERS[outer][1] if towers is None else towers:
         out[f"model.{tower}.proj.weight"] = mx.random.normal((16, 16))
     return out
 
@@ -1233,7 +1235,7 @@ def build(spec, out):
     if stacked := spec.get("fused_columns"):
         weights = fused_columns(weights, stacked, spec["wrap"])
     elif spec.get("wrap") and not spec.get("quantize"):
-        weights = hf_multimodal(weights, spec["wrap"])
+        weights = hf_multimodal(weights, spec["wrap"], spec.get("towers"))
     if spec.get("hf_mla"):
         weights = hf_mla(weights)
     if spec.get("granite_hf"):

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::mla::{LatentPrefill, MlaSpec},
-    layers::moe::{MoeSpec, Routing},
+    layers::moe::{split_fused_experts, FusedExperts, MoeSpec, Routing},
     layers::rope::rope_from_config,
     layers::weights::Weights,
     layers::{AttentionShape, QueryTemperature, TemperatureForm},
@@ -133,6 +133,10 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder, EngineError
         args.qk_nope_head_dim,
         args.v_head_dim,
     )?;
+    // transformers' fused experts (`Mistral4NaiveMoe`), as mlx-lm's sanitize splits them.
+    split_fused_experts(&mut weights, FusedExperts::Rows, |mlp| {
+        format!("{mlp}.switch_mlp")
+    })?;
     sanitize(&mut weights, tie);
     Decoder::load(weights, spec, Llama)
 }

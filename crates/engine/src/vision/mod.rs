@@ -75,7 +75,14 @@ pub(crate) fn split(
             let (vision, text) = qwen_vl::load(family, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
-        "mistral3" if config.get("vision_config").is_some_and(|v| !v.is_null()) => {
+        // Mistral Small 4 (a `mistral4` language model) runs as text, as mlx-lm runs it:
+        // mlx-vlm 0.7's Mistral 4 computes otherwise than mlx-lm's (it expands the latent
+        // keys, routes without groups, scales without YaRN's mscale), so its images have no
+        // reference the worker could be exact against.
+        "mistral3"
+            if config.get("vision_config").is_some_and(|v| !v.is_null())
+                && config.pointer("/text_config/model_type") != Some(&Value::from("mistral4")) =>
+        {
             let processor = shared::image_processor(dir, model_type)?;
             let (vision, text) = mistral3::load(dir, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
