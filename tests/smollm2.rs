@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::support::{greedy, import_cache, model_id, within_for, worker, worker_with_cache};
+use crate::support::{chat, greedy, import_cache, model_id, within_for, worker, worker_with_cache};
 use fixtures::{smollm2_dir, smollm2_gguf};
-use protocol::methods::{ChatTemplateSource, FinishReason, Load, LoadParams};
+use protocol::methods::{ChatTemplateSource, FinishReason, GenerateParams, Load, LoadParams};
 
 /// A 135M model on a slow CPU.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -112,6 +112,52 @@ async fn smollm2_prompt_lookup_answers_the_same_with_fewer_passes() {
         err.to_string().contains("speculative.num_draft_tokens"),
         "{err}"
     );
+    answers_paris_and_shuts_down(w).await;
+}
+
+/// A chat's next turn with a draft model: the prompt cache kept the draft model's caches with
+/// the model's, so it runs only the new turn's tokens (`usage.draft_cached_tokens`, as many as
+/// the model's `cached_tokens`), drafts as well as at the first turn (SmolLM2 drafting for
+/// itself: every draft but near ties taken; kept caches a position off would be refused
+/// everywhere), and answers as without drafts.
+#[tokio::test]
+async fn the_draft_models_caches_serve_the_next_turn() {
+    let Some(dir) = smollm2_dir() else { return };
+    let w = worker(&[]);
+    let mut load = LoadParams::new(model_id(&dir));
+    load.draft_model = Some(model_id(&dir));
+    within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
+    let speculating = |mut ask: GenerateParams| {
+        ask.speculative =
+            Some(serde_json::from_value(serde_json::json!({"method": "draft_model"})).unwrap());
+        ask
+    };
+    let question = "Write a short poem about the sea.";
+    let first = speculating(greedy(question, 24));
+    let first = within_for(LIMIT, w.generate(&first).unwrap().finish())
+        .await
+        .unwrap();
+    assert_eq!(first.usage.draft_cached_tokens, 0, "{:?}", first.usage);
+    let turns = [
+        ("user", question),
+        ("assistant", first.text.as_str()),
+        ("user", "Now one about the mountains."),
+    ];
+    let next = speculating(chat(&turns, 24));
+    let fast = within_for(LIMIT, w.generate(&next).unwrap().finish())
+        .await
+        .unwrap();
+    let usage = &fast.usage;
+    assert!(usage.cached_tokens > 20, "{usage:?}");
+    assert_eq!(usage.draft_cached_tokens, usage.cached_tokens, "{usage:?}");
+    assert!(
+        usage.accepted_tokens * 10 >= usage.drafted_tokens * 9,
+        "{usage:?}"
+    );
+    let plain = within_for(LIMIT, w.generate(&chat(&turns, 24)).unwrap().finish())
+        .await
+        .unwrap();
+    assert_eq!(fast.text, plain.text);
     answers_paris_and_shuts_down(w).await;
 }
 

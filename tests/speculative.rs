@@ -102,6 +102,39 @@ async fn dflash2_dspark_and_eagle3_drafters_answer_as_one_token_per_pass() {
     assert!(w.stray_stdout_lines().is_empty());
 }
 
+/// The prompt cache keeps each drafter's caches with the model's: a next prompt sharing the
+/// first one's 40 tokens reuses the model's caches (to the recurrent layers' snapshot where the
+/// first prompt ended: 39 positions) and the drafter's as far (`draft_cached_tokens`), which
+/// then reads the model's hidden states from there on, and answers as without drafts.
+#[tokio::test]
+async fn the_prompt_cache_keeps_each_drafters_caches() {
+    let Some(dir) = fixtures::vision_fixture("tiny-qwen3-5") else {
+        return;
+    };
+    let w = worker(&[]);
+    for (drafter, method) in [
+        (None, "mtp"),
+        (Some("dflash"), "draft_model"),
+        (Some("eagle3"), "draft_model"),
+    ] {
+        let mut load = LoadParams::new(model_id(&dir));
+        load.draft_model = drafter.map(|d| model_id(&dir.join(d)));
+        within_for(LIMIT, w.call::<Load>(&load)).await.unwrap();
+        let mut ask = greedy_after_the_prompt();
+        speculating(&mut ask, method);
+        let first = answer(&w, &ask).await;
+        assert_eq!(first.usage.draft_cached_tokens, 0, "{method}");
+        ask.prompt_ids = Some((100..140).chain(200..208).collect());
+        let next = answer(&w, &ask).await;
+        let usage = (next.usage.cached_tokens, next.usage.draft_cached_tokens);
+        assert_eq!(usage, (39, 39), "{drafter:?} {method}: {:?}", next.usage);
+        assert!(next.usage.drafted_tokens > 0);
+        ask.speculative = None;
+        assert_eq!(answer(&w, &ask).await.text, next.text, "{drafter:?}");
+    }
+    assert_eq!(w.shutdown().await.unwrap().code(), Some(0));
+}
+
 /// After an image: Qwen2.5-VL and Qwen3-VL (their M-RoPE positions after the image's grid run
 /// on from the prompt's) speculate with prompt lookup, the greedy answer as without drafts. A
 /// bias keeps the random models to three tokens, so that drafts are found and taken, and which

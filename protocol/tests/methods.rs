@@ -369,6 +369,7 @@ fn results_use_the_contracts_names() {
             cached_images: 0,
             drafted_tokens: 0,
             accepted_tokens: 0,
+            draft_cached_tokens: 0,
         },
         timings: Timings::default(),
         tool_calls: Vec::new(),

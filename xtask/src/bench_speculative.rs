@@ -3,7 +3,11 @@
 //! - the release worker with and without `speculative: prompt_lookup` (mlx-lm has no prompt
 //!   lookup), alternating within each round;
 //! - with `--draft-model`: the worker's `speculative: draft_model` beside mlx-lm's speculative
-//!   `stream_generate` on the same pair (SmolLM2 drafting for itself unless a draft is given).
+//!   `stream_generate` on the same pair (SmolLM2 drafting for itself unless a draft is given);
+//!   then the chat's next turn (the rewrite as the assistant's message and a follow-up
+//!   question), timed to its first token: the worker with drafts (the prompt cache kept the
+//!   draft model's caches with the model's), without, and mlx-lm with drafts (every request
+//!   from an empty cache, as its `stream_generate` runs).
 //!
 //! Medians, ratios, drafted/accepted, and whether every run's text is identical.
 
@@ -20,6 +24,22 @@ use crate::venv;
 
 /// Tokens per run: enough to copy the first paragraphs of the story.
 const MAX_NEW_TOKENS: u32 = 256;
+
+/// The chat's next turn after the rewrite, and the tokens it runs to.
+const FOLLOW_UP: &str = "Now write one sentence about Anna.";
+const FOLLOW_UP_TOKENS: u32 = 32;
+
+/// The next turn of `params`' chat, after `answer`.
+fn next_turn(params: &GenerateParams, answer: &GenerateResult) -> GenerateParams {
+    let mut messages = params.messages.clone();
+    messages.push(ChatMessage::new("assistant", answer.text.clone()));
+    messages.push(ChatMessage::new("user", FOLLOW_UP));
+    GenerateParams {
+        messages,
+        max_new_tokens: FOLLOW_UP_TOKENS,
+        ..params.clone()
+    }
+}
 
 pub struct Options<'a> {
     pub model: &'a Path,
@@ -81,19 +101,32 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             mlx_lm.request(&request)?;
         }
         let (mut plain, mut fast, mut ours, mut theirs) = (vec![], vec![], vec![], vec![]);
+        let mut next = NextTurns::default();
         for round in 1..=o.runs {
             eprintln!("bench: round {round}/{}", o.runs);
             plain.push(worker.fresh_generate(&params).await?);
+            if reference.is_some() {
+                // The plain chat's next turn, on the cache its first turn left.
+                let ask = next_turn(&params, plain.last().expect("a run"));
+                next.plain.push(worker.client.generate(&ask)?.finish().await?);
+            }
             fast.push(worker.fresh_generate(&lookup).await?);
             if let Some(mlx_lm) = &mut reference {
                 ours.push(worker.fresh_generate(&drafted).await?);
+                let ask = next_turn(&drafted, ours.last().expect("a run"));
+                next.drafted.push(worker.client.generate(&ask)?.finish().await?);
                 theirs.push(mlx_lm.request(&request)?);
+                let mut theirs_next = request.clone();
+                theirs_next["messages"] = json!(ask.messages);
+                theirs_next["max_new_tokens"] = json!(FOLLOW_UP_TOKENS);
+                next.mlx_lm.push(mlx_lm.request(&theirs_next)?);
             }
         }
         worker.client.shutdown().await.ok();
         print_lookup(o.drafts, &plain, &fast);
         if reference.is_some() {
             print_draft(o, &plain, &ours, &theirs);
+            print_next(&next);
         }
         anyhow::Ok(())
     })
@@ -179,6 +212,48 @@ fn print_draft(o: &Options, plain: &[GenerateResult], ours: &[GenerateResult], t
         "| identical text, every run, both sides | {} | | |",
         yes(same)
     );
+}
+
+/// The chat's next turns, per round: the worker with and without drafts, mlx-lm with.
+#[derive(Default)]
+struct NextTurns {
+    drafted: Vec<GenerateResult>,
+    plain: Vec<GenerateResult>,
+    mlx_lm: Vec<Value>,
+}
+
+fn print_next(next: &NextTurns) {
+    let ttft = |r: &[GenerateResult]| median(r.iter().map(|r| r.timings.ttft_ms).collect());
+    let theirs = median(
+        next.mlx_lm
+            .iter()
+            .map(|a| a["ttft_ms"].as_f64().unwrap_or(0.0))
+            .collect(),
+    );
+    let (ours, plain) = (ttft(&next.drafted), ttft(&next.plain));
+    let last = next.drafted.last().expect("at least one run");
+    println!();
+    println!(
+        "The chat's next turn (the rewrite as the assistant's message, then {FOLLOW_UP:?}; {} \
+         prompt tokens, {FOLLOW_UP_TOKENS} new), time to first token, median of {} runs",
+        last.usage.prompt_tokens,
+        next.drafted.len()
+    );
+    println!("| metric | worker, draft model | worker, no drafts | mlx-lm, draft model |");
+    println!("|---|---|---|---|");
+    println!("| ttft ms | {ours:.0} | {plain:.0} | {theirs:.0} |");
+    println!(
+        "| prompt tokens reused (model / draft model) | {} / {} | {} / - | 0 / 0 |",
+        last.usage.cached_tokens,
+        last.usage.draft_cached_tokens,
+        next.plain.last().map_or(0, |r| r.usage.cached_tokens)
+    );
+    println!(
+        "| worker with drafts vs mlx-lm, ttft | {:.2}x faster | | |",
+        theirs / ours
+    );
+    let same = next.drafted.iter().zip(&next.plain).all(|(a, b)| a.text == b.text);
+    println!("| identical text, with and without drafts | {} | | |", yes(same));
 }
 
 fn yes(b: bool) -> &'static str {

@@ -228,6 +228,7 @@ pub fn generate_result(c: mlx_engine::Completion) -> GenerateResult {
             cached_tokens: u.cached_tokens as u64,
             cached_images: u.cached_images as u64,
             drafted_tokens: u.drafted_tokens as u64,
+            draft_cached_tokens: u.draft_cached_tokens as u64,
             accepted_tokens: u.accepted_tokens as u64,
         },
         timings: Timings {
@@ -633,6 +634,7 @@ mod tests {
                 cached_images: 0,
                 drafted_tokens: 4,
                 accepted_tokens: 3,
+                draft_cached_tokens: 7,
             },
             timings: mlx_engine::Timings {
                 prompt_n: 10,
@@ -644,6 +646,7 @@ mod tests {
         });
         assert_eq!(r.usage.total_tokens, 12);
         assert_eq!((r.usage.drafted_tokens, r.usage.accepted_tokens), (4, 3));
+        assert_eq!(r.usage.draft_cached_tokens, 7);
         assert_eq!(r.timings.prompt_per_second, 2000.0);
         assert_eq!(r.timings.predicted_per_second, 0.0);
     }

@@ -393,6 +393,11 @@ pub struct Usage {
     /// Of those, how many the model confirmed (each saved a forward pass).
     #[serde(default)]
     pub accepted_tokens: u64,
+    /// Speculative decoding: prompt positions the drafter (a draft model, the model's own
+    /// multi-token-prediction head, an EAGLE-3 or block drafter) did not run again because the
+    /// prompt cache kept its caches with the model's (0 without `speculative`).
+    #[serde(default)]
+    pub draft_cached_tokens: u64,
 }
 
 /// Timings, with llama-server's field names.

@@ -392,6 +392,35 @@ impl DFlash {
         self.norm.forward(&h)
     }
 
+    /// A layer's keys and values of the projected `context` `(1, S, H)`, rotated at the
+    /// positions after its cache's, appended to it: the cache's keys and values after.
+    fn cache_context(
+        &self,
+        layer: &Layer,
+        context: &Array,
+        cache: &mut KvCache,
+    ) -> Result<(Array, Array)> {
+        let heads = |a: Array| a.reshape(&[context.dim(0), context.dim(1), self.kv_heads, -1]);
+        let t = |a: Array| a.transpose_axes(&[0, 2, 1, 3]);
+        let ck = layer
+            .k_norm
+            .forward(&heads(layer.k_proj.forward(context)?)?)?;
+        let cv = heads(layer.v_proj.forward(context)?)?;
+        let ck = self.rope.forward(&t(ck)?, cache.offset())?;
+        cache.update_and_fetch(ck, t(cv)?)
+    }
+
+    /// Appends the context of the model's hidden states `context` `(1, S, layers * H)` to
+    /// `caches` without drafting (what [`Self::forward`] appends), so that they hold the
+    /// positions the model's caches do.
+    pub fn remember(&self, context: &Array, caches: &mut [KvCache]) -> Result<()> {
+        let context = self.hidden_norm.forward(&self.fc.forward(context)?)?;
+        for (layer, cache) in self.layers.iter().zip(caches) {
+            self.cache_context(layer, &context, cache)?;
+        }
+        Ok(())
+    }
+
     /// A layer's attention: the block's queries over the cached context's keys (at their
     /// positions) and the block's own (after them), without a mask.
     fn attend(
@@ -410,16 +439,11 @@ impl DFlash {
             .k_norm
             .forward(&heads(layer.k_proj.forward(x)?, self.kv_heads)?)?;
         let v = heads(layer.v_proj.forward(x)?, self.kv_heads)?;
-        let ck = layer
-            .k_norm
-            .forward(&heads(layer.k_proj.forward(context)?, self.kv_heads)?)?;
-        let cv = heads(layer.v_proj.forward(context)?, self.kv_heads)?;
         let t = |a: Array| a.transpose_axes(&[0, 2, 1, 3]);
-        let (start, after) = (cache.offset(), cache.offset() + context.dim(1));
+        let after = cache.offset() + context.dim(1);
         let q = self.rope.forward(&t(q)?, after)?;
         let k = self.rope.forward(&t(k)?, after)?;
-        let ck = self.rope.forward(&t(ck)?, start)?;
-        let (ck, cv) = cache.update_and_fetch(ck, t(cv)?)?;
+        let (ck, cv) = self.cache_context(layer, context, cache)?;
         let keys = ops::concatenate(&[ck, k], 2)?;
         let values = ops::concatenate(&[cv, t(v)?], 2)?;
         let scale = (self.head_dim as f32).powf(-0.5);

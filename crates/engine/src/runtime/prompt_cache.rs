@@ -49,8 +49,54 @@ pub struct Owner {
     pub conversation: Option<String>,
 }
 
+/// Which drafter of a speculative generation made [`DraftCaches`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrafterKey {
+    /// A draft model (`draft_model`, a smaller model).
+    Model,
+    /// The model's own multi-token-prediction head.
+    Mtp,
+    /// An EAGLE-3 drafter.
+    Eagle3,
+    /// A DFlash, DFlash2 or DSpark block drafter.
+    Block,
+}
+
+/// A speculative generation's drafter caches, kept beside the model's. They hold as many
+/// positions as the model's (the drafter caught up at the end; a block drafter's position `i`
+/// is the context of position `i`, a multi-token-prediction head's the token after it), so
+/// they are cut back with them, and the next generation's drafter starts where the model's
+/// prefill starts.
+#[derive(Clone)]
+pub struct DraftCaches {
+    pub drafter: DrafterKey,
+    pub caches: Vec<KvCache>,
+}
+
+impl DraftCaches {
+    /// Positions held.
+    pub fn offset(&self) -> usize {
+        self.caches
+            .first()
+            .map_or(0, |c| c.offset().max(0) as usize)
+    }
+
+    /// Cut back to `n` positions; `None` when they hold fewer (they fell behind the model's).
+    fn cut_to(mut self, n: usize) -> Option<Self> {
+        let drop = self.offset().checked_sub(n)? as i32;
+        self.caches.iter_mut().all(|c| c.trim(drop)).then_some(self)
+    }
+
+    fn bytes(&self) -> u64 {
+        let arrays = self.caches.iter().flat_map(KvCache::arrays);
+        arrays.map(|a| a.nbytes() as u64).sum()
+    }
+}
+
 struct Kept {
     caches: Vec<KvCache>,
+    /// The drafter's caches of the speculative generation that made the entry, if any.
+    draft: Option<DraftCaches>,
     /// The tokens the caches hold, in order.
     tokens: Vec<u32>,
     /// A hybrid model's recurrent states at earlier positions (ascending), where a prompt that
@@ -88,12 +134,15 @@ impl Kept {
     fn bytes(&self) -> u64 {
         let arrays = self.caches.iter().flat_map(KvCache::arrays);
         let snapshots: u64 = self.snapshots.iter().map(Snapshot::bytes).sum();
-        arrays.map(|a| a.nbytes() as u64).sum::<u64>() + snapshots
+        let draft = self.draft.as_ref().map_or(0, DraftCaches::bytes);
+        arrays.map(|a| a.nbytes() as u64).sum::<u64>() + snapshots + draft
     }
 
+    /// An entry read from the disk tier (which keeps no drafter caches).
     fn of(entry: Entry) -> Self {
         Self {
             caches: entry.caches,
+            draft: None,
             tokens: entry.tokens,
             snapshots: entry.snapshots,
             owner: Owner {
@@ -143,8 +192,8 @@ impl PromptCache {
     /// Caches for generating from `prompt`: a kept entry's cut back to the longest prefix it
     /// shares with it (for a hybrid model whose states cannot be cut back, to its latest
     /// snapshot within that prefix), or fresh ones. Returns the caches, how many prompt tokens
-    /// they already hold, and the entry's snapshots within those (still prefixes of the
-    /// prompt). With `lend`, an entry the prompt extends whole lends a copy too (the generation
+    /// they already hold, the entry's snapshots within those (still prefixes of the prompt),
+    /// and its drafter's caches cut back to the same. With `lend`, an entry the prompt extends whole lends a copy too (the generation
     /// will not be kept in its place). A file of the disk tier is read in before, by
     /// [`Self::read_in`], where memory allows.
     pub fn take(
@@ -152,28 +201,32 @@ impl PromptCache {
         prompt: &[u32],
         (owner, lend): (&Owner, bool),
         make_caches: impl Fn() -> Vec<KvCache>,
-    ) -> (Vec<KvCache>, usize, Vec<Snapshot>) {
+    ) -> (Vec<KvCache>, usize, Vec<Snapshot>, Option<DraftCaches>) {
         let mut counts = self.counts.get();
         counts.lookups += 1;
         let Some((shared, i, copies)) = self.reuse(prompt, (owner, lend)) else {
             self.counts.set(counts);
-            return (make_caches(), 0, Vec::new());
+            return (make_caches(), 0, Vec::new(), None);
         };
         let from_disk = std::mem::take(&mut self.entries[i].read_for_use);
         let drop = (self.entries[i].tokens.len() - shared) as i32;
-        let (mut caches, snapshots) = if copies {
+        let (mut caches, snapshots, draft) = if copies {
             // Used now: the entry moves to the most recent end, and lends a copy.
             let entry = self.entries.remove(i);
-            let copy = (entry.caches.clone(), entry.snapshots.clone());
+            let copy = (
+                entry.caches.clone(),
+                entry.snapshots.clone(),
+                entry.draft.clone(),
+            );
             self.entries.push(entry);
             copy
         } else {
             let entry = self.entries.remove(i);
-            (entry.caches, entry.snapshots)
+            (entry.caches, entry.snapshots, entry.draft)
         };
         let Some(at) = cut_back(&mut caches, &snapshots, drop, shared) else {
             self.counts.set(counts);
-            return (make_caches(), 0, Vec::new());
+            return (make_caches(), 0, Vec::new(), None);
         };
         match &self.disk {
             Some(disk) if from_disk => disk.count_hit(at as u64),
@@ -183,7 +236,12 @@ impl PromptCache {
         }
         self.counts.set(counts);
         let within = snapshots.into_iter().filter(|s| s.positions <= at);
-        (caches, at, within.collect())
+        (
+            caches,
+            at,
+            within.collect(),
+            draft.and_then(|d| d.cut_to(at)),
+        )
     }
 
     /// Reads in the file of the disk tier sharing the longest prefix with `prompt` when it
@@ -257,16 +315,17 @@ impl PromptCache {
         self.entries.len()
     }
 
-    /// Keeps `caches` after a generation fed them `prompt`, then `sampled` tokens in order.
-    /// They may hold fewer positions than that (cancelled mid-prefill) or a few more (a step
-    /// queued ahead for a token never read); either way only what is known is kept. The entry
+    /// Keeps `caches` (and the drafter's `draft`, cut back with them) after a generation fed
+    /// them `prompt`, then `sampled` tokens in order. They may hold fewer positions than that
+    /// (cancelled mid-prefill) or a few more (a step queued ahead for a token never read);
+    /// either way only what is known is kept. The entry
     /// of the same named conversation is replaced (its pin goes on to the new one), unnamed
     /// entries whose tokens start the new one's are dropped (it serves their prompts too),
     /// then the least recently used leave memory (for the disk tier, if any) until the rest fit
     /// the budget.
     pub fn keep(
         &mut self,
-        (mut caches, mut snapshots): (Vec<KvCache>, Vec<Snapshot>),
+        (mut caches, mut snapshots, draft): (Vec<KvCache>, Vec<Snapshot>, Option<DraftCaches>),
         prompt: &[u32],
         sampled: &[u32],
         owner: &Owner,
@@ -288,8 +347,10 @@ impl PromptCache {
         let pinned = self.entries.iter().any(|e| replaced(e) && e.pinned);
         self.entries.retain(|e| !replaced(e));
         snapshots.retain(|s| s.positions > 0 && s.positions < tokens.len());
+        let draft = draft.and_then(|d| d.cut_to(tokens.len()));
         self.entries.push(Kept {
             caches,
+            draft,
             tokens,
             snapshots,
             owner: owner.clone(),
@@ -460,6 +521,7 @@ impl PromptCache {
             ));
         }
         let (mut caches, snapshots) = (from.caches.clone(), from.snapshots.clone());
+        let draft = from.draft.clone().and_then(|d| d.cut_to(at));
         let drop = (from.tokens.len() - at) as i32;
         if cut_back(&mut caches, &snapshots, drop, at) != Some(at) {
             return Err(format!(
@@ -469,6 +531,7 @@ impl PromptCache {
         }
         let entry = Kept {
             caches,
+            draft,
             tokens: from.tokens[..at].to_vec(),
             snapshots: snapshots.into_iter().filter(|s| s.positions < at).collect(),
             owner: Owner {
@@ -574,8 +637,13 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         // Prompt 1..=4 then sampled 5, 6 fed back: 6 positions.
-        cache.keep((caches(6, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], &on());
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (&on(), false), || {
+        cache.keep(
+            (caches(6, None), Vec::new(), None),
+            &[1, 2, 3, 4],
+            &[5, 6],
+            &on(),
+        );
+        let (c, reused, _, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (&on(), false), || {
             caches(0, None)
         });
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
@@ -585,8 +653,13 @@ mod tests {
     fn the_same_prompt_leaves_its_last_token_to_run() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep((caches(5, None), Vec::new()), &[1, 2, 3, 4, 5], &[], &on());
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5], (&on(), false), || caches(0, None));
+        cache.keep(
+            (caches(5, None), Vec::new(), None),
+            &[1, 2, 3, 4, 5],
+            &[],
+            &on(),
+        );
+        let (c, reused, _, _) = cache.take(&[1, 2, 3, 4, 5], (&on(), false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
     }
 
@@ -594,14 +667,20 @@ mod tests {
     fn a_diverging_prompt_is_cut_back_to_the_shared_prefix() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep((caches(6, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], &on());
-        let (c, reused, _) = cache.take(&[1, 2, 9, 9, 9], (&on(), false), || caches(0, None));
+        cache.keep(
+            (caches(6, None), Vec::new(), None),
+            &[1, 2, 3, 4],
+            &[5, 6],
+            &on(),
+        );
+        let (c, reused, _, _) = cache.take(&[1, 2, 9, 9, 9], (&on(), false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (2, vec![2, 2]));
         // A copy was cut back: the entry still holds all six for its own conversation.
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || caches(0, None));
+        let (c, reused, _, _) =
+            cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // Taken whole: nothing is left to share.
-        let (c, reused, _) = cache.take(&[1, 2, 9], (&on(), false), || caches(0, None));
+        let (c, reused, _, _) = cache.take(&[1, 2, 9], (&on(), false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
     }
 
@@ -612,12 +691,12 @@ mod tests {
         let mut c = KvCache::default();
         c.update_and_fetch(ones(4), ones(4)).unwrap();
         let mut cache = PromptCache::default();
-        cache.keep((vec![c], Vec::new()), &[1, 2, 3, 4], &[], &on());
-        let (mut copy, reused, _) = cache.take(&[1, 2, 9, 9], (&on(), false), Vec::new);
+        cache.keep((vec![c], Vec::new(), None), &[1, 2, 3, 4], &[], &on());
+        let (mut copy, reused, _, _) = cache.take(&[1, 2, 9, 9], (&on(), false), Vec::new);
         assert_eq!(reused, 2);
         let nines = Array::from_slice(&[9f32; 2], &[1, 1, 2, 1]);
         copy[0].update_and_fetch(nines.clone(), nines).unwrap();
-        let (mut kept, reused, _) = cache.take(&[1, 2, 3, 4, 5], (&on(), false), Vec::new);
+        let (mut kept, reused, _, _) = cache.take(&[1, 2, 3, 4, 5], (&on(), false), Vec::new);
         assert_eq!(reused, 4);
         let (keys, _) = kept[0].update_and_fetch(ones(1), ones(1)).unwrap();
         assert_eq!(keys.as_slice::<f32>(), &[1f32; 5]);
@@ -627,19 +706,25 @@ mod tests {
     fn two_conversations_taking_turns_both_hit() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep((caches(4, None), Vec::new()), &[1, 2, 3], &[4], &on());
-        cache.keep((caches(4, None), Vec::new()), &[7, 8, 9], &[10], &on());
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6], (&on(), false), || caches(0, None));
+        cache.keep((caches(4, None), Vec::new(), None), &[1, 2, 3], &[4], &on());
+        cache.keep(
+            (caches(4, None), Vec::new(), None),
+            &[7, 8, 9],
+            &[10],
+            &on(),
+        );
+        let (c, reused, _, _) = cache.take(&[1, 2, 3, 4, 5, 6], (&on(), false), || caches(0, None));
         assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
         cache.keep(
-            (caches(6, None), Vec::new()),
+            (caches(6, None), Vec::new(), None),
             &[1, 2, 3, 4, 5, 6],
             &[],
             &on(),
         );
-        let (_, reused, _) = cache.take(&[7, 8, 9, 10, 11], (&on(), false), || caches(0, None));
+        let (_, reused, _, _) = cache.take(&[7, 8, 9, 10, 11], (&on(), false), || caches(0, None));
         assert_eq!(reused, 4);
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || caches(0, None));
+        let (_, reused, _, _) =
+            cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || caches(0, None));
         assert_eq!(reused, 6);
     }
 
@@ -647,13 +732,18 @@ mod tests {
     fn the_longest_shared_prefix_wins_and_a_prefix_entry_is_replaced() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep((caches(3, None), Vec::new()), &[1, 2, 3], &[], &on());
-        cache.keep((caches(3, None), Vec::new()), &[1, 5, 6], &[], &on());
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4], (&on(), false), || caches(0, None));
+        cache.keep((caches(3, None), Vec::new(), None), &[1, 2, 3], &[], &on());
+        cache.keep((caches(3, None), Vec::new(), None), &[1, 5, 6], &[], &on());
+        let (_, reused, _, _) = cache.take(&[1, 2, 3, 4], (&on(), false), || caches(0, None));
         assert_eq!(reused, 3);
         // [1, 2] starts [1, 2, 3, 4, 5]: the longer entry replaces it.
-        cache.keep((caches(2, None), Vec::new()), &[1, 2], &[], &on());
-        cache.keep((caches(5, None), Vec::new()), &[1, 2, 3, 4, 5], &[], &on());
+        cache.keep((caches(2, None), Vec::new(), None), &[1, 2], &[], &on());
+        cache.keep(
+            (caches(5, None), Vec::new(), None),
+            &[1, 2, 3, 4, 5],
+            &[],
+            &on(),
+        );
         assert_eq!(cache.entries.len(), 2);
     }
 
@@ -663,20 +753,40 @@ mod tests {
         // One entry of caches(4): two layers of keys and values, 256 float32 positions each.
         let entry = 2 * 2 * 256 * 4;
         let mut cache = PromptCache::new(2 * entry);
-        cache.keep((caches(4, None), Vec::new()), &[1, 1, 1, 1], &[], &on());
-        cache.keep((caches(4, None), Vec::new()), &[2, 2, 2, 2], &[], &on());
+        cache.keep(
+            (caches(4, None), Vec::new(), None),
+            &[1, 1, 1, 1],
+            &[],
+            &on(),
+        );
+        cache.keep(
+            (caches(4, None), Vec::new(), None),
+            &[2, 2, 2, 2],
+            &[],
+            &on(),
+        );
         // Used: now the most recent.
-        let (c, _, _) = cache.take(&[1, 1, 1, 9], (&on(), false), || caches(0, None));
+        let (c, _, _, _) = cache.take(&[1, 1, 1, 9], (&on(), false), || caches(0, None));
         drop(c);
-        cache.keep((caches(4, None), Vec::new()), &[3, 3, 3, 3], &[], &on());
-        let (_, reused, _) = cache.take(&[2, 2, 2, 2, 2], (&on(), false), || caches(0, None));
+        cache.keep(
+            (caches(4, None), Vec::new(), None),
+            &[3, 3, 3, 3],
+            &[],
+            &on(),
+        );
+        let (_, reused, _, _) = cache.take(&[2, 2, 2, 2, 2], (&on(), false), || caches(0, None));
         assert_eq!(reused, 0, "the least recently used entry is gone");
-        let (_, reused, _) = cache.take(&[1, 1, 1, 1, 1], (&on(), false), || caches(0, None));
+        let (_, reused, _, _) = cache.take(&[1, 1, 1, 1, 1], (&on(), false), || caches(0, None));
         assert_eq!(reused, 4);
         // The newest stays even alone past the budget.
         let mut cache = PromptCache::new(1);
-        cache.keep((caches(4, None), Vec::new()), &[1, 1, 1, 1], &[], &on());
-        let (_, reused, _) = cache.take(&[1, 1, 1, 1, 1], (&on(), false), || caches(0, None));
+        cache.keep(
+            (caches(4, None), Vec::new(), None),
+            &[1, 1, 1, 1],
+            &[],
+            &on(),
+        );
+        let (_, reused, _, _) = cache.take(&[1, 1, 1, 1, 1], (&on(), false), || caches(0, None));
         assert_eq!(reused, 4);
     }
 
@@ -685,14 +795,24 @@ mod tests {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
         // A step queued ahead fed a 7th token whose id was never read.
-        cache.keep((caches(7, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], &on());
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (&on(), false), || {
+        cache.keep(
+            (caches(7, None), Vec::new(), None),
+            &[1, 2, 3, 4],
+            &[5, 6],
+            &on(),
+        );
+        let (c, reused, _, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (&on(), false), || {
             caches(0, None)
         });
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // A prefill cancelled after 3 of 5 prompt tokens.
-        cache.keep((caches(3, None), Vec::new()), &[1, 2, 3, 4, 5], &[], &on());
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5], (&on(), false), || caches(0, None));
+        cache.keep(
+            (caches(3, None), Vec::new(), None),
+            &[1, 2, 3, 4, 5],
+            &[],
+            &on(),
+        );
+        let (_, reused, _, _) = cache.take(&[1, 2, 3, 4, 5], (&on(), false), || caches(0, None));
         assert_eq!(reused, 3);
     }
 
@@ -700,11 +820,21 @@ mod tests {
     fn another_adapter_position_or_nothing_shared_starts_fresh() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep((caches(4, None), Vec::new()), &[1, 2, 3, 4], &[], &on());
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5], (&off(), false), || caches(0, None));
+        cache.keep(
+            (caches(4, None), Vec::new(), None),
+            &[1, 2, 3, 4],
+            &[],
+            &on(),
+        );
+        let (_, reused, _, _) = cache.take(&[1, 2, 3, 4, 5], (&off(), false), || caches(0, None));
         assert_eq!(reused, 0);
-        cache.keep((caches(4, None), Vec::new()), &[1, 2, 3, 4], &[], &on());
-        let (_, reused, _) = cache.take(&[7, 2, 3, 4, 5], (&on(), false), || caches(0, None));
+        cache.keep(
+            (caches(4, None), Vec::new(), None),
+            &[1, 2, 3, 4],
+            &[],
+            &on(),
+        );
+        let (_, reused, _, _) = cache.take(&[7, 2, 3, 4, 5], (&on(), false), || caches(0, None));
         assert_eq!(reused, 0);
     }
 
@@ -721,21 +851,21 @@ mod tests {
     fn a_recurrent_state_is_reused_only_by_a_prompt_that_extends_it() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], &on());
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || hybrid(0));
+        cache.keep((hybrid(6), Vec::new(), None), &[1, 2, 3, 4], &[5, 6], &on());
+        let (c, reused, _, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || hybrid(0));
         assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         // The same tokens again: the last one would have to be forgotten, so nothing is reused.
-        cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], &on());
-        let (c, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6], (&on(), false), || hybrid(0));
+        cache.keep((hybrid(6), Vec::new(), None), &[1, 2, 3, 4], &[5, 6], &on());
+        let (c, reused, _, _) = cache.take(&[1, 2, 3, 4, 5, 6], (&on(), false), || hybrid(0));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
         // A diverging prompt: no shared prefix can be cut back to.
-        cache.keep((hybrid(6), Vec::new()), &[1, 2, 3, 4], &[5, 6], &on());
-        let (_, reused, _) = cache.take(&[1, 2, 3, 9, 9, 9, 9], (&on(), false), || hybrid(0));
+        cache.keep((hybrid(6), Vec::new(), None), &[1, 2, 3, 4], &[5, 6], &on());
+        let (_, reused, _, _) = cache.take(&[1, 2, 3, 9, 9, 9, 9], (&on(), false), || hybrid(0));
         assert_eq!(reused, 0);
         // A step fed a token never read: the state holds it, so it is not kept at all.
         let mut cache = PromptCache::default();
-        cache.keep((hybrid(7), Vec::new()), &[1, 2, 3, 4], &[5, 6], &on());
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (&on(), false), || hybrid(0));
+        cache.keep((hybrid(7), Vec::new(), None), &[1, 2, 3, 4], &[5, 6], &on());
+        let (_, reused, _, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7, 8], (&on(), false), || hybrid(0));
         assert_eq!(reused, 0);
     }
 
@@ -744,26 +874,27 @@ mod tests {
         let _lock = mlx_test_lock();
         let snapshot = |n| Snapshot::of(&hybrid(n), n as usize).unwrap().unwrap();
         let keep = |cache: &mut PromptCache| {
-            let kept = (hybrid(6), vec![snapshot(2), snapshot(4)]);
+            let kept = (hybrid(6), vec![snapshot(2), snapshot(4)], None);
             cache.keep(kept, &[1, 2, 3, 4], &[5, 6], &on());
         };
         let mut cache = PromptCache::default();
         keep(&mut cache);
         // Shares 5 tokens: resumes at 4, the states as they were there, the others cut back.
-        let (c, reused, within) = cache.take(&[1, 2, 3, 4, 5, 9], (&on(), false), || hybrid(0));
+        let (c, reused, within, _) = cache.take(&[1, 2, 3, 4, 5, 9], (&on(), false), || hybrid(0));
         assert_eq!((reused, offsets(&c)), (4, vec![4, 4]));
         assert_eq!(
             within.iter().map(|s| s.positions).collect::<Vec<_>>(),
             [2, 4]
         );
         // The entry is still whole for its own conversation, and shares 3 with this one.
-        let (c, reused, within) = cache.take(&[1, 2, 3, 9], (&on(), false), || hybrid(0));
+        let (c, reused, within, _) = cache.take(&[1, 2, 3, 9], (&on(), false), || hybrid(0));
         assert_eq!((reused, offsets(&c), within.len()), (2, vec![2, 2], 1));
         // Nothing before the first snapshot: from scratch.
-        let (_, reused, _) = cache.take(&[1, 9], (&on(), false), || hybrid(0));
+        let (_, reused, _, _) = cache.take(&[1, 9], (&on(), false), || hybrid(0));
         assert_eq!(reused, 0);
         // Extending it: all of it, and its snapshots go on with the caches.
-        let (c, reused, within) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || hybrid(0));
+        let (c, reused, within, _) =
+            cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || hybrid(0));
         assert_eq!((reused, offsets(&c), within.len()), (6, vec![6, 6], 2));
     }
 
@@ -771,15 +902,22 @@ mod tests {
     fn a_request_that_is_not_kept_borrows_an_entry_it_extends_and_leaves_it() {
         let _lock = mlx_test_lock();
         let mut cache = PromptCache::default();
-        cache.keep((caches(6, None), Vec::new()), &[1, 2, 3, 4], &[5, 6], &on());
+        cache.keep(
+            (caches(6, None), Vec::new(), None),
+            &[1, 2, 3, 4],
+            &[5, 6],
+            &on(),
+        );
         for _ in 0..2 {
-            let (c, reused, _) =
+            let (c, reused, _, _) =
                 cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), true), || caches(0, None));
             assert_eq!((reused, offsets(&c)), (6, vec![6, 6]));
         }
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || caches(0, None));
+        let (_, reused, _, _) =
+            cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || caches(0, None));
         assert_eq!(reused, 6);
-        let (_, reused, _) = cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || caches(0, None));
+        let (_, reused, _, _) =
+            cache.take(&[1, 2, 3, 4, 5, 6, 7], (&on(), false), || caches(0, None));
         assert_eq!(reused, 0, "taken whole by a request that is kept");
     }
 
@@ -789,17 +927,17 @@ mod tests {
         let mut cache = PromptCache::default();
         // Within its window of 8: trimmable.
         cache.keep(
-            (caches(6, Some(8)), Vec::new()),
+            (caches(6, Some(8)), Vec::new(), None),
             &[1, 2, 3, 4, 5, 6],
             &[],
             &on(),
         );
-        let (c, reused, _) = cache.take(&[1, 2, 3, 9], (&on(), false), || caches(0, Some(8)));
+        let (c, reused, _, _) = cache.take(&[1, 2, 3, 9], (&on(), false), || caches(0, Some(8)));
         assert_eq!((reused, offsets(&c)), (3, vec![3, 3]));
         // Past it: positions were overwritten, so only an exact continuation could reuse it.
         let prompt: Vec<u32> = (1..=10).collect();
-        cache.keep((caches(10, Some(8)), Vec::new()), &prompt, &[], &on());
-        let (c, reused, _) = cache.take(&[1, 2, 3, 9], (&on(), false), || caches(0, Some(8)));
+        cache.keep((caches(10, Some(8)), Vec::new(), None), &prompt, &[], &on());
+        let (c, reused, _, _) = cache.take(&[1, 2, 3, 9], (&on(), false), || caches(0, Some(8)));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
     }
 }

@@ -354,6 +354,8 @@ pub struct Usage {
     /// Speculative decoding: tokens drafted, and how many of them the model confirmed.
     pub drafted_tokens: usize,
     pub accepted_tokens: usize,
+    /// Speculative decoding: prompt positions the drafter's caches held from the prompt cache.
+    pub draft_cached_tokens: usize,
 }
 
 /// llama-server style timings, in milliseconds.

@@ -647,6 +647,11 @@ class Usage(_UsageRequired, total=False):
     #: Of those, how many the model confirmed (each saved a forward pass).
     #: default: 0
     accepted_tokens: int
+    #: Speculative decoding: prompt positions the drafter (a draft model, the model's own
+    #: multi-token-prediction head, an EAGLE-3 or block drafter) did not run again because the
+    #: prompt cache kept its caches with the model's (0 without `speculative`).
+    #: default: 0
+    draft_cached_tokens: int
 
 
 class Timings(TypedDict):

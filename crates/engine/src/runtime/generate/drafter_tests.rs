@@ -134,7 +134,7 @@ fn drafts_what_mlx_vlm_drafts(kind: &str, expected: BlockKind) {
         &tap,
         drafter.block_size - 1,
         |prompt, sink| {
-            BlockDraft::new(&*model, &drafter, prompt, Some(sink))
+            BlockDraft::new(&*model, &drafter, prompt, (Some(sink), None))
                 .unwrap()
                 .unwrap()
         },
@@ -191,7 +191,7 @@ fn eagle3_drafts_what_mlx_vlms_drafter_drafts() {
         &tap,
         drafter.block_size - 1,
         |prompt, sink| {
-            ChainDraft::new(&*model, Some(&drafter), prompt, Some(sink))
+            ChainDraft::new(&*model, Some(&drafter), prompt, (Some(sink), None))
                 .unwrap()
                 .unwrap()
         },

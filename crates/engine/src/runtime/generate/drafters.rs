@@ -84,9 +84,10 @@ pub(super) fn pick(
 }
 
 impl<'a> DraftModel<'a> {
-    /// A draft model with fresh caches; `None` when they cannot take positions back.
-    pub(super) fn new(model: &'a dyn LanguageModel) -> Option<Self> {
-        let caches = model.make_caches();
+    /// A draft model with the prompt cache's caches `kept` (holding a prefix of the prompt) or
+    /// fresh ones; `None` when they cannot take positions back.
+    pub(super) fn new(model: &'a dyn LanguageModel, kept: Option<Vec<KvCache>>) -> Option<Self> {
+        let caches = kept.unwrap_or_else(|| model.make_caches());
         (caches.iter().all(|c| matches!(c, KvCache::Standard(_)))).then_some(Self {
             model,
             caches,
@@ -94,7 +95,13 @@ impl<'a> DraftModel<'a> {
         })
     }
 
-    /// Runs all of `prompt` but its last token, in chunks, checking for cancellation.
+    /// Positions its caches hold.
+    pub(super) fn held(&self) -> usize {
+        held(&self.caches)
+    }
+
+    /// Runs all of `prompt` but its last token (past what its caches hold), in chunks,
+    /// checking for cancellation.
     pub(super) fn prefill(
         &mut self,
         prompt: &[u32],
@@ -102,6 +109,7 @@ impl<'a> DraftModel<'a> {
         cancel: &CancelToken,
     ) -> Result<()> {
         let (rest, last) = prompt.split_at(prompt.len() - 1);
+        let rest = &rest[self.held().min(rest.len())..];
         for part in rest.chunks(ctx.prefill_chunk) {
             if ctx.cancelled(cancel)? {
                 break;
@@ -142,6 +150,19 @@ impl<'a> DraftModel<'a> {
         Ok(tokens.iter().map(|t| t.item_exact::<u32>()).collect())
     }
 
+    /// Its caches for the prompt cache, holding what the model's hold: every token taken but
+    /// the last.
+    pub(super) fn into_caches(mut self) -> Result<Vec<KvCache>> {
+        if let [behind @ .., _] = &self.unfed[..] {
+            if !behind.is_empty() {
+                let input = Array::from_slice(behind, &[1, behind.len() as i32]);
+                (self.model).forward(Input::tokens(&input), Caches::One(&mut self.caches))?;
+            }
+        }
+        self.unfed.clear();
+        Ok(self.caches)
+    }
+
     /// After `draft` (all but its last token run), `accepted` of it and then `next` were taken.
     pub(super) fn taken(&mut self, draft: &[u32], accepted: usize, next: u32) {
         if let Some(&last) = draft.last() {
@@ -168,7 +189,7 @@ impl<'a> ChainDraft<'a> {
         model: &'a dyn LanguageModel,
         eagle3: Option<&'a Eagle3>,
         prompt: &[u32],
-        hidden: Option<HiddenSink>,
+        (hidden, kept): (Option<HiddenSink>, Option<Vec<KvCache>>),
     ) -> Result<Option<Self>> {
         if eagle3.is_none() && model.mtp_depth() == 0 {
             return Ok(None);
@@ -177,10 +198,12 @@ impl<'a> ChainDraft<'a> {
             return Ok(None);
         };
         let start = prompt.len() - hidden.dim(1) as usize;
-        let (head, caches) = match eagle3 {
+        let (head, fresh) = match eagle3 {
             Some(drafter) => (Head::Eagle3(drafter), drafter.caches()),
             None => (Head::Mtp, model.mtp_caches()),
         };
+        // The prompt cache's, when they hold the positions before the first one prefilled.
+        let caches = kept.filter(|c| held(c) == start).unwrap_or(fresh);
         Ok(Some(Self {
             model,
             head,
@@ -189,6 +212,21 @@ impl<'a> ChainDraft<'a> {
             appended: 0,
             prompt: Some((prompt[start + 1..].to_vec(), hidden)),
         }))
+    }
+
+    /// Positions its caches hold.
+    pub(super) fn held(&self) -> usize {
+        held(&self.caches)
+    }
+
+    /// Its caches for the prompt cache (after the last [`Self::taken`], the model's positions).
+    pub(super) fn into_caches(self) -> Vec<KvCache> {
+        self.caches
+    }
+
+    /// Whether it is the model's own head (else an EAGLE-3 drafter).
+    pub(super) fn is_mtp(&self) -> bool {
+        matches!(self.head, Head::Mtp)
     }
 
     /// `limit` tokens: the head's pick ([`pick`]) after the last token taken, then its picks
@@ -282,6 +320,11 @@ impl ChainDraft<'_> {
     }
 }
 
+/// Positions `caches` hold.
+fn held(caches: &[KvCache]) -> usize {
+    caches.first().map_or(0, |c| c.offset().max(0) as usize)
+}
+
 /// The prompt's hidden states the prefill kept in `sink`, joined `(1, S, _)`, when they reach
 /// its end (a prefill run elsewhere kept none).
 fn joined(prompt: &[u32], sink: Option<HiddenSink>) -> Result<Option<Array>> {
@@ -313,15 +356,18 @@ impl<'a> BlockDraft<'a> {
         model: &'a dyn LanguageModel,
         drafter: &'a DFlash,
         prompt: &[u32],
-        hidden: Option<HiddenSink>,
+        (hidden, kept): (Option<HiddenSink>, Option<Vec<KvCache>>),
     ) -> Result<Option<Self>> {
         let Some(context) = joined(prompt, hidden)? else {
             return Ok(None);
         };
+        // The prompt cache's, when they hold the context before the first position prefilled.
+        let start = prompt.len() - context.dim(1) as usize;
+        let caches = kept.filter(|c| held(c) == start);
         Ok(Some(Self {
             model,
             drafter,
-            caches: drafter.caches(),
+            caches: caches.unwrap_or_else(|| drafter.caches()),
             context: None,
             last: 0,
             prompt: Some(context),
@@ -330,6 +376,20 @@ impl<'a> BlockDraft<'a> {
 
     pub(super) fn block_size(&self) -> usize {
         self.drafter.block_size
+    }
+
+    /// Positions its caches hold.
+    pub(super) fn held(&self) -> usize {
+        held(&self.caches)
+    }
+
+    /// Its caches for the prompt cache: the context of the positions taken since the last
+    /// draft joins them, so they hold the model's positions.
+    pub(super) fn into_caches(mut self) -> Result<Vec<KvCache>> {
+        if let Some(context) = self.context.take() {
+            self.drafter.remember(&context, &mut self.caches)?;
+        }
+        Ok(self.caches)
     }
 
     /// `limit` guesses in one pass of the drafter (mlx-vlm's `draft_block`): the block is the
@@ -341,7 +401,11 @@ impl<'a> BlockDraft<'a> {
         sampler: &mut Sampler,
         mut q: Option<&mut Vec<Array>>,
     ) -> Result<Vec<u32>> {
-        let Some(context) = self.context.take().filter(|_| limit > 0) else {
+        // Without a guess to make, the context waits for the next draft.
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let Some(context) = self.context.take() else {
             return Ok(Vec::new());
         };
         let (drafter, model) = (self.drafter, self.model);
@@ -413,11 +477,11 @@ impl<'a> BlockDraft<'a> {
         next: u32,
         hidden: Option<&Array>,
     ) -> Result<()> {
-        self.context = match (self.prompt.take(), hidden) {
-            (Some(prompt), _) => Some(prompt),
+        let taken = match (self.prompt.take(), hidden) {
+            (Some(prompt), _) => prompt,
             (None, Some(verified)) => {
                 let rows = ops::arange::<_, i32>(0, accepted as i32 + 1, 1)?;
-                Some(verified.take_axis(&rows, 1)?)
+                verified.take_axis(&rows, 1)?
             }
             (None, None) => {
                 return Err(mlx_rs::error::Exception::custom(
@@ -426,6 +490,11 @@ impl<'a> BlockDraft<'a> {
                 .into())
             }
         };
+        // After a round without a draft, the context still waiting comes first.
+        self.context = Some(match self.context.take() {
+            Some(waiting) => ops::concatenate(&[waiting, taken], 1)?,
+            None => taken,
+        });
         self.last = next;
         Ok(())
     }

@@ -118,7 +118,7 @@ pub(crate) fn open<'a>(
         adapter_on: ctx.adapter_on,
         conversation: req.conversation.clone(),
     };
-    let (caches, reused, snapshots) =
+    let (caches, reused, snapshots, draft) =
         cache.take(keys, (&owner, !req.persist), || ctx.model.make_caches());
     let dec = SequenceState {
         ctx,
@@ -132,6 +132,7 @@ pub(crate) fn open<'a>(
         next: 0,
         guide: guide.map(|(guide, field)| Guided::new(guide, field)),
         hidden: None,
+        draft,
     };
     Ok(Opened {
         dec,
@@ -356,9 +357,12 @@ fn begin<'a>(
                 (cancel, hand_off),
             )?;
             (usage.drafted_tokens, usage.accepted_tokens) = (drafter.drafted, drafter.accepted);
+            usage.draft_cached_tokens = drafter.reused;
             match decoded {
                 speculative::Decoded::HandedOff(step, n) => (step, Some((n, decode_start))),
                 speculative::Decoded::Finished(finish, n) => {
+                    // The drafter's caches go to the prompt cache with the model's.
+                    dec.draft = drafter.into_caches();
                     crate::layers::device::synchronize()?;
                     timings.predicted_n = out.ids.len();
                     timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };

@@ -26,6 +26,7 @@ use super::{
 use crate::{
     layers::kv_cache::KvCache,
     models::Tap,
+    runtime::prompt_cache::{DraftCaches, DrafterKey},
     runtime::request::{Delta, Drafts, FinishReason, GenerateRequest, Speculative},
     runtime::resident::Draft,
     runtime::sampler::Sampler,
@@ -57,8 +58,20 @@ pub(super) struct Drafter<'a> {
     /// The drafter's log-probabilities `(1, V)` each token of the last draft was drawn from,
     /// when drawn at random (empty when picked greedily or copied).
     q: Vec<Array>,
+    /// The last verification's outcome, until the drafter is told ([`Self::settle`]).
+    outcome: Option<Outcome>,
     pub drafted: usize,
     pub accepted: usize,
+    /// Prompt positions its caches held from the prompt cache (not run again).
+    pub reused: usize,
+}
+
+/// What a verification left: how many drafts were accepted, the model's token after them
+/// (taken, not yet run), and the verification's hidden states the drafter reads.
+struct Outcome {
+    accepted: usize,
+    next: Array,
+    hidden: Option<Array>,
 }
 
 enum Source<'a> {
@@ -86,6 +99,14 @@ impl<'a> Drafter<'a> {
             return Ok(None);
         }
         let method = (spec.method).resolve(dec.ctx.model.mtp_depth(), dec.ctx.draft.is_some());
+        // The prompt cache's drafter caches, when this drafter made them.
+        let kept = dec.draft.take();
+        let kept = |drafter: DrafterKey| {
+            (kept.clone())
+                .filter(|d| d.drafter == drafter)
+                .map(|d| d.caches)
+        };
+        let mut reused = 0;
         let source = match method {
             // Auto resolves to one of the others.
             Drafts::PromptLookup | Drafts::Auto => Source::Lookup {
@@ -94,30 +115,37 @@ impl<'a> Drafter<'a> {
             // `Engine::generate` refused the request when no drafter is loaded.
             Drafts::DraftModel => match dec.ctx.draft {
                 Some(Draft::Model(model)) => {
-                    let Some(mut draft) = DraftModel::new(model.as_ref()) else {
+                    let Some(mut draft) = DraftModel::new(model.as_ref(), kept(DrafterKey::Model))
+                    else {
                         return Ok(None);
                     };
+                    reused = draft.held();
                     draft.prefill(prompt, &dec.ctx, cancel)?;
                     Source::Model(draft)
                 }
                 Some(Draft::Eagle3(eagle3)) => {
-                    match ChainDraft::new(dec.ctx.model, Some(eagle3), prompt, hidden)? {
+                    let reads = (hidden, kept(DrafterKey::Eagle3));
+                    match ChainDraft::new(dec.ctx.model, Some(eagle3), prompt, reads)? {
                         Some(chain) => Source::Chain(chain),
                         None => return Ok(None),
                     }
                 }
                 Some(Draft::Block(dflash)) => {
-                    match BlockDraft::new(dec.ctx.model, dflash, prompt, hidden)? {
+                    let reads = (hidden, kept(DrafterKey::Block));
+                    match BlockDraft::new(dec.ctx.model, dflash, prompt, reads)? {
                         Some(block) => Source::Block(block),
                         None => return Ok(None),
                     }
                 }
                 None => return Ok(None),
             },
-            Drafts::Mtp => match ChainDraft::new(dec.ctx.model, None, prompt, hidden)? {
-                Some(mtp) => Source::Chain(mtp),
-                None => return Ok(None),
-            },
+            Drafts::Mtp => {
+                let reads = (hidden, kept(DrafterKey::Mtp));
+                match ChainDraft::new(dec.ctx.model, None, prompt, reads)? {
+                    Some(mtp) => Source::Chain(mtp),
+                    None => return Ok(None),
+                }
+            }
         };
         let depth = dec.ctx.model.mtp_depth();
         let num_draft_tokens = match (&source, dec.ctx.draft) {
@@ -133,14 +161,53 @@ impl<'a> Drafter<'a> {
             _ => (spec.num_draft_tokens).unwrap_or(method.default_count(depth)),
         };
         Ok(Some(Self {
-            source,
             tap: reads(method, &dec.ctx),
             num_draft_tokens,
             last: Vec::new(),
             q: Vec::new(),
+            outcome: None,
             drafted: 0,
             accepted: 0,
+            // A chain or block drafter runs nothing before the first token is taken.
+            reused: match &source {
+                Source::Chain(chain) => chain.held(),
+                Source::Block(block) => block.held(),
+                _ => reused,
+            },
+            source,
         }))
+    }
+
+    /// Tells the drafter the last verification's outcome, if it has not been told.
+    fn settle(&mut self) -> Result<()> {
+        let Some(Outcome {
+            accepted,
+            next,
+            hidden,
+        }) = self.outcome.take()
+        else {
+            return Ok(());
+        };
+        self.taken(accepted, next.item_exact::<u32>(), hidden.as_ref())
+    }
+
+    /// The drafter's caches, brought to the model's positions, for the prompt cache; `None`
+    /// for prompt lookup, or when they cannot be brought there.
+    pub fn into_caches(mut self) -> Option<DraftCaches> {
+        self.settle().ok()?;
+        let (drafter, caches) = match self.source {
+            Source::Lookup { .. } => return None,
+            Source::Model(model) => (DrafterKey::Model, model.into_caches().ok()?),
+            Source::Chain(chain) => {
+                let drafter = match chain.is_mtp() {
+                    true => DrafterKey::Mtp,
+                    false => DrafterKey::Eagle3,
+                };
+                (drafter, chain.into_caches())
+            }
+            Source::Block(block) => (DrafterKey::Block, block.into_caches().ok()?),
+        };
+        Some(DraftCaches { drafter, caches })
     }
 
     /// Up to `limit` (and `num_draft_tokens`) tokens to follow the sequence; a model drafter
@@ -260,7 +327,12 @@ pub(super) fn decode(
     on_delta: &mut dyn FnMut(Delta),
     (cancel, hand_off): (&CancelToken, &mut dyn FnMut() -> bool),
 ) -> Result<Decoded> {
-    let (mut pending, mut accepted, mut hidden) = (vec![first], 0, None);
+    drafter.outcome = Some(Outcome {
+        accepted: 0,
+        next: first.token.clone(),
+        hidden: None,
+    });
+    let mut pending = vec![first];
     let (mut n, mut since_clear) = (0usize, 0usize);
     loop {
         // The steps before the last are in the caches already (accepted drafts); the last is
@@ -284,7 +356,7 @@ pub(super) fn decode(
         }
         // The last token is taken but not yet run.
         let last = *dec.sampled.last().expect("a token was taken");
-        drafter.taken(accepted, last, hidden.as_ref())?;
+        drafter.settle()?;
         if dec.ctx.cancelled(cancel)? {
             return Ok(Decoded::Finished(FinishReason::Cancelled, n));
         }
@@ -312,8 +384,7 @@ pub(super) fn decode(
             mut recents,
             hidden: verified,
         } = dec.verify(&tokens, masks, drafter.tap.as_ref())?;
-        hidden = verified;
-        accepted = match drafter.q.is_empty() {
+        let accepted = match drafter.q.is_empty() {
             // Drafts drawn at random: speculative sampling's rule, by the drafter's odds.
             false => acceptance::judge(&mut dec.sampler, &mut steps, &draft, &drafter.q)?,
             // Drafts copied or picked greedily: kept while the model's own choice equals them.
@@ -328,5 +399,10 @@ pub(super) fn decode(
         dec.recent = recents.swap_remove(accepted);
         pending = steps;
         pending.truncate(accepted + 1);
+        drafter.outcome = Some(Outcome {
+            accepted,
+            next: pending[accepted].token.clone(),
+            hidden: verified,
+        });
     }
 }

@@ -17,6 +17,7 @@ use crate::{
     layers::row,
     models::{Input, Tap},
     runtime::prompt::PromptEmbeds,
+    runtime::prompt_cache::DraftCaches,
     runtime::request::{Delta, FinishReason},
     runtime::sampler::{log_softmax, Sampler},
 };
@@ -55,6 +56,10 @@ pub(super) struct SequenceState<'a> {
     pub(super) guide: Option<Guided>,
     /// While set: the hidden states a drafter reads of every position run (the prompt's).
     pub(super) hidden: Option<HiddenSink>,
+    /// A speculative generation's drafter caches: the prompt cache's (holding the positions
+    /// the model's reused caches hold) until the drafter takes them, then the drafter's at
+    /// its end, for the prompt cache.
+    pub(super) draft: Option<DraftCaches>,
 }
 
 /// The hidden states `tap` names, of every position run from `start` on, chunk by chunk.
@@ -186,10 +191,14 @@ impl SequenceState<'_> {
         Ok(())
     }
 
-    /// The caches and their snapshots, for the prompt cache.
-    pub(super) fn take_caches(&mut self) -> (Vec<KvCache>, Vec<Snapshot>) {
+    /// The caches, their snapshots and the drafter's caches, for the prompt cache.
+    pub(super) fn take_caches(&mut self) -> (Vec<KvCache>, Vec<Snapshot>, Option<DraftCaches>) {
         let caches = std::mem::take(&mut self.caches);
-        (caches, std::mem::take(&mut self.snapshots))
+        (
+            caches,
+            std::mem::take(&mut self.snapshots),
+            self.draft.take(),
+        )
     }
 
     /// Appends `tokens` `(L,)` to the penalties' history, when they keep one.
