@@ -405,7 +405,8 @@ fn results_use_the_contracts_names() {
     assert_eq!(
         v["usage"],
         json!({"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3, "cached_tokens": 0,
-               "cached_images": 0, "drafted_tokens": 0, "accepted_tokens": 0})
+               "cached_images": 0, "drafted_tokens": 0, "accepted_tokens": 0,
+               "draft_cached_tokens": 0})
     );
 
     let status = StatusResult {

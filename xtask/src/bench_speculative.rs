@@ -108,13 +108,15 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             if reference.is_some() {
                 // The plain chat's next turn, on the cache its first turn left.
                 let ask = next_turn(&params, plain.last().expect("a run"));
-                next.plain.push(worker.client.generate(&ask)?.finish().await?);
+                next.plain
+                    .push(worker.client.generate(&ask)?.finish().await?);
             }
             fast.push(worker.fresh_generate(&lookup).await?);
             if let Some(mlx_lm) = &mut reference {
                 ours.push(worker.fresh_generate(&drafted).await?);
                 let ask = next_turn(&drafted, ours.last().expect("a run"));
-                next.drafted.push(worker.client.generate(&ask)?.finish().await?);
+                next.drafted
+                    .push(worker.client.generate(&ask)?.finish().await?);
                 theirs.push(mlx_lm.request(&request)?);
                 let mut theirs_next = request.clone();
                 theirs_next["messages"] = json!(ask.messages);
@@ -252,8 +254,15 @@ fn print_next(next: &NextTurns) {
         "| worker with drafts vs mlx-lm, ttft | {:.2}x faster | | |",
         theirs / ours
     );
-    let same = next.drafted.iter().zip(&next.plain).all(|(a, b)| a.text == b.text);
-    println!("| identical text, with and without drafts | {} | | |", yes(same));
+    let same = next
+        .drafted
+        .iter()
+        .zip(&next.plain)
+        .all(|(a, b)| a.text == b.text);
+    println!(
+        "| identical text, with and without drafts | {} | | |",
+        yes(same)
+    );
 }
 
 fn yes(b: bool) -> &'static str {

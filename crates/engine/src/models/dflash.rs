@@ -233,6 +233,14 @@ impl DFlash {
             _ => None,
         };
         if let Some(f) = &flash2 {
+            let vocab = need("vocab_size")?;
+            if i64::from(f.top_k) > vocab {
+                return Err(broken(format!(
+                    "the DFlash2 drafter's selector_top_k {} is more than its vocabulary of \
+                     {vocab} tokens",
+                    f.top_k
+                )));
+            }
             if f.conv_group <= 0 || hidden % f.conv_group != 0 || f.conv_kernel <= 0 || f.top_k <= 0
             {
                 return Err(broken(format!(

@@ -92,6 +92,12 @@ impl Eagle3 {
         };
         let width = need("hidden_size")? as i32;
         let heads = need("num_attention_heads")? as i32;
+        if heads <= 0 || width <= 0 {
+            return Err(broken(format!(
+                "the EAGLE-3 drafter's transformer_layer_config gives {heads} heads of a \
+                 {width}-wide layer: the drafter's config is damaged"
+            )));
+        }
         let count = need("num_hidden_layers")?;
         let target_hidden = int(config, "target_hidden_size").unwrap_or(i64::from(width));
         if target_hidden != i64::from(hidden) {
@@ -125,7 +131,7 @@ impl Eagle3 {
         let draft_vocab = int(config, "draft_vocab_size").unwrap_or(32000);
         let tied = config["tie_word_embeddings"].as_bool().unwrap_or(false);
         let eps = text["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32;
-        let head_dim = int(text, "head_dim").map_or(width / heads, |d| d as i32);
+        let head_dim = int(text, "head_dim").map_or_else(|| width / heads, |d| d as i32);
         let theta = (text.pointer("/rope_parameters/rope_theta"))
             .or(text.get("rope_theta"))
             .and_then(Value::as_f64)

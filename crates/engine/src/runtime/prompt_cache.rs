@@ -71,6 +71,9 @@ pub enum DrafterKey {
 pub struct DraftCaches {
     pub drafter: DrafterKey,
     pub caches: Vec<KvCache>,
+    /// The token after the last position held, where known: a multi-token-prediction head's
+    /// or EAGLE-3's last position read it, so a prompt with another token there cannot use it.
+    pub follows: Option<u32>,
 }
 
 impl DraftCaches {
@@ -81,10 +84,27 @@ impl DraftCaches {
             .map_or(0, |c| c.offset().max(0) as usize)
     }
 
-    /// Cut back to `n` positions; `None` when they hold fewer (they fell behind the model's).
-    fn cut_to(mut self, n: usize) -> Option<Self> {
-        let drop = self.offset().checked_sub(n)? as i32;
-        self.caches.iter_mut().all(|c| c.trim(drop)).then_some(self)
+    /// Cut back to `n` positions of the sequence `tokens`; `None` when they hold fewer (they
+    /// fell behind the model's).
+    fn cut_to(mut self, n: usize, tokens: &[u32]) -> Option<Self> {
+        let drop = self.offset().checked_sub(n)?;
+        if !self.caches.iter_mut().all(|c| c.trim(drop as i32)) {
+            return None;
+        }
+        self.follows = tokens
+            .get(n)
+            .copied()
+            .or(self.follows.filter(|_| drop == 0));
+        Some(self)
+    }
+
+    /// Whether a generation from `prompt`, whose first `n` positions these hold, can use them:
+    /// a head's last position must have read the prompt's token after them.
+    fn serves(&self, prompt: &[u32], n: usize) -> bool {
+        match self.drafter {
+            DrafterKey::Mtp | DrafterKey::Eagle3 => self.follows == prompt.get(n).copied(),
+            DrafterKey::Model | DrafterKey::Block => true,
+        }
     }
 
     fn bytes(&self) -> u64 {
@@ -132,10 +152,15 @@ impl Kept {
     }
 
     fn bytes(&self) -> u64 {
+        self.model_bytes() + self.draft.as_ref().map_or(0, DraftCaches::bytes)
+    }
+
+    /// The model's caches and snapshots, which a generation's footprint counts (a drafter's
+    /// beside them are not priced there).
+    fn model_bytes(&self) -> u64 {
         let arrays = self.caches.iter().flat_map(KvCache::arrays);
         let snapshots: u64 = self.snapshots.iter().map(Snapshot::bytes).sum();
-        let draft = self.draft.as_ref().map_or(0, DraftCaches::bytes);
-        arrays.map(|a| a.nbytes() as u64).sum::<u64>() + snapshots + draft
+        arrays.map(|a| a.nbytes() as u64).sum::<u64>() + snapshots
     }
 
     /// An entry read from the disk tier (which keeps no drafter caches).
@@ -210,19 +235,16 @@ impl PromptCache {
         };
         let from_disk = std::mem::take(&mut self.entries[i].read_for_use);
         let drop = (self.entries[i].tokens.len() - shared) as i32;
-        let (mut caches, snapshots, draft) = if copies {
+        let (mut caches, snapshots, draft, tokens) = if copies {
             // Used now: the entry moves to the most recent end, and lends a copy.
             let entry = self.entries.remove(i);
-            let copy = (
-                entry.caches.clone(),
-                entry.snapshots.clone(),
-                entry.draft.clone(),
-            );
+            let (draft, tokens) = (entry.draft.clone(), entry.tokens.clone());
+            let copy = (entry.caches.clone(), entry.snapshots.clone(), draft, tokens);
             self.entries.push(entry);
             copy
         } else {
             let entry = self.entries.remove(i);
-            (entry.caches, entry.snapshots, entry.draft)
+            (entry.caches, entry.snapshots, entry.draft, entry.tokens)
         };
         let Some(at) = cut_back(&mut caches, &snapshots, drop, shared) else {
             self.counts.set(counts);
@@ -240,7 +262,7 @@ impl PromptCache {
             caches,
             at,
             within.collect(),
-            draft.and_then(|d| d.cut_to(at)),
+            (draft.and_then(|d| d.cut_to(at, &tokens))).filter(|d| d.serves(prompt, at)),
         )
     }
 
@@ -299,8 +321,8 @@ impl PromptCache {
     /// the prompt extends whole: already held, they grow in place of a fresh cache).
     pub fn reuse_bytes(&self, prompt: &[u32], reuse: (&Owner, bool)) -> (u64, u64) {
         match self.reuse(prompt, reuse) {
-            Some((_, i, true)) => (self.entries[i].bytes(), 0),
-            Some((_, i, false)) => (0, self.entries[i].bytes()),
+            Some((_, i, true)) => (self.entries[i].model_bytes(), 0),
+            Some((_, i, false)) => (0, self.entries[i].model_bytes()),
             None => (0, 0),
         }
     }
@@ -347,7 +369,8 @@ impl PromptCache {
         let pinned = self.entries.iter().any(|e| replaced(e) && e.pinned);
         self.entries.retain(|e| !replaced(e));
         snapshots.retain(|s| s.positions > 0 && s.positions < tokens.len());
-        let draft = draft.and_then(|d| d.cut_to(tokens.len()));
+        let all: Vec<u32> = prompt.iter().chain(sampled).copied().collect();
+        let draft = draft.and_then(|d| d.cut_to(tokens.len(), &all));
         self.entries.push(Kept {
             caches,
             draft,
@@ -521,7 +544,7 @@ impl PromptCache {
             ));
         }
         let (mut caches, snapshots) = (from.caches.clone(), from.snapshots.clone());
-        let draft = from.draft.clone().and_then(|d| d.cut_to(at));
+        let draft = from.draft.clone().and_then(|d| d.cut_to(at, &from.tokens));
         let drop = (from.tokens.len() - at) as i32;
         if cut_back(&mut caches, &snapshots, drop, at) != Some(at) {
             return Err(format!(
@@ -939,5 +962,44 @@ mod tests {
         cache.keep((caches(10, Some(8)), Vec::new(), None), &prompt, &[], &on());
         let (c, reused, _, _) = cache.take(&[1, 2, 3, 9], (&on(), false), || caches(0, Some(8)));
         assert_eq!((reused, offsets(&c)), (0, vec![0, 0]));
+    }
+
+    /// A multi-token-prediction head's (or EAGLE-3's) last position read the token after it:
+    /// its caches serve a prompt with that token there, not one with another; a block
+    /// drafter's positions read nothing past themselves.
+    #[test]
+    fn a_heads_caches_serve_only_a_prompt_with_the_token_its_last_position_read() {
+        let _lock = mlx_test_lock();
+        let drafter = |drafter, n| {
+            Some(DraftCaches {
+                drafter,
+                caches: caches(n, None),
+                follows: None,
+            })
+        };
+        let mut cache = PromptCache::default();
+        // Prompt 1 2 3 4, sampled 5 6: the model ran five positions (6 not yet), the head too.
+        let kept = (caches(5, None), Vec::new(), drafter(DrafterKey::Mtp, 5));
+        cache.keep(kept, &[1, 2, 3, 4], &[5, 6], &on());
+        let mut take = |prompt: &[u32]| {
+            let (_, reused, _, draft) = cache.take(prompt, (&on(), true), || caches(0, None));
+            (reused, draft.map(|d| d.offset()))
+        };
+        assert_eq!(take(&[1, 2, 3, 4, 5, 6, 7]), (5, Some(5)));
+        assert_eq!(
+            take(&[1, 2, 3, 4, 5, 9, 7]),
+            (5, None),
+            "another token after them"
+        );
+        assert_eq!(
+            take(&[1, 2, 3, 9, 9]),
+            (3, None),
+            "its third position read 4, not 9"
+        );
+        let mut cache = PromptCache::default();
+        let kept = (caches(5, None), Vec::new(), drafter(DrafterKey::Block, 5));
+        cache.keep(kept, &[1, 2, 3, 4], &[5, 6], &on());
+        let (_, reused, _, draft) = cache.take(&[1, 2, 3, 9, 9], (&on(), true), || caches(0, None));
+        assert_eq!((reused, draft.map(|d| d.offset())), (3, Some(3)));
     }
 }

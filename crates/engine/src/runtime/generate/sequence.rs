@@ -132,7 +132,8 @@ pub(crate) fn open<'a>(
         next: 0,
         guide: guide.map(|(guide, field)| Guided::new(guide, field)),
         hidden: None,
-        draft,
+        // Held through the generation only by one that speculates.
+        draft: draft.filter(|_| req.speculative.is_some()),
     };
     Ok(Opened {
         dec,
@@ -362,7 +363,9 @@ fn begin<'a>(
                 speculative::Decoded::HandedOff(step, n) => (step, Some((n, decode_start))),
                 speculative::Decoded::Finished(finish, n) => {
                     // The drafter's caches go to the prompt cache with the model's.
-                    dec.draft = drafter.into_caches();
+                    if dec.snapshotting {
+                        dec.draft = drafter.into_caches();
+                    }
                     crate::layers::device::synchronize()?;
                     timings.predicted_n = out.ids.len();
                     timings.predicted_ms = if n > 0 { ms(decode_start) } else { 0.0 };

@@ -207,7 +207,11 @@ impl<'a> Drafter<'a> {
             }
             Source::Block(block) => (DrafterKey::Block, block.into_caches().ok()?),
         };
-        Some(DraftCaches { drafter, caches })
+        Some(DraftCaches {
+            drafter,
+            caches,
+            follows: None,
+        })
     }
 
     /// Up to `limit` (and `num_draft_tokens`) tokens to follow the sequence; a model drafter
