@@ -84,17 +84,14 @@ impl DraftCaches {
             .map_or(0, |c| c.offset().max(0) as usize)
     }
 
-    /// Cut back to `n` positions of the sequence `tokens`; `None` when they hold fewer (they
-    /// fell behind the model's).
-    fn cut_to(mut self, n: usize, tokens: &[u32]) -> Option<Self> {
+    /// Cut back to `n` positions, `next` the sequence's token after them (if known); `None`
+    /// when they hold fewer (they fell behind the model's).
+    fn cut_to(mut self, n: usize, next: Option<u32>) -> Option<Self> {
         let drop = self.offset().checked_sub(n)?;
         if !self.caches.iter_mut().all(|c| c.trim(drop as i32)) {
             return None;
         }
-        self.follows = tokens
-            .get(n)
-            .copied()
-            .or(self.follows.filter(|_| drop == 0));
+        self.follows = next.or(self.follows.filter(|_| drop == 0));
         Some(self)
     }
 
@@ -235,16 +232,21 @@ impl PromptCache {
         };
         let from_disk = std::mem::take(&mut self.entries[i].read_for_use);
         let drop = (self.entries[i].tokens.len() - shared) as i32;
-        let (mut caches, snapshots, draft, tokens) = if copies {
+        // The entry's token after the shared prefix (before it, the prompt's are the same).
+        let after = self.entries[i].tokens.get(shared).copied();
+        let (mut caches, snapshots, draft) = if copies {
             // Used now: the entry moves to the most recent end, and lends a copy.
             let entry = self.entries.remove(i);
-            let (draft, tokens) = (entry.draft.clone(), entry.tokens.clone());
-            let copy = (entry.caches.clone(), entry.snapshots.clone(), draft, tokens);
+            let copy = (
+                entry.caches.clone(),
+                entry.snapshots.clone(),
+                entry.draft.clone(),
+            );
             self.entries.push(entry);
             copy
         } else {
             let entry = self.entries.remove(i);
-            (entry.caches, entry.snapshots, entry.draft, entry.tokens)
+            (entry.caches, entry.snapshots, entry.draft)
         };
         let Some(at) = cut_back(&mut caches, &snapshots, drop, shared) else {
             self.counts.set(counts);
@@ -262,7 +264,17 @@ impl PromptCache {
             caches,
             at,
             within.collect(),
-            (draft.and_then(|d| d.cut_to(at, &tokens))).filter(|d| d.serves(prompt, at)),
+            (draft.and_then(|d| {
+                d.cut_to(
+                    at,
+                    if at < shared {
+                        prompt.get(at).copied()
+                    } else {
+                        after
+                    },
+                )
+            }))
+            .filter(|d| d.serves(prompt, at)),
         )
     }
 
@@ -369,8 +381,8 @@ impl PromptCache {
         let pinned = self.entries.iter().any(|e| replaced(e) && e.pinned);
         self.entries.retain(|e| !replaced(e));
         snapshots.retain(|s| s.positions > 0 && s.positions < tokens.len());
-        let all: Vec<u32> = prompt.iter().chain(sampled).copied().collect();
-        let draft = draft.and_then(|d| d.cut_to(tokens.len(), &all));
+        let next = prompt.iter().chain(sampled).nth(tokens.len()).copied();
+        let draft = draft.and_then(|d| d.cut_to(tokens.len(), next));
         self.entries.push(Kept {
             caches,
             draft,
@@ -544,7 +556,8 @@ impl PromptCache {
             ));
         }
         let (mut caches, snapshots) = (from.caches.clone(), from.snapshots.clone());
-        let draft = from.draft.clone().and_then(|d| d.cut_to(at, &from.tokens));
+        let next = from.tokens.get(at).copied();
+        let draft = from.draft.clone().and_then(|d| d.cut_to(at, next));
         let drop = (from.tokens.len() - at) as i32;
         if cut_back(&mut caches, &snapshots, drop, at) != Some(at) {
             return Err(format!(
