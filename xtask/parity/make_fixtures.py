@@ -548,6 +548,40 @@ FAMILY_BASE["mistral4"] = {
         "llama_4_scaling_beta": 0.1,
     },
 }
+# Gemma 3n: mlx-lm's own class is the multimodal wrapper (`text_config`, the language model under
+# `model.language_model.`, as Hugging Face ships it). Four layers, the last two sharing the keys
+# and values of the first two (one sliding of window 16, one full), 4 AltUp streams, LAuReL of
+# rank 64, sparse GeGLU in the first two, per-layer inputs of 16 (4 x 16: one quantization
+# group) from a table shorter than the vocabulary (tokens past it read row 0).
+GEMMA3N_TEXT = {
+    "model_type": "gemma3n_text",
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "head_dim": 32,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 49152,
+    "vocab_size_per_layer_input": 40000,
+    "num_kv_shared_layers": 2,
+    "sliding_window": 16,
+    "max_position_embeddings": 2048,
+    "rope_local_base_freq": 10000.0,
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+    "final_logit_softcapping": 30.0,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0],
+    "hidden_size_per_layer_input": 16,
+    "altup_num_inputs": 4,
+    "altup_coef_clip": 120.0,
+    "altup_correct_scale": True,
+    "altup_active_idx": 0,
+    "laurel_rank": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 FAMILY_BASE["glm4_moe_lite"] = {
     **FAMILY_BASE["deepseek_v3"],
     "architectures": ["Glm4MoeLiteForCausalLM"],
@@ -642,6 +676,17 @@ def config_for(spec):
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
+    if model_type == "gemma3n":
+        text = {**GEMMA3N_TEXT, **spec.get("config", {})}
+        return {
+            "architectures": ["Gemma3nForConditionalGeneration"],
+            "model_type": "gemma3n",
+            "text_config": text,
+            "vision_config": {"hidden_size": 16},
+            "audio_config": {"hidden_size": 16},
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }
     config["model_type"] = model_type
     config.update(FAMILY_BASE[model_type])
     config.update(spec.get("config", {}))
@@ -1169,9 +1214,10 @@ def build(spec, out):
     unscaled = ["norm"] + spec.get("unscaled", [])
     # A wrapped model's language model is under `language_model.`.
     layers = "language_model.model.layers." if spec.get("wrap") else "model.layers."
-    # Nemotron-H keeps its model under `backbone`.
-    if any(k.startswith("backbone.") for k, _ in tree_flatten(model.parameters())):
-        layers = "backbone.layers."
+    # Nemotron-H keeps its model under `backbone`; Gemma 3n under `model.language_model`.
+    for prefix in ["backbone.layers.", "model.language_model.layers."]:
+        if any(k.startswith(prefix) for k, _ in tree_flatten(model.parameters())):
+            layers = prefix
     model.update(
         tree_map_with_path(
             lambda path, p: p * scale
@@ -1236,6 +1282,10 @@ def build(spec, out):
         weights = fused_columns(weights, stacked, spec["wrap"])
     elif spec.get("wrap") and not spec.get("quantize"):
         weights = hf_multimodal(weights, spec["wrap"], spec.get("towers"))
+    # Gemma 3n's towers as Hugging Face ships them beside the language model (both sides drop
+    # them).
+    for tower in spec.get("towers", []) if config["model_type"] == "gemma3n" else []:
+        weights[f"model.{tower}.proj.weight"] = mx.random.normal((16, 16))
     if spec.get("hf_mla"):
         weights = hf_mla(weights)
     if spec.get("granite_hf"):

@@ -35,6 +35,10 @@ pub enum Activation {
     ClampedSilu { alpha: f32, limit: f32 },
     /// `relu(x)²`: ungated, `down(relu(up(x))²)` (Nemotron-H's MLPs and experts).
     Relu2,
+    /// Gemma 3n's sparse GeGLU (mlx-lm's `gelu_topk`): the gate's features below `mean + std *
+    /// std_multiplier` (over each position's features) cut to zero before `gelu_approx`, which
+    /// keeps about the top `1 - s` of them for `std_multiplier = sqrt(2) erfinv(2 s - 1)`.
+    GeluTopK { std_multiplier: f32 },
 }
 
 impl Activation {
@@ -57,6 +61,7 @@ impl Activation {
                 up.add(c(1.0)?)?.multiply(glu)
             }
             Self::Relu2 => relu2(gate)?.multiply(up),
+            Self::GeluTopK { std_multiplier } => gelu_topk(gate, std_multiplier)?.multiply(up),
         }
     }
 
@@ -69,6 +74,24 @@ impl Activation {
             ))),
         }
     }
+}
+
+/// `gelu_approx(max(0, x - (mean + std * m)))`, mean and (population) standard deviation over
+/// the last axis, `m` in their dtype.
+fn gelu_topk(x: &Array, std_multiplier: f32) -> Result<Array> {
+    let mean = x.mean_axis(-1, true)?;
+    let std = ops::std_axes(x, &[-1], true, 0)?;
+    let cutoff = mean.add(std.multiply(scalar_like(std_multiplier, &std)?)?)?;
+    gelu_approx(&ops::maximum(scalar_like(0.0, x)?, x.subtract(&cutoff)?)?)
+}
+
+/// The `std_multiplier` of [`Activation::GeluTopK`] for sparsity `s`: `sqrt(2) erfinv(2 s -
+/// 1)`, as mlx-lm computes it (MLX's float32 `erfinv`, times `sqrt(2)` as float32).
+pub fn topk_std_multiplier(sparsity: f64) -> Result<f32> {
+    let e = ops::erfinv(Array::from_f32((2.0 * sparsity - 1.0) as f32))?;
+    let m = e.multiply(Array::from_f32(std::f64::consts::SQRT_2 as f32))?;
+    m.eval()?;
+    Ok(m.item_exact::<f32>())
 }
 
 /// `max(x, 0)²` (MLX's `nn.relu2`).

@@ -12,6 +12,7 @@ pub mod embedding;
 pub mod gated_delta;
 pub mod kimi_delta;
 pub mod kv_cache;
+pub mod laurel;
 pub mod linear;
 pub mod lora;
 pub mod mamba;

@@ -57,51 +57,103 @@ struct LayerFinish {
     layer_scalar: Array,
 }
 
-/// Gemma 4's per-layer input gate: `h + norm(projection(gelu_approx(gate(h)) * input))`.
-struct PerLayerGate {
-    per_layer_input_gate: layers::Linear,
-    per_layer_projection: layers::Linear,
-    post_per_layer_input_norm: layers::RmsNorm,
+/// Gemma 4's per-layer input gate: `h + norm(projection(gelu_approx(gate(h)) * input))`
+/// (Gemma 3n's adds the norm's output to other streams than `h`'s: [`Self::delta`]).
+pub(super) struct PerLayerGate {
+    pub(super) per_layer_input_gate: layers::Linear,
+    pub(super) per_layer_projection: layers::Linear,
+    pub(super) post_per_layer_input_norm: layers::RmsNorm,
 }
 
 impl PerLayerGate {
+    /// The gate's tensors under `p` (`model.layers.N`), the norm's weight as stored.
+    pub(super) fn load(weights: &mut Weights, p: &str, eps: f32) -> Result<Self, EngineError> {
+        Ok(Self {
+            per_layer_input_gate: weights.linear(&format!("{p}.per_layer_input_gate"))?,
+            per_layer_projection: weights.linear(&format!("{p}.per_layer_projection"))?,
+            post_per_layer_input_norm: weights
+                .rms_norm(&format!("{p}.post_per_layer_input_norm"), eps)?,
+        })
+    }
+
     fn forward(&self, h: &Array, input: &Array) -> layers::Result<Array> {
+        h.add(self.delta(h, input)?)
+    }
+
+    /// `norm(projection(gelu_approx(gate(h)) * input))`.
+    pub(super) fn delta(&self, h: &Array, input: &Array) -> layers::Result<Array> {
         let gate = layers::gelu_approx(&self.per_layer_input_gate.forward(h)?)?;
         let gate = self.per_layer_projection.forward(&gate.multiply(input)?)?;
-        h.add(self.post_per_layer_input_norm.forward(&gate)?)
+        self.post_per_layer_input_norm.forward(&gate)
+    }
+
+    /// Its linear layers under their checkpoint names, for layer `p` (`model.layers.N`).
+    pub(super) fn linears_mut(&mut self, p: &str) -> Vec<(String, &mut layers::Linear)> {
+        vec![
+            (
+                format!("{p}.per_layer_input_gate"),
+                &mut self.per_layer_input_gate,
+            ),
+            (
+                format!("{p}.per_layer_projection"),
+                &mut self.per_layer_projection,
+            ),
+        ]
     }
 }
 
 /// The per-layer inputs of Gemma 4's small models: `(projection + embedding) * 2^-0.5`, where
 /// the embedding is the token's row of `embed_tokens_per_layer` times `sqrt(width)` and the
 /// projection is the scaled embeddings through `per_layer_model_projection`, times
-/// `hidden^-0.5`, RMS-normalised per layer.
-struct PerLayerInputs {
+/// `hidden^-0.5`, RMS-normalised per layer. Gemma 3n's table has fewer rows than the
+/// vocabulary (`vocab`): a token past them reads row 0.
+pub(super) struct PerLayerInputs {
     embed_tokens_per_layer: layers::Embedding,
     per_layer_model_projection: layers::Linear,
     per_layer_projection_norm: layers::RmsNorm,
     layers: i32,
     width: i32,
     hidden: i32,
+    vocab: Option<i32>,
 }
 
 impl PerLayerInputs {
-    fn load(weights: &mut Weights, args: &Args, width: i32) -> Result<Self, EngineError> {
+    /// `layers` layers of `width` features each over a hidden state of `hidden`.
+    pub(super) fn load(
+        weights: &mut Weights,
+        (layers, width, hidden): (usize, i32, i32),
+        eps: f32,
+        vocab: Option<i32>,
+    ) -> Result<Self, EngineError> {
         Ok(Self {
             embed_tokens_per_layer: weights.embedding("model.embed_tokens_per_layer")?,
             per_layer_model_projection: weights.linear("model.per_layer_model_projection")?,
-            per_layer_projection_norm: weights
-                .rms_norm("model.per_layer_projection_norm", args.rms_norm_eps)?,
-            layers: args.num_hidden_layers as i32,
+            per_layer_projection_norm: weights.rms_norm("model.per_layer_projection_norm", eps)?,
+            layers: layers as i32,
             width,
-            hidden: args.hidden_size,
+            hidden,
+            vocab,
         })
     }
 
-    fn forward(&self, tokens: &Array, h: &Array) -> layers::Result<Array> {
+    /// The inputs of every layer for token ids `tokens` (needed: the rows are read by id)
+    /// whose scaled embeddings are `h`.
+    pub(super) fn forward(&self, tokens: Option<&Array>, h: &Array) -> layers::Result<Array> {
+        let tokens = tokens.ok_or_else(|| {
+            mlx_rs::error::Exception::custom(
+                "per-layer inputs are read by token id; this model takes no input embeddings",
+            )
+        })?;
         let (b, l) = (h.dim(0), h.dim(1));
         let shape = [b, l, self.layers, self.width];
-        let rows = self.embed_tokens_per_layer.forward(tokens)?;
+        let tokens = match self.vocab {
+            Some(rows) => {
+                let inside = tokens.lt(Array::from_int(rows))?;
+                mlx_rs::ops::select(&inside, tokens, mlx_rs::ops::zeros_like(tokens)?)?
+            }
+            None => tokens.clone(),
+        };
+        let rows = self.embed_tokens_per_layer.forward(&tokens)?;
         let rows = rows.multiply(scalar_like((self.width as f64).sqrt() as f32, &rows)?)?;
         let proj = self.per_layer_model_projection.forward(h)?;
         let proj = proj.multiply(scalar_like((self.hidden as f64).powf(-0.5) as f32, &proj)?)?;
@@ -110,6 +162,20 @@ impl PerLayerInputs {
             .forward(&proj.reshape(&shape)?)?;
         let sum = proj.add(rows.reshape(&shape)?)?;
         sum.multiply(scalar_like(2f64.powf(-0.5) as f32, &sum)?)
+    }
+
+    /// The embedding table and the projection under their checkpoint names.
+    pub(super) fn linears_mut(&mut self) -> Vec<(String, &mut layers::Linear)> {
+        vec![
+            (
+                "model.embed_tokens_per_layer".to_owned(),
+                &mut self.embed_tokens_per_layer.table,
+            ),
+            (
+                "model.per_layer_model_projection".to_owned(),
+                &mut self.per_layer_model_projection,
+            ),
+        ]
     }
 }
 
@@ -128,12 +194,6 @@ impl Family for Gemma4 {
         let Some(per_layer) = &self.per_layer else {
             return Ok(None);
         };
-        let tokens = tokens.ok_or_else(|| {
-            mlx_rs::error::Exception::custom(
-                "Gemma 4's per-layer inputs are read by token id; this model takes no input \
-                 embeddings",
-            )
-        })?;
         per_layer.forward(tokens, h).map(Some)
     }
 
@@ -148,16 +208,7 @@ impl Family for Gemma4 {
         p: &str,
     ) -> Result<(), EngineError> {
         let gate = match self.per_layer {
-            Some(_) => Some(PerLayerGate {
-                per_layer_input_gate: weights.linear(&format!("{p}.per_layer_input_gate"))?,
-                per_layer_projection: weights.linear(&format!("{p}.per_layer_projection"))?,
-                post_per_layer_input_norm: {
-                    let prefix = format!("{p}.post_per_layer_input_norm");
-                    let mut norm = weights.rms_norm(&prefix, self.rms_norm_eps)?;
-                    norm.weight = self.norm_weight(norm.weight)?;
-                    norm
-                },
-            }),
+            Some(_) => Some(PerLayerGate::load(weights, p, self.rms_norm_eps)?),
             None => None,
         };
         let layer_scalar = weights.take(&format!("{p}.layer_scalar"))?;
@@ -186,30 +237,12 @@ impl Family for Gemma4 {
 
     fn linears_mut(&mut self) -> Vec<(String, &mut layers::Linear)> {
         let gates = (self.finish.iter_mut()).flat_map(|(i, f)| match &mut f.gate {
-            Some(g) => vec![
-                (
-                    format!("model.layers.{i}.per_layer_input_gate"),
-                    &mut g.per_layer_input_gate,
-                ),
-                (
-                    format!("model.layers.{i}.per_layer_projection"),
-                    &mut g.per_layer_projection,
-                ),
-            ],
+            Some(g) => g.linears_mut(&format!("model.layers.{i}")),
             None => Vec::new(),
         });
         let mut out: Vec<(String, &mut layers::Linear)> = gates.collect();
         out.extend(match &mut self.per_layer {
-            Some(p) => vec![
-                (
-                    "model.embed_tokens_per_layer".to_owned(),
-                    &mut p.embed_tokens_per_layer.table,
-                ),
-                (
-                    "model.per_layer_model_projection".to_owned(),
-                    &mut p.per_layer_model_projection,
-                ),
-            ],
+            Some(p) => p.linears_mut(),
             None => Vec::new(),
         });
         out
@@ -302,7 +335,7 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
         .clone()
         .unwrap_or_else(default_rope_parameters);
     let sliding_layers = sliding_layers(&args)?;
-    let kv_from = kv_sources(&args, &sliding_layers)?;
+    let kv_from = kv_sources("gemma4_text", args.num_kv_shared_layers, &sliding_layers)?;
     let mut layers = Vec::with_capacity(args.num_hidden_layers);
     for (sliding, kv_from) in sliding_layers.into_iter().zip(kv_from) {
         let kind = if sliding {
@@ -360,7 +393,15 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma4>, Eng
     };
     let per_layer = match per_layer_width {
         0 => None,
-        width => Some(PerLayerInputs::load(&mut weights, &args, width)?),
+        width => {
+            let sizes = (args.num_hidden_layers, width, args.hidden_size);
+            Some(PerLayerInputs::load(
+                &mut weights,
+                sizes,
+                args.rms_norm_eps,
+                None,
+            )?)
+        }
     };
     let family = Gemma4 {
         embed_scale: (args.hidden_size as f64).sqrt() as f32,
@@ -399,17 +440,22 @@ fn experts(args: &Args) -> Result<MoeSpec, EngineError> {
 
 /// For each layer, the earlier layer whose keys and values it attends to (`None`: its own):
 /// the last `num_kv_shared_layers` layers take those of the last layer of their kind before them.
-fn kv_sources(args: &Args, sliding: &[bool]) -> Result<Vec<Option<usize>>, EngineError> {
+/// `family` names the model type in errors.
+pub(super) fn kv_sources(
+    family: &str,
+    shared: Option<i64>,
+    sliding: &[bool],
+) -> Result<Vec<Option<usize>>, EngineError> {
     let n = sliding.len();
-    let shared = args.num_kv_shared_layers.unwrap_or(0).max(0) as usize;
+    let shared = shared.unwrap_or(0).max(0) as usize;
     let invalid = |detail: String| EngineError::load(LoadErrorKind::InvalidWeights, detail);
     if shared == 0 {
         return Ok(vec![None; n]);
     }
     if shared >= n {
         return Err(invalid(format!(
-            "config.json: gemma4_text `num_kv_shared_layers` is {shared} (20 when absent) but \
-             there are {n} layers; at least one must have its own keys and values"
+            "config.json: {family} `num_kv_shared_layers` is {shared} but there are {n} layers; \
+             at least one must have its own keys and values"
         )));
     }
     let first_shared = n - shared;
@@ -421,7 +467,7 @@ fn kv_sources(args: &Args, sliding: &[bool]) -> Result<Vec<Option<usize>>, Engin
             let source = (0..first_shared).rev().find(|&i| sliding[i] == sliding[j]);
             source.map(Some).ok_or_else(|| {
                 invalid(format!(
-                    "config.json: gemma4_text layer {j} shares keys and values, but no layer of \
+                    "config.json: {family} layer {j} shares keys and values, but no layer of \
                      its kind before layer {first_shared} has its own"
                 ))
             })
@@ -478,7 +524,7 @@ mod tests {
         let sliding = sliding_layers(&a).unwrap();
         assert_eq!(sliding.len(), 35);
         assert_eq!(&sliding[..5], [true, true, true, true, false]);
-        let sources = kv_sources(&a, &sliding).unwrap();
+        let sources = kv_sources("gemma4_text", a.num_kv_shared_layers, &sliding).unwrap();
         assert!(sources[..15].iter().all(Option::is_none));
         // Layer 14 is the last full layer before 15, layer 13 the last sliding one.
         assert_eq!(sources[15], Some(13));
@@ -494,7 +540,7 @@ mod tests {
     fn sharing_every_layer_or_a_kind_without_a_source_is_refused() {
         let all = args(json!({"num_hidden_layers": 4, "num_kv_shared_layers": 4}));
         let sliding = sliding_layers(&all).unwrap();
-        assert!(kv_sources(&all, &sliding).is_err());
+        assert!(kv_sources("gemma4_text", all.num_kv_shared_layers, &sliding).is_err());
         // Layers 0-1 are sliding, 2 and 3 share; layer 3 is full with no full layer before.
         let config = json!({
             "num_hidden_layers": 4,
@@ -504,7 +550,7 @@ mod tests {
         });
         let a = args(config);
         let sliding = sliding_layers(&a).unwrap();
-        assert!(kv_sources(&a, &sliding).is_err());
+        assert!(kv_sources("gemma4_text", a.num_kv_shared_layers, &sliding).is_err());
     }
 
     #[test]

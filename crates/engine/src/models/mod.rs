@@ -15,6 +15,7 @@ mod ernie4_5;
 mod exaone4;
 mod falcon_h1;
 mod gemma3_text;
+mod gemma3n;
 mod gemma4;
 mod gemma4_text;
 mod glm4_moe;
@@ -52,6 +53,7 @@ mod smollm3;
 pub use dflash::{BlockKind, DFlash, Proposer};
 pub use eagle3::Eagle3;
 pub(crate) use mistral3::text_config as mistral3_text_config;
+use model::text_config_as;
 pub(crate) use model::{parse_args, text_number};
 pub use model::{Batching, Input, LanguageModel, Tap};
 
@@ -73,6 +75,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "falcon_h1",
     "falcon_mamba",
     "gemma3_text",
+    "gemma3n",
     "gemma4",
     "gemma4_text",
     "glm4_moe",
@@ -117,6 +120,7 @@ pub const ARCHITECTURES: &[&str] = &[
 /// `mistral3` with a `vision_config` is a vision model (`vision/mistral3.rs`); without one, its
 /// language model alone.
 pub const TEXT_OF_MULTIMODAL: &[&str] = &[
+    "gemma3n",
     "gemma4",
     "kimi_k25",
     "llama4",
@@ -188,6 +192,10 @@ pub fn build(
     // the wrappers) its text config, built as the model that names.
     let (unwrapped, weights) = match model_type {
         "gemma4" => (Some(gemma4::text_config(config)?), language_model(weights)),
+        "gemma3n" => (
+            Some(text_config_as(config, "gemma3n", "gemma3n_text")?),
+            language_model(weights),
+        ),
         "mistral3" => (
             Some(mistral3::text_config(config)?),
             language_model(weights),
@@ -238,6 +246,8 @@ pub fn build(
         "exaone4" => Ok(Box::new(exaone4::load(config, weights)?)),
         "falcon_h1" => Ok(Box::new(falcon_h1::load(config, weights)?)),
         "gemma3_text" => Ok(Box::new(gemma3_text::load(config, weights)?)),
+        // Only under a `gemma3n` checkpoint (mlx-lm has no gemma3n_text of its own).
+        "gemma3n_text" => Ok(Box::new(gemma3n::load(config, weights)?)),
         "gemma4_text" => Ok(Box::new(gemma4_text::load(config, weights)?)),
         "glm4_moe" => Ok(Box::new(glm4_moe::load(config, weights)?)),
         "gpt_oss" => Ok(Box::new(gpt_oss::load(config, weights)?)),

@@ -8,13 +8,14 @@ use crate::{
     layers::gated_delta::GatedDeltaNet,
     layers::kimi_delta::KimiDelta,
     layers::kv_cache::{KvCache, LayerKv, SharedKv, StateCache},
+    layers::laurel::Laurel,
     layers::mamba::Mamba,
     layers::mamba2::Mamba2,
     layers::mla::LatentAttention,
     layers::moe::SparseMoe,
     layers::parallel::Reduce,
     layers::short_conv::ShortConv,
-    layers::{Attention, GatedMlp, Linear, Norm, Result, RmsNorm, RotaryAngles},
+    layers::{scalar_like, Attention, GatedMlp, Linear, Norm, Result, RmsNorm, RotaryAngles},
 };
 
 pub(super) enum Norms {
@@ -27,6 +28,13 @@ pub(super) enum Norms {
         post_attention_layernorm: Norm,
         pre_feedforward_layernorm: Norm,
         post_feedforward_layernorm: Norm,
+    },
+    SandwichLaurel {
+        input_layernorm: Norm,
+        post_attention_layernorm: Norm,
+        pre_feedforward_layernorm: Norm,
+        post_feedforward_layernorm: Norm,
+        laurel: Box<Laurel>,
     },
     PostNorm {
         post_attention_layernorm: Norm,
@@ -268,6 +276,22 @@ impl Block {
             } => {
                 let r = one(attn(&input_layernorm.forward(x)?)?)?;
                 let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
+                let r = self.mlp_forward(&pre_feedforward_layernorm.forward(&h)?, &h)?;
+                family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
+            }
+            Norms::SandwichLaurel {
+                input_layernorm,
+                post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
+                laurel,
+            } => {
+                let normed = input_layernorm.forward(x)?;
+                let beside = laurel.forward(&normed)?;
+                let r = one(attn(&normed)?)?;
+                let h = family.residual(x, &post_attention_layernorm.forward(&r)?)?;
+                let h = h.add(&beside)?;
+                let h = h.multiply(scalar_like(2f64.powf(-0.5) as f32, &h)?)?;
                 let r = self.mlp_forward(&pre_feedforward_layernorm.forward(&h)?, &h)?;
                 family.residual(&h, &post_feedforward_layernorm.forward(&r)?)
             }

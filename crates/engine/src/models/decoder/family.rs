@@ -74,6 +74,31 @@ pub trait Family {
         Ok(out)
     }
 
+    /// The hidden state the layers carry, from the scaled embeddings (after
+    /// [`Family::per_layer_inputs`] read them): Gemma 3n's AltUp streams `(n, B, L, hidden)`;
+    /// every other family carries `h` itself.
+    fn widen(&self, h: Array) -> Result<Array> {
+        Ok(h)
+    }
+
+    /// `(B, L, hidden)` for the final norm, from what the layers carried ([`Family::widen`]).
+    fn narrow(&self, h: Array) -> Result<Array> {
+        Ok(h)
+    }
+
+    /// Layer `index` over the carried hidden state `h`: its block (`block`, over `(B, L,
+    /// hidden)`), then [`Family::finish_layer`].
+    fn layer(
+        &self,
+        index: usize,
+        h: &Array,
+        per_layer_input: Option<&Array>,
+        block: &mut dyn FnMut(&Array) -> Result<Array>,
+    ) -> Result<Array> {
+        let out = block(h)?;
+        self.finish_layer(index, out, per_layer_input)
+    }
+
     /// The family's own linear layers under their checkpoint names.
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         Vec::new()

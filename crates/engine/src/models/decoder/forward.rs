@@ -100,9 +100,10 @@ impl<F: Family> Decoder<F> {
                 ))
             }
         };
-        let mut h = self.family.scale_embeddings(h)?;
+        let h = self.family.scale_embeddings(h)?;
         let per_layer = self.family.per_layer_inputs(input.tokens, &h)?;
         let n = h.dim(1);
+        let mut h = self.family.widen(h)?;
         let masks = caches.masks(&self.mask_sources, n)?;
         // M-RoPE's angles, once per pass (mlx-vlm's `position_embeddings`).
         let angles = match (&self.mrope, input.positions) {
@@ -149,8 +150,17 @@ impl<F: Family> Decoder<F> {
             // A KV-shared layer rotates its queries by its own RoPE (at the sharing layer's
             // offset), never by a pass's M-RoPE angles.
             let angles = angles.as_ref().filter(|_| layer.kv_from.is_none());
-            let (out, shared) = layer.forward(&self.family, &h, kv, angles)?;
-            h = (self.family).finish_layer(self.first_layer + i, out, layer_input.as_ref())?;
+            let (mut kv, mut shared) = (Some(kv), None);
+            let mut block = |x: &Array| {
+                let kv = kv.take().ok_or_else(|| {
+                    mlx_rs::error::Exception::custom("a layer's block runs once per pass")
+                })?;
+                let (out, kept) = layer.forward(&self.family, x, kv, angles)?;
+                shared = kept;
+                Ok(out)
+            };
+            let index = self.first_layer + i;
+            h = (self.family).layer(index, &h, layer_input.as_ref(), &mut block)?;
             if shared.is_some() {
                 kept[i] = shared;
             }
@@ -168,6 +178,7 @@ impl<F: Family> Decoder<F> {
         if let Some(p) = pipeline {
             h = parallel::hand_on(p, h)?;
         }
+        let h = self.family.narrow(h)?;
         Ok((caches.head_positions(h)?, captured))
     }
 }

@@ -13,6 +13,7 @@ use crate::{
     error::{EngineError, LoadErrorKind},
     layers::gated_delta::GatedDeltaNet,
     layers::kimi_delta::KimiDelta,
+    layers::laurel::Laurel,
     layers::mamba::Mamba,
     layers::mamba2::Mamba2,
     layers::mla::{Indexer, LatentAttention, LatentQuery, MlaSpec, MultiLinear},
@@ -272,6 +273,13 @@ pub(super) fn load_block(
             post_attention_layernorm: load_norm("post_attention_layernorm")?,
             pre_feedforward_layernorm: load_norm("pre_feedforward_layernorm")?,
             post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
+        },
+        NormLayout::SandwichLaurel => Norms::SandwichLaurel {
+            input_layernorm: load_norm("input_layernorm")?,
+            post_attention_layernorm: load_norm("post_attention_layernorm")?,
+            pre_feedforward_layernorm: load_norm("pre_feedforward_layernorm")?,
+            post_feedforward_layernorm: load_norm("post_feedforward_layernorm")?,
+            laurel: Box::new(Laurel::load(weights, &format!("{p}.laurel"), eps)?),
         },
         NormLayout::PostNorm => Norms::PostNorm {
             post_attention_layernorm: load_norm("post_attention_layernorm")?,

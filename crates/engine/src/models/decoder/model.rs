@@ -5,7 +5,7 @@ use std::rc::Rc;
 use mlx_rs::Array;
 
 use super::{
-    block::{Block, Mixer},
+    block::{Block, Mixer, Norms},
     family::{Family, Llama},
     mtp::MtpHead,
 };
@@ -228,6 +228,10 @@ impl<F: Family> LanguageModel for Decoder<F> {
             );
             let mlp = l.mlp.linears_mut().into_iter();
             out.extend(mlp.map(|(n, linear)| (format!("{p}.{n}"), linear)));
+            if let Norms::SandwichLaurel { laurel, .. } = &mut l.norms {
+                let named = laurel.linears_mut().into_iter();
+                out.extend(named.map(|(n, linear)| (format!("{p}.laurel.{n}"), linear)));
+            }
         }
         out.extend(self.family.linears_mut());
         out.extend(self.lm_head.as_mut().map(|h| ("lm_head".to_owned(), h)));

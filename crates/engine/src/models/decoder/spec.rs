@@ -134,6 +134,10 @@ pub enum NormLayout {
     PreNorm,
     /// Also a norm on each sublayer's output before the residual add (Gemma 3).
     Sandwich,
+    /// [`NormLayout::Sandwich`] with Gemma 3n's low-rank residual (`laurel`) beside attention:
+    /// `h = (x + norm(attn(n)) + laurel(n)) / sqrt(2)` with `n = norm(x)`, then the MLP as in
+    /// a sandwich.
+    SandwichLaurel,
     /// Only the norms on the sublayers' outputs: `h = x + norm(attn(x)); h + norm(mlp(h))`
     /// (OLMo 2).
     PostNorm,
