@@ -525,6 +525,26 @@ QWEN3_VL = {
     },
 }
 
+# The tiny Qwen3-VL-MoE: the tiny Qwen3-VL with Qwen3-MoE's experts (4 of 64, top 2,
+# renormalised) in layers 1 and 2 (layer 0 dense: `mlp_only_layers`), the tower Qwen3-VL's
+# (mlx-vlm's qwen3_vl_moe swaps its two GELUs: exact in the blocks, tanh in the mergers).
+QWEN3_VL_MOE = {
+    **QWEN3_VL,
+    "model_type": "qwen3_vl_moe",
+    "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+    "text_config": {
+        **QWEN3_VL["text_config"],
+        "model_type": "qwen3_vl_moe_text",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [0],
+        "norm_topk_prob": True,
+    },
+    "vision_config": {**QWEN3_VL["vision_config"], "model_type": "qwen3_vl_moe"},
+}
+
 # Qwen3-VL's preprocessor_config.json (its sizes as `size`), with a small pixel budget.
 QWEN3_VL_PREPROCESSOR = {
     "do_convert_rgb": True,
@@ -623,7 +643,18 @@ def qwen_vl_layout(weights, layout):
 def build_qwen3_vl(spec, out, tokenizer_dirs):
     from mlx_vlm.models import qwen3_vl
 
-    model, config = random_model(qwen3_vl, QWEN3_VL, spec, lambda path, p: None)
+    build_qwen3_vl_like(qwen3_vl, QWEN3_VL, spec, out, tokenizer_dirs)
+
+
+def build_qwen3_vl_moe(spec, out, tokenizer_dirs):
+    from mlx_vlm.models import qwen3_vl_moe
+
+    build_qwen3_vl_like(qwen3_vl_moe, QWEN3_VL_MOE, spec, out, tokenizer_dirs)
+
+
+def build_qwen3_vl_like(family, base, spec, out, tokenizer_dirs):
+    """Qwen3-VL and Qwen3-VL-MoE: the text settings under `text_config`, Qwen3-VL's template."""
+    model, config = random_model(family, base, spec, lambda path, p: None)
     quantize_like_convert(model, config, spec)
     weights = dict(tree_flatten(model.parameters()))
     if layout := spec.get("layout"):
@@ -925,6 +956,7 @@ BUILDERS = {
     "qwen2_vl": build_qwen2_vl,
     "qwen2_5_vl": build_qwen2_5_vl,
     "qwen3_vl": build_qwen3_vl,
+    "qwen3_vl_moe": build_qwen3_vl_moe,
     "idefics3": build_idefics3,
     "smolvlm": build_idefics3,
 }

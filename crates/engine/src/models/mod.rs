@@ -110,7 +110,6 @@ pub const ARCHITECTURES: &[&str] = &[
     "qwen3_5_moe",
     "qwen3_moe",
     "qwen3_next",
-    "qwen3_vl_moe",
     "seed_oss",
     "smollm3",
 ];
@@ -278,8 +277,9 @@ pub fn build(
         // Only under a Qwen2-VL/Qwen2.5-VL (`vision::split`), which gives the positions.
         "qwen2_5_vl_text" => Ok(Box::new(qwen2_5_vl_text::load(config, weights)?)),
         "qwen3" => Ok(Box::new(qwen3::load(config, weights)?)),
-        // Only under a Qwen3-VL, likewise.
-        "qwen3_vl_text" => Ok(Box::new(qwen3_vl_text::load(config, weights)?)),
+        // Only under a Qwen3-VL or Qwen3-VL-MoE, likewise.
+        "qwen3_vl_text" => Ok(Box::new(qwen3_vl_text::load(config, weights, false)?)),
+        "qwen3_vl_moe_text" => Ok(Box::new(qwen3_vl_text::load(config, weights, true)?)),
         "qwen3_5" | "qwen3_5_moe" => Ok(Box::new(qwen3_5::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
         "qwen3_next" => Ok(Box::new(qwen3_next::load(config, weights)?)),

@@ -41,6 +41,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "qwen2_vl",
     "qwen2_5_vl",
     "qwen3_vl",
+    "qwen3_vl_moe",
     "idefics3",
     "smolvlm",
 ];
@@ -73,6 +74,15 @@ pub(crate) fn split(
             };
             let processor = shared::image_processor(dir, model_type)?;
             let (vision, text) = qwen_vl::load(family, config, weights, processor)?;
+            Ok((Some(Box::new(vision)), text))
+        }
+        // Qwen3-VL-MoE with its tower (mlx-vlm's conversions, Hugging Face's releases); a
+        // checkpoint without one (mlx-lm's conversions keep `vision_config` but drop the tower)
+        // runs as text, as mlx-lm runs it.
+        "qwen3_vl_moe" if holds_patch_embedding(weights) => {
+            let processor = shared::image_processor(dir, model_type)?;
+            let (vision, text) =
+                qwen_vl::load(qwen_vl::Family::Qwen3Moe, config, weights, processor)?;
             Ok((Some(Box::new(vision)), text))
         }
         // Mistral Small 4 (a `mistral4` language model) runs as text, as mlx-lm runs it:
@@ -108,6 +118,17 @@ pub(crate) fn split(
         )),
         _ => Ok((None, config.clone())),
     }
+}
+
+/// Whether a Qwen-VL checkpoint holds its vision tower's patch embedding, under any of the
+/// names `qwen_vl.rs` reads.
+fn holds_patch_embedding(weights: &Weights) -> bool {
+    let towers = ["vision_tower.", "model.visual.", "visual."];
+    (weights.names()).any(|n| {
+        towers
+            .iter()
+            .any(|t| n.starts_with(&format!("{t}patch_embed.")))
+    })
 }
 
 #[cfg(test)]

@@ -89,19 +89,29 @@ pub struct Patching {
     pub merge: i32,
 }
 
-/// The weight names and activation that differ between Qwen2-VL's blocks and Qwen3-VL's.
-struct Naming {
+/// The weight names and activations that differ between Qwen2-VL's blocks and Qwen3-VL's.
+pub struct Naming {
     fc1: &'static str,
     fc2: &'static str,
     act: fn(&Array) -> layers::Result<Array>,
     merger: [&'static str; 3],
+    merger_act: fn(&Array) -> layers::Result<Array>,
 }
 
-const QWEN3: Naming = Naming {
+pub const QWEN3: Naming = Naming {
     fc1: "mlp.linear_fc1",
     fc2: "mlp.linear_fc2",
     act: gelu_approx,
     merger: ["norm", "linear_fc1", "linear_fc2"],
+    merger_act: gelu,
+};
+
+/// Qwen3-VL-MoE's tower, as mlx-vlm 0.7.0's `qwen3_vl_moe` builds it: Qwen3-VL's with the two
+/// GELUs the other way round (exact in the blocks, tanh in the mergers).
+pub const QWEN3_MOE: Naming = Naming {
+    act: gelu,
+    merger_act: gelu_approx,
+    ..QWEN3
 };
 
 const QWEN2: Naming = Naming {
@@ -109,6 +119,7 @@ const QWEN2: Naming = Naming {
     fc2: "mlp.fc2",
     act: quick_gelu,
     merger: ["ln_q", "mlp.0", "mlp.2"],
+    merger_act: gelu,
 };
 
 /// mlx-vlm's vision LayerNorms are `nn.LayerNorm(..., eps=1e-6)`, whatever config.json says.
@@ -148,11 +159,12 @@ impl Block {
 }
 
 /// A patch merger: each 2x2 unit of patches concatenated, normed before (the main merger) or
-/// after the concatenation (deepstack's), `Linear`, exact GELU, `Linear`.
+/// after the concatenation (deepstack's), `Linear`, GELU (exact but in Qwen3-VL-MoE), `Linear`.
 struct Merger {
     norm: LayerNorm,
     fc1: Linear,
     fc2: Linear,
+    act: fn(&Array) -> layers::Result<Array>,
     postshuffle: bool,
 }
 
@@ -168,6 +180,7 @@ impl Merger {
             norm: w.layer_norm(&format!("{p}.{norm}"), NORM_EPS)?,
             fc1: w.linear(&format!("{p}.{fc1}"))?,
             fc2: w.linear(&format!("{p}.{fc2}"))?,
+            act: names.merger_act,
             postshuffle,
         })
     }
@@ -177,7 +190,7 @@ impl Merger {
             true => self.norm.forward(&x.reshape(&[-1, width])?)?,
             false => self.norm.forward(x)?.reshape(&[-1, width])?,
         };
-        self.fc2.forward(&gelu(&self.fc1.forward(&x)?)?)
+        self.fc2.forward(&(self.act)(&self.fc1.forward(&x)?)?)
     }
 }
 
@@ -194,7 +207,8 @@ pub struct Qwen3Vit {
 }
 
 impl Qwen3Vit {
-    pub fn load(args: Vit3Config, w: &mut Weights) -> Result<Self, EngineError> {
+    /// Qwen3-VL's tower (`names`: [`QWEN3`], or [`QWEN3_MOE`] for Qwen3-VL-MoE's).
+    pub fn load(args: Vit3Config, w: &mut Weights, names: &Naming) -> Result<Self, EngineError> {
         let side = (args.num_position_embeddings as f64).sqrt() as i32;
         if side * side != args.num_position_embeddings || side < 1 {
             return Err(EngineError::load(
@@ -225,7 +239,7 @@ impl Qwen3Vit {
         };
         let shape = (args.hidden_size, args.num_heads);
         let mut tower =
-            Self::blocks_and_merger(w, &QWEN3, args.depth, shape, args.in_channels, patching)?;
+            Self::blocks_and_merger(w, names, args.depth, shape, args.in_channels, patching)?;
         tower.pos_embed = Some(w.take("pos_embed.weight")?);
         tower.deepstack = args
             .deepstack_visual_indexes
@@ -233,7 +247,7 @@ impl Qwen3Vit {
             .enumerate()
             .map(|(k, &i)| {
                 let p = format!("deepstack_merger_list.{k}");
-                Ok((i, Merger::load(w, &p, &QWEN3, true)?))
+                Ok((i, Merger::load(w, &p, names, true)?))
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
         Ok(tower)

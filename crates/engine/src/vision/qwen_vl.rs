@@ -26,7 +26,7 @@ use crate::{
         model::PromptTokens,
         model::VisionModel,
         qwen2_5_vit::{QwenVit, VitConfig},
-        qwen3_vit::{Patching, Qwen3Vit, Vit2Config, Vit3Config},
+        qwen3_vit::{self, Patching, Qwen3Vit, Vit2Config, Vit3Config},
         shared::ImageInputs,
     },
 };
@@ -37,6 +37,7 @@ pub enum Family {
     Qwen2,
     Qwen25,
     Qwen3,
+    Qwen3Moe,
 }
 
 impl Family {
@@ -45,6 +46,7 @@ impl Family {
             Family::Qwen2 => "Qwen2-VL",
             Family::Qwen25 => "Qwen2.5-VL",
             Family::Qwen3 => "Qwen3-VL",
+            Family::Qwen3Moe => "Qwen3-VL-MoE",
         }
     }
 }
@@ -82,6 +84,7 @@ fn text_config(family: Family, config: &Value) -> Value {
     let (mut text, model_type) = match family {
         Family::Qwen2 | Family::Qwen25 => (top_or_nested, "qwen2_5_vl_text"),
         Family::Qwen3 => (nested, "qwen3_vl_text"),
+        Family::Qwen3Moe => (nested, "qwen3_vl_moe_text"),
     };
     if let Some(obj) = text.as_object_mut() {
         obj.remove("vision_config");
@@ -167,9 +170,13 @@ pub fn load(
                 args.vision_start_token_id,
             )
         }
-        Family::Qwen3 => {
+        Family::Qwen3 | Family::Qwen3Moe => {
             let args: Args<Vit3Config> = parse_args(config)?;
-            let tower = Qwen3Vit::load(args.vision_config, &mut tower_weights)?;
+            let names = match family {
+                Family::Qwen3Moe => &qwen3_vit::QWEN3_MOE,
+                _ => &qwen3_vit::QWEN3,
+            };
+            let tower = Qwen3Vit::load(args.vision_config, &mut tower_weights, names)?;
             (
                 Tower::Whole(tower),
                 args.image_token_id,
