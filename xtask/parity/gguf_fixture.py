@@ -26,7 +26,12 @@ What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is
   list with 0 for each convolution layer, `shortconv.l_cache`, the MLP width as LFM2 adjusts
   `block_ff_dim` (its `LFM2Model`);
 - Qwen3-MoE, Mixtral (as `llama`), GPT-OSS: the experts stacked, one 3-D tensor per projection
-  (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`.
+  (`ffn_{gate,up,down}_exps`); GPT-OSS's sinks named `attn_sinks.weight`;
+- GLM-4 MoE (`glm4moe`, its `Glm4MoeModel`): the experts stacked, the router's correction bias
+  as `exp_probs_b.bias`, the MoE keys (shared experts, leading dense blocks, sigmoid gating,
+  weights scale and norm), and the multi-token-prediction layer the releases carry as one more
+  block (`nextn_predict_layers`, `block_count` counting it): with the spec's `"nextn": true`, a
+  copy of the last layer plus random `nextn.*` tensors, which the import must drop.
 """
 
 import json
@@ -47,6 +52,7 @@ ARCHITECTURES = {
     "phi3": gguf.MODEL_ARCH.PHI3,
     "gpt_oss": gguf.MODEL_ARCH.GPT_OSS,
     "lfm2": gguf.MODEL_ARCH.LFM2,
+    "glm4_moe": gguf.MODEL_ARCH.GLM4_MOE,
 }
 
 # mlx-lm's stacked experts (`<moe>.switch_mlp.<proj>`) -> gguf-py's tensor kind.
@@ -71,6 +77,8 @@ def gguf_name(name, arch, name_map):
     if name.endswith(".sinks"):
         # llama.cpp's converter names the sinks like a weight.
         name += ".weight"
+    # ... and DeepSeek-style routers' correction bias like a bias.
+    name = name.replace("e_score_correction_bias", "e_score_correction.bias")
     mapped = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
     if mapped is None:
         raise SystemExit(f"gguf_fixture: no GGUF name for {name} ({gguf.MODEL_ARCH_NAMES[arch]})")
@@ -142,8 +150,22 @@ def exact_in_gguf(weights, spec):
     return out
 
 
+def nextn_layer(config, weights):
+    """GLM-4 MoE's multi-token-prediction layer as its releases store it: block
+    `num_hidden_layers`, a decoder layer (here a copy of the last) with `eh_proj` and its norms."""
+    n, hidden = config["num_hidden_layers"], config["hidden_size"]
+    last = f"model.layers.{n - 1}."
+    layer = {f"model.layers.{n}." + k[len(last):]: v for k, v in weights.items() if k.startswith(last)}
+    layer[f"model.layers.{n}.eh_proj.weight"] = mx.random.normal((hidden, 2 * hidden)) * 0.02
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        layer[f"model.layers.{n}.{norm}.weight"] = mx.ones((hidden,))
+    return layer
+
+
 def tensors(config, weights, arch, spec):
-    name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    if spec.get("nextn"):
+        weights = {**weights, **nextn_layer(config, weights)}
+    name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"] + 1)
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     kinds = quantized_kinds(weights, spec)
     for name, value in weights.items():
@@ -179,7 +201,7 @@ def lfm2_ff_dim(config):
     return ff_dim
 
 
-def add_hyperparameters(w, config, arch):
+def add_hyperparameters(w, config, arch, spec):
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     if arch == gguf.MODEL_ARCH.LFM2:
         attends = [t == "full_attention" for t in config["layer_types"]]
@@ -193,7 +215,8 @@ def add_hyperparameters(w, config, arch):
         w.add_vocab_size(config["vocab_size"])
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
-    w.add_block_count(config["num_hidden_layers"])
+    nextn = 1 if spec.get("nextn") else 0
+    w.add_block_count(config["num_hidden_layers"] + nextn)
     w.add_feed_forward_length(config["intermediate_size"])
     w.add_head_count(config["num_attention_heads"])
     w.add_head_count_kv(config["num_key_value_heads"])
@@ -211,6 +234,16 @@ def add_hyperparameters(w, config, arch):
         # are feed_forward_length wide).
         w.add_expert_count(config["num_local_experts"])
         w.add_expert_used_count(config["num_experts_per_tok"])
+    if arch == gguf.MODEL_ARCH.GLM4_MOE:
+        w.add_expert_count(config["n_routed_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        w.add_expert_shared_count(config["n_shared_experts"])
+        w.add_leading_dense_block_count(config["first_k_dense_replace"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(config["routed_scaling_factor"])
+        w.add_expert_weights_norm(config["norm_topk_prob"])
+        w.add_nextn_predict_layers(nextn)
     if arch == gguf.MODEL_ARCH.GPT_OSS:
         w.add_expert_count(config["num_local_experts"])
         w.add_expert_used_count(config["num_experts_per_tok"])
@@ -253,7 +286,7 @@ def write_gguf(config, weights, fixture_dir, name, spec):
     path = Path(fixture_dir) / f"{name}.gguf"
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
     w.add_name(name)
-    add_hyperparameters(w, config, arch)
+    add_hyperparameters(w, config, arch, spec)
     add_tokenizer(w, config, Path(fixture_dir), spec.get("pre", "smollm"))
     for tensor_name, value, kind in tensors(config, weights, arch, spec):
         w.add_tensor(tensor_name, value, raw_dtype=kind)

@@ -129,6 +129,9 @@ fn plan_tensors<'a>(
         let target = arch
             .target(&info.name, hp)
             .ok_or_else(|| ImportError::UnmappedTensor(info.name.clone()))?;
+        if target.transform == Transform::Drop {
+            continue;
+        }
         let mut shape = info.shape();
         if target.transform == Transform::AddChannelAxis {
             if shape.len() != 2 {
@@ -267,7 +270,7 @@ impl View for LazyTensor<'_> {
             self.error.borrow_mut().get_or_insert(e);
         }
         match self.planned.transform {
-            Transform::None | Transform::AddChannelAxis => {}
+            Transform::None | Transform::AddChannelAxis | Transform::Drop => {}
             Transform::UnpermuteHeads(heads) => {
                 let cols = self.planned.shape[1];
                 values = unpermute_rows(&values, heads, cols);

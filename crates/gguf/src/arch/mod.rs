@@ -6,6 +6,7 @@
 //! `ALL`, and a `gguf` parity fixture (`xtask/parity/gguf_fixture.py`) proving the round trip.
 
 mod gemma3;
+mod glm4_moe;
 mod gpt_oss;
 mod lfm2;
 mod llama;
@@ -29,6 +30,7 @@ pub(crate) enum Architecture {
     Phi3,
     GptOss,
     Lfm2,
+    Glm4Moe,
 }
 
 /// The `general.architecture` names the importer converts, for messages.
@@ -49,6 +51,9 @@ pub(crate) enum Transform {
     /// Subtract 1 from every value: llama.cpp stores Gemma's RMSNorm weights as `1 + w`, while
     /// Hugging Face (and mlx-lm) store `w` and compute `x * (1 + w)`.
     SubtractOne,
+    /// Not written: a part of the file the model does not run (GLM-4 MoE's
+    /// multi-token-prediction layer, which mlx-lm drops too).
+    Drop,
 }
 
 /// A tensor's destination in the Hugging Face checkpoint.
@@ -60,7 +65,7 @@ pub(crate) struct TensorTarget {
 
 impl Architecture {
     /// Every architecture the importer converts.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Llama,
         Self::Gemma3,
         Self::Qwen2,
@@ -69,6 +74,7 @@ impl Architecture {
         Self::Phi3,
         Self::GptOss,
         Self::Lfm2,
+        Self::Glm4Moe,
     ];
 
     /// The architecture named by `general.architecture`.
@@ -91,12 +97,13 @@ impl Architecture {
             Self::Phi3 => "phi3",
             Self::GptOss => "gpt-oss",
             Self::Lfm2 => "lfm2",
+            Self::Glm4Moe => "glm4moe",
         }
     }
 
     /// Hyperparameters read from the metadata.
     pub fn hyperparameters(self, file: &GgufFile) -> Result<Hyperparameters, ImportError> {
-        let hp = Hyperparameters::read(file, self.name())?;
+        let mut hp = Hyperparameters::read(file, self.name())?;
         // A list of one count for every layer is the same as one count; an uneven one means
         // layers of kinds only LFM2's mapping knows.
         let uneven = (hp.kv_heads_per_layer.as_ref())
@@ -110,6 +117,29 @@ impl Architecture {
         }
         match self {
             Self::Qwen3Moe | Self::GptOss => check_experts(&hp, self.name())?,
+            Self::Glm4Moe => {
+                check_experts(&hp, self.name())?;
+                // llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID`, which mlx-lm's glm4_moe
+                // always runs.
+                if hp.expert_gating_func.is_some_and(|f| f != 2) {
+                    return Err(ImportError::Inconsistent(
+                        "glm4moe.expert_gating_func is not sigmoid (2), the only routing \
+                         GLM-4 MoE has"
+                            .into(),
+                    ));
+                }
+                if hp.nextn_layers >= hp.num_layers {
+                    return Err(ImportError::Inconsistent(format!(
+                        "glm4moe.nextn_predict_layers ({}) leaves none of the {} blocks to the \
+                         model",
+                        hp.nextn_layers, hp.num_layers
+                    )));
+                }
+                // block_count counts the multi-token-prediction layers, which are dropped.
+                hp.num_layers -= hp.nextn_layers;
+                hp.attention_bias = file.tensor("blk.0.attn_q.bias").is_some();
+                hp.qk_norm = file.tensor("blk.0.attn_q_norm.weight").is_some();
+            }
             // Mixtral.
             Self::Llama if hp.experts.is_some() => check_experts(&hp, self.name())?,
             Self::Lfm2 => match (&hp.kv_heads_per_layer, hp.short_conv_cache) {
@@ -138,6 +168,7 @@ impl Architecture {
             Self::Phi3 => phi3::config(hp),
             Self::GptOss => gpt_oss::config(hp),
             Self::Lfm2 => lfm2::config(hp),
+            Self::Glm4Moe => glm4_moe::config(hp),
         }
     }
 
@@ -148,6 +179,7 @@ impl Architecture {
             Self::Llama => llama::target(gguf_name, hp),
             Self::Gemma3 => gemma3::target(gguf_name, hp),
             Self::Lfm2 => lfm2::target(gguf_name, hp),
+            Self::Glm4Moe => glm4_moe::target(gguf_name, hp),
             _ => renamed(gguf_name, hp, self.block(hp)),
         }
     }
@@ -156,6 +188,7 @@ impl Architecture {
     pub fn required_tensors(self, hp: &Hyperparameters) -> Vec<String> {
         match self {
             Self::Lfm2 => lfm2::required_tensors(hp),
+            Self::Glm4Moe => glm4_moe::required_tensors(hp),
             _ => required_names(hp.num_layers, self.block(hp)),
         }
     }
@@ -170,8 +203,8 @@ impl Architecture {
             Self::Qwen3Moe => &qwen3_moe::BLOCK,
             Self::Phi3 => &phi3::BLOCK,
             Self::GptOss => &gpt_oss::BLOCK,
-            // Its layers differ: `lfm2::target` and `lfm2::required_tensors` choose per layer.
-            Self::Lfm2 => &[],
+            // Their layers differ: their `target` and `required_tensors` choose per layer.
+            Self::Lfm2 | Self::Glm4Moe => &[],
         }
     }
 }
@@ -206,6 +239,18 @@ pub(crate) struct Hyperparameters {
     pub kv_heads_per_layer: Option<Vec<usize>>,
     /// `<arch>.shortconv.l_cache`: a short convolution's taps (LFM2).
     pub short_conv_cache: Option<usize>,
+    /// `<arch>.expert_shared_count`, `.leading_dense_block_count`, `.expert_weights_scale`,
+    /// `.expert_gating_func` (GLM-4 MoE).
+    pub shared_experts: Option<usize>,
+    pub leading_dense_blocks: Option<usize>,
+    pub expert_weights_scale: Option<f64>,
+    pub expert_gating_func: Option<u32>,
+    /// `<arch>.nextn_predict_layers`: multi-token-prediction blocks after the model's
+    /// (GLM-4 MoE; `num_layers` excludes them once the architecture has read them).
+    pub nextn_layers: usize,
+    /// What the tensors say where the metadata does not (GLM-4 MoE): q/k/v biases, q/k norms.
+    pub attention_bias: bool,
+    pub qk_norm: bool,
 }
 
 /// A mixture of experts' sizes.
@@ -280,6 +325,13 @@ impl Hyperparameters {
             },
             kv_heads_per_layer,
             short_conv_cache: file.get_as(&key("shortconv.l_cache"))?,
+            shared_experts: file.get_as(&key("expert_shared_count"))?,
+            leading_dense_blocks: file.get_as(&key("leading_dense_block_count"))?,
+            expert_weights_scale: f32_value(file, &key("expert_weights_scale"))?,
+            expert_gating_func: file.get_as(&key("expert_gating_func"))?,
+            nextn_layers: file.get_as(&key("nextn_predict_layers"))?.unwrap_or(0),
+            attention_bias: false,
+            qk_norm: false,
         })
     }
 }
@@ -358,7 +410,11 @@ fn hf_name<'a>(
 
 /// Where a GGUF tensor goes when the architecture changes no values on the way (the
 /// architectures llama.cpp runs with NeoX-style RoPE, whose q/k rows are not regrouped).
-fn renamed(gguf_name: &str, hp: &Hyperparameters, tables: &[&BlockTable]) -> Option<TensorTarget> {
+pub(super) fn renamed(
+    gguf_name: &str,
+    hp: &Hyperparameters,
+    tables: &[&BlockTable],
+) -> Option<TensorTarget> {
     let (hf_name, _) = hf_name(gguf_name, hp.num_layers, tables)?;
     Some(TensorTarget {
         hf_name,
