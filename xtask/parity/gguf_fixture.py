@@ -13,7 +13,8 @@ spec).
 What llama.cpp's converter (convert_hf_to_gguf.py) does besides renaming, and is done here:
 - `llama` (and Mistral and Mixtral, which llama.cpp converts as `llama`): q/k rows regrouped so that rotary
   pairs are adjacent (its `LlamaModel.permute`); the other architectures use NeoX-style RoPE and
-  keep the Hugging Face rows;
+  keep the Hugging Face rows. Llama 3's RoPE scaling becomes a tensor of per-frequency factors,
+  `rope_freqs.weight` (its `generate_extra_tensors`, in float32), and no metadata;
 - `"experts": "MXFP4"` in the spec: expert weights stored as MXFP4 blocks (GPT-OSS's released
   format); `"matrices": "Q8_0"` (or another type gguf-py can quantize: Q4_0, Q4_1, Q5_0, Q5_1)
   for the other 2-D weights. The checkpoint's weights are first rounded to the values those
@@ -162,7 +163,33 @@ def nextn_layer(config, weights):
     return layer
 
 
+def llama3_rope_freqs(config):
+    """The factors llama.cpp's converter stores for Llama 3's RoPE scaling, or None."""
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") != "llama3":
+        return None
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    base = np.float32(config["rope_theta"])
+    freqs = np.float32(1.0) / (base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    # The converter reads the original context at the top level of config.json, 8192 if absent.
+    old = config.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs:
+        wavelen = np.float32(2 * np.pi) / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (np.float32(old) / wavelen - np.float32(low)) / np.float32(high - low)
+            out.append(1 / ((1 - smooth) / np.float32(factor) + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def tensors(config, weights, arch, spec):
+    if arch == gguf.MODEL_ARCH.LLAMA and (freqs := llama3_rope_freqs(config)) is not None:
+        yield gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", freqs, None
     if spec.get("nextn"):
         weights = {**weights, **nextn_layer(config, weights)}
     name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"] + 1)

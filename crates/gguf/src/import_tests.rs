@@ -278,6 +278,40 @@ fn refuses_what_it_cannot_convert() {
 }
 
 #[test]
+fn llama3_rope_factors_become_rope_scaling_and_other_tables_are_refused() {
+    // Heads of 4 features: two frequencies. At base 1e9 the second's wavelength (about 2e5) is
+    // past Llama 3's 8192 / 1: its factor is the scaling's; the first's (2 pi) keeps 1.
+    let with_factors = |factors: &[f32]| {
+        let mut spec = tiny_llama(false);
+        for (key, value) in spec.metadata.iter_mut() {
+            if key == "llama.rope.freq_base" {
+                *value = V::F32(1e9);
+            }
+        }
+        spec.f32_tensor("rope_freqs.weight", &[factors.len() as u64], factors)
+    };
+    assert_eq!(HIDDEN / HEADS, 4);
+    let (dir, report) = import(&with_factors(&[1.0, 32.0]));
+    report.unwrap();
+    let out = dir.path().join("out");
+    let config = json_file(&out.join("config.json"));
+    assert_eq!(config["rope_scaling"]["rope_type"], "llama3");
+    assert_eq!(config["rope_scaling"]["factor"], 32.0);
+    assert_eq!(
+        config["rope_scaling"]["original_max_position_embeddings"],
+        8192
+    );
+    let st = std::fs::read(out.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&st).unwrap();
+    assert!(st.names().iter().all(|n| !n.contains("rope_freqs")));
+    // Scaled where Llama 3 keeps the frequency: another scaling, refused by name.
+    assert!(matches!(
+        import(&with_factors(&[32.0, 32.0])).1,
+        Err(ImportError::Inconsistent(m)) if m.contains("not Llama 3's scaling")
+    ));
+}
+
+#[test]
 fn an_lfm2_file_without_its_layer_kinds_is_refused() {
     let mut spec = tiny_llama(false);
     for (key, value) in spec.metadata.iter_mut() {

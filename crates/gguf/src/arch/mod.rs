@@ -117,6 +117,13 @@ impl Architecture {
         }
         match self {
             Self::Qwen3Moe | Self::GptOss => check_experts(&hp, self.name())?,
+            Self::Llama => {
+                if hp.experts.is_some() {
+                    // Mixtral.
+                    check_experts(&hp, self.name())?;
+                }
+                hp.llama3_rope = llama::llama3_rope(file, &hp)?;
+            }
             Self::Glm4Moe => {
                 check_experts(&hp, self.name())?;
                 // llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID`, which mlx-lm's glm4_moe
@@ -140,8 +147,6 @@ impl Architecture {
                 hp.attention_bias = file.tensor("blk.0.attn_q.bias").is_some();
                 hp.qk_norm = file.tensor("blk.0.attn_q_norm.weight").is_some();
             }
-            // Mixtral.
-            Self::Llama if hp.experts.is_some() => check_experts(&hp, self.name())?,
             Self::Lfm2 => match (&hp.kv_heads_per_layer, hp.short_conv_cache) {
                 (Some(per_layer), Some(_)) if per_layer.len() == hp.num_layers => {}
                 _ => {
@@ -251,6 +256,8 @@ pub(crate) struct Hyperparameters {
     /// What the tensors say where the metadata does not (GLM-4 MoE): q/k/v biases, q/k norms.
     pub attention_bias: bool,
     pub qk_norm: bool,
+    /// Llama 3's RoPE scaling, recovered from the `rope_freqs.weight` factors (`llama`).
+    pub llama3_rope: Option<llama::Llama3Rope>,
 }
 
 /// A mixture of experts' sizes.
@@ -332,6 +339,7 @@ impl Hyperparameters {
             nextn_layers: file.get_as(&key("nextn_predict_layers"))?.unwrap_or(0),
             attention_bias: false,
             qk_norm: false,
+            llama3_rope: None,
         })
     }
 }
