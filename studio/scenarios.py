@@ -23,7 +23,9 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -459,6 +461,46 @@ def worker_other_models(results: dict) -> None:
         finally:
             child.close()
 
+    def discovered():
+        # No `spec_draft_model`: a DFlash companion named for the model (z-lab's naming,
+        # `<model>-DFlash`) in the local Hugging Face cache is found by Studio's own discovery
+        # (`discover_companions`) and drafts under `dflash`; under `dspark` none of that kind is
+        # cached, and outside `spec_drafters_allowed` it is not looked at.
+        hub = tempfile.mkdtemp(prefix="studio-hub-")
+        repo = f"z-lab/{os.path.basename(TINY_QWEN3_5.rstrip('/'))}-DFlash"
+        folder = os.path.join(hub, "models--" + repo.replace("/", "--"))
+        snapshot = os.path.join(folder, "snapshots", "0" * 40)
+        os.makedirs(snapshot)
+        os.makedirs(os.path.join(folder, "refs"))
+        with open(os.path.join(folder, "refs", "main"), "w") as ref:
+            ref.write("0" * 40)
+        source = os.path.join(TINY_QWEN3_5, "dflash")
+        for file in os.listdir(source):
+            os.symlink(os.path.join(source, file), os.path.join(snapshot, file))
+        saved = {k: os.environ.get(k) for k in ("HF_HUB_CACHE", "HF_HUB_OFFLINE")}
+        os.environ.update(HF_HUB_CACHE=hub, HF_HUB_OFFLINE="1")
+        runs = [("dflash", None, "dflash", None), ("dspark", None, "ngram", "drafter_not_found"),
+                ("dflash", ["other/drafter"], "ngram", "drafter_not_found")]
+        try:
+            for mode, allowed, kind, reason in runs:
+                config = spawn_config(TINY_QWEN3_5, speculative_type=mode, spec_drafters_allowed=allowed)
+                child = Child(config)
+                try:
+                    info = child.loaded["model_info"]
+                    check(info["spec_drafter_kind"] == kind and info["spec_fallback_reason"] == reason, str(info))
+                    check(info["spec_draft_model"] is None, str(info))
+                    _, tokens = child.generate(max_new_tokens=12)
+                    check(tokens and cumulative(tokens), str(tokens))
+                finally:
+                    child.close()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            shutil.rmtree(hub, ignore_errors=True)
+
     def mtp():
         # Qwen3.5 with its own multi-token-prediction head (the tiny fixture's, made with
         # mlx-vlm's drafter class): Studio's `mtp` mode drafts with it; `auto` on this text-only
@@ -516,6 +558,7 @@ def worker_other_models(results: dict) -> None:
     results[("Gemma 3 270M: load with 8-bit KV, chat", "worker")] = attempt(gemma3)
     results[("Qwen3.5: its own MTP head as Studio's mtp drafter, not auto's on text", "worker")] = attempt(mtp)
     results[("Qwen3.5: DFlash, DFlash2, DSpark and EAGLE-3 companions as Studio's drafters", "worker")] = attempt(dflash)
+    results[("Qwen3.5: a DFlash companion found in the hub cache by Studio's discovery", "worker")] = attempt(discovered)
     results[("thinking (template opens <think>), tools", "worker")] = attempt(thinking_and_tools)
     results[("gpt-oss harmony: analysis as <think>, final answer", "worker")] = attempt(harmony)
     results[("LoRA: adapter on, off, on", "worker")] = attempt(lora)

@@ -327,12 +327,13 @@ class MLXInferenceBackend:
         returns True or raises, leaving the models already loaded as they were.
 
         The keywords are Studio's (``worker.py`` passes them all). ``hf_token`` goes to the
-        worker's hub client only, never into ``os.environ``; ``gpu_ids`` and
-        ``spec_drafters_allowed`` are accepted and ignored (MLX has one device; the worker has
-        no companion drafters to filter). What the worker cannot do is reported in Studio's
-        fields, as Studio's backend reports it, not raised.
+        worker's hub client only, never into ``os.environ``; ``gpu_ids`` is accepted and ignored
+        (MLX has one device). Without a ``spec_draft_model``, a companion drafter named for the
+        model in the local Hugging Face cache is found by Studio's own discovery, within
+        ``spec_drafters_allowed`` (:func:`_cached_companion`). What the worker cannot do is
+        reported in Studio's fields, as Studio's backend reports it, not raised.
         """
-        del gpu_ids, spec_drafters_allowed
+        del gpu_ids
         name = config.identifier if hasattr(config, "identifier") else str(config)
         if distributed_group is not None and _group_size(distributed_group) > 1:
             raise ValueError(
@@ -350,6 +351,9 @@ class MLXInferenceBackend:
         kv_sent = kv_bits if (not turboquant and kv_bits in WORKER_KV_BITS) else None
         mode = spec_mode(speculative_type)
         draft_model = spec_draft_model if (spec_draft_model and mode in ("auto", *_COMPANION_MODES)) else None
+        if not spec_draft_model:
+            vision = bool(getattr(config, "is_vision", False))
+            draft_model = _cached_companion(mode, name, vision, spec_drafters_allowed)
         params: dict[str, Any] = {
             "max_seq_length": int(max_seq_length) if max_seq_length and int(max_seq_length) > 0 else 0,
             "load_in_4bit": bool(load_in_4bit),
@@ -1061,6 +1065,33 @@ def _offload_fields(offload: Any) -> dict[str, Any]:
 # "dflash"), and the modes that load one.
 _COMPANION_KINDS = {"dflash": "dflash", "dflash2": "dflash", "dspark": "dspark", "eagle3": "eagle3"}
 _COMPANION_MODES = ("dflash", "dspark", "eagle3")
+
+
+def _cached_companion(mode: str, name: str, vision: bool, allowed: Any) -> str | None:
+    """The snapshot of a companion drafter for model ``name`` in the local Hugging Face cache,
+    found as Studio 2026.10 finds one (its ``mlx_speculative.discover_companions``: a repo
+    named for the target, e.g. ``z-lab/Qwen3-8B-DFlash`` for ``Qwen/Qwen3-8B``, whose config
+    fits the target's shape, within ``allowed`` repos when given), of a kind the worker loads:
+    under ``dflash`` / ``dspark`` / ``eagle3`` that kind, under ``auto`` the first (Studio's
+    order) and only where Studio's ``speculates_on_route`` looks (a vision model). ``None``
+    outside Studio's process or where none is cached."""
+    if not (mode in _COMPANION_MODES or (mode == "auto" and vision)):
+        return None
+    try:
+        from core.inference import mlx_speculative as spec
+        from utils.utils import hf_cache_snapshot_dir
+    except ImportError:
+        return None
+    try:
+        target = name if os.path.isdir(name) else hf_cache_snapshot_dir(name)
+        target_config = spec._read_config(target) if target is not None else {}
+        found = spec.discover_companions(name, target_config, allowed)
+    except Exception:  # a cache that cannot be read finds nothing, as in Studio
+        return None
+    for source in found:
+        if source.kind in _COMPANION_MODES and (mode == "auto" or source.kind == mode):
+            return str(source.path)
+    return None
 
 
 def _speculation(
