@@ -191,11 +191,14 @@ const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\
 
 /// `tokenizer.ggml.pre` names whose text is split by one rule before byte-level BPE (the
 /// families' tokenizer.json pipelines; transformers' GGUF tokenizer builder has the same table).
-const SPLIT_RULES: [(&str, &str); 6] = [
+const SPLIT_RULES: [(&str, &str); 8] = [
     (QWEN2, QWEN2_SPLIT),
     ("llama-bpe", LLAMA3_SPLIT),
     ("llama3", LLAMA3_SPLIT),
     ("llama-v3", LLAMA3_SPLIT),
+    // GLM-4 and GLM-4.5+ (llama.cpp's CHATGLM4: Llama 3's rule, contractions spelled out).
+    ("glm4", LLAMA3_SPLIT),
+    ("chatglm-bpe", LLAMA3_SPLIT),
     ("tekken", TEKKEN_SPLIT),
     ("gpt-4o", GPT4O_SPLIT),
 ];

@@ -15,10 +15,23 @@ pub struct Laurel {
 
 impl Laurel {
     /// `linear_left`, `linear_right` and `post_laurel_norm` under `prefix` (`...laurel`).
+    /// `left` must map the hidden state to the rank, `right` back.
     pub fn load(weights: &mut Weights, prefix: &str, eps: f32) -> LoadResult<Self> {
+        let linear_left = weights.linear(&format!("{prefix}.linear_left"))?;
+        let linear_right = weights.linear(&format!("{prefix}.linear_right"))?;
+        let ((rank, hidden), right) = (linear_left.dims(), linear_right.dims());
+        if right != (hidden, rank) {
+            return Err(crate::error::EngineError::load(
+                crate::error::LoadErrorKind::InvalidWeights,
+                format!(
+                    "{prefix}.linear_right is {right:?}, but linear_left is ({rank}, {hidden}): \
+                     it must be ({hidden}, {rank})"
+                ),
+            ));
+        }
         Ok(Self {
-            linear_left: weights.linear(&format!("{prefix}.linear_left"))?,
-            linear_right: weights.linear(&format!("{prefix}.linear_right"))?,
+            linear_left,
+            linear_right,
             post_laurel_norm: weights.rms_norm(&format!("{prefix}.post_laurel_norm"), eps)?,
         })
     }

@@ -28,7 +28,7 @@ use mlx_rs::{ops, Array, Dtype};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::gemma4_text::{kv_sources, PerLayerGate, PerLayerInputs};
+use super::gemma4_text::{kv_sources, sliding_of, PerLayerGate, PerLayerInputs};
 use crate::{
     error::{EngineError, LoadErrorKind},
     layers::activation::topk_std_multiplier,
@@ -249,11 +249,24 @@ impl Family for Gemma3n {
                 ));
             }
         }
+        let modality_router = weights.linear(&format!("{p}.altup.modality_router"))?;
+        if modality_router.dims() != (n, self.hidden) {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!(
+                    "{p}.altup.modality_router is {:?}, but altup_num_inputs {n} over hidden {} \
+                     needs ({n}, {})",
+                    modality_router.dims(),
+                    self.hidden,
+                    self.hidden
+                ),
+            ));
+        }
         let altup = AltUp {
             correct_output_scale: weights.take(&format!("{p}.altup.correct_output_scale"))?,
             correction_coefs,
             prediction_coefs,
-            modality_router: weights.linear(&format!("{p}.altup.modality_router"))?,
+            modality_router,
             router_norm: weights.rms_norm(&format!("{p}.altup.router_norm"), self.rms_norm_eps)?,
             gate: PerLayerGate::load(weights, p, self.rms_norm_eps)?,
         };
@@ -287,12 +300,6 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma3n>, En
     let args: Args = parse_args(config)?;
     let invalid = |detail: String| EngineError::load(LoadErrorKind::InvalidWeights, detail);
     let n = args.num_hidden_layers;
-    if args.layer_types.len() < n {
-        return Err(invalid(format!(
-            "config.json: gemma3n `layer_types` lists {} layers but `num_hidden_layers` is {n}",
-            args.layer_types.len()
-        )));
-    }
     if args.altup_num_inputs < 2 || !(0..args.altup_num_inputs).contains(&args.altup_active_idx) {
         return Err(invalid(format!(
             "config.json: gemma3n needs `altup_num_inputs` >= 2 and `altup_active_idx` among \
@@ -300,21 +307,19 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma3n>, En
             args.altup_num_inputs, args.altup_active_idx
         )));
     }
-    let sliding = (args.layer_types[..n].iter())
-        .map(|t| match t.as_str() {
-            "full_attention" => Ok(false),
-            "sliding_attention" => Ok(true),
-            other => Err(EngineError::load(
-                LoadErrorKind::UnsupportedArchitecture,
-                format!(
-                    "gemma3n: layer type `{other}` (config.json `layer_types`) is not \
-                     supported; full_attention and sliding_attention are"
-                ),
-            )),
-        })
-        .collect::<Result<Vec<bool>, _>>()?;
+    let sliding = sliding_of("gemma3n", &args.layer_types, n)?;
     let kv_from = kv_sources("gemma3n", Some(args.num_kv_shared_layers), &sliding)?;
     let sparsity = args.activation_sparsity_pattern.clone().unwrap_or_default();
+    // mlx-lm reads one per layer (an index past them fails there); 1 or more has no cutoff.
+    let valid = |s: &f64| (0.0..1.0).contains(s);
+    if args.activation_sparsity_pattern.is_some()
+        && (sparsity.len() < n || !sparsity.iter().all(valid))
+    {
+        return Err(invalid(format!(
+            "config.json: gemma3n `activation_sparsity_pattern` needs a sparsity in [0, 1) for \
+             each of the {n} layers (given {sparsity:?})"
+        )));
+    }
     let mut layers = Vec::with_capacity(n);
     for (i, (sliding, kv_from)) in sliding.into_iter().zip(kv_from).enumerate() {
         let theta = match sliding {
@@ -348,9 +353,19 @@ pub fn load(config: &Value, mut weights: Weights) -> Result<Decoder<Gemma3n>, En
         });
     }
     sanitize(&mut weights, true);
+    let hidden = args.hidden_size;
     let projections = |weights: &mut Weights, name: &str| {
         (0..args.altup_num_inputs - 1)
-            .map(|k| weights.linear(&format!("model.{name}.{k}")))
+            .map(|k| {
+                let linear = weights.linear(&format!("model.{name}.{k}"))?;
+                match linear.dims() == (hidden, hidden) {
+                    true => Ok(linear),
+                    false => Err(invalid(format!(
+                        "model.{name}.{k} is {:?}, not ({hidden}, {hidden})",
+                        linear.dims()
+                    ))),
+                }
+            })
             .collect::<Result<Vec<_>, _>>()
     };
     let family = Gemma3n {

@@ -125,8 +125,23 @@ impl PerLayerInputs {
         eps: f32,
         vocab: Option<i32>,
     ) -> Result<Self, EngineError> {
+        let embed_tokens_per_layer = weights.embedding("model.embed_tokens_per_layer")?;
+        // A token's row is read by id: a table narrower than its layers' inputs, or shorter
+        // than the ids that reach it, must fail here, not gather out of bounds later.
+        let (rows, columns) = embed_tokens_per_layer.table.dims();
+        let wide = layers as i32 * width;
+        if columns != wide || vocab.is_some_and(|v| v != rows) {
+            return Err(EngineError::load(
+                LoadErrorKind::InvalidWeights,
+                format!(
+                    "model.embed_tokens_per_layer is ({rows}, {columns}), but config.json asks \
+                     for {} rows of {layers} layers x {width} features",
+                    vocab.map_or("its".to_owned(), |v| v.to_string())
+                ),
+            ));
+        }
         Ok(Self {
-            embed_tokens_per_layer: weights.embedding("model.embed_tokens_per_layer")?,
+            embed_tokens_per_layer,
             per_layer_model_projection: weights.linear("model.per_layer_model_projection")?,
             per_layer_projection_norm: weights.rms_norm("model.per_layer_projection_norm", eps)?,
             layers: layers as i32,
@@ -479,15 +494,27 @@ pub(super) fn kv_sources(
 /// `sliding_window_pattern`-th layer is full attention (mlx-lm's tiling of the pattern).
 fn sliding_layers(args: &Args) -> Result<Vec<bool>, EngineError> {
     let n = args.num_hidden_layers;
-    let Some(types) = &args.layer_types else {
-        let p = args.sliding_window_pattern;
-        return Ok((1..=n as i64).map(|i| p > 1 && i % p != 0).collect());
-    };
+    match &args.layer_types {
+        Some(types) => sliding_of("gemma4_text", types, n),
+        None => {
+            let p = args.sliding_window_pattern;
+            Ok((1..=n as i64).map(|i| p > 1 && i % p != 0).collect())
+        }
+    }
+}
+
+/// Whether each of the `n` layers `types` (config.json's `layer_types`) names is a
+/// sliding-window one; `family` names the model type in errors.
+pub(super) fn sliding_of(
+    family: &str,
+    types: &[String],
+    n: usize,
+) -> Result<Vec<bool>, EngineError> {
     if types.len() < n {
         return Err(EngineError::load(
             LoadErrorKind::InvalidWeights,
             format!(
-                "config.json: gemma4_text `layer_types` lists {} layers but \
+                "config.json: {family} `layer_types` lists {} layers but \
                  `num_hidden_layers` is {n}",
                 types.len()
             ),
@@ -501,7 +528,7 @@ fn sliding_layers(args: &Args) -> Result<Vec<bool>, EngineError> {
             other => Err(EngineError::load(
                 LoadErrorKind::UnsupportedArchitecture,
                 format!(
-                    "gemma4_text: layer type `{other}` (config.json `layer_types`) is not \
+                    "{family}: layer type `{other}` (config.json `layer_types`) is not \
                      supported; full_attention and sliding_attention are"
                 ),
             )),

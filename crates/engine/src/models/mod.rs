@@ -394,6 +394,44 @@ mod tests {
         config
     }
 
+    /// A tiny `gemma3n` checkpoint's config.json, its text config changed by `fields`.
+    fn gemma3n_with(fields: Value) -> Value {
+        let mut text = json!({
+            "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "head_dim": 16,
+            "rms_norm_eps": 1e-6, "num_key_value_heads": 2, "num_kv_shared_layers": 0,
+            "vocab_size_per_layer_input": 12, "sliding_window": 16,
+            "max_position_embeddings": 128, "rope_local_base_freq": 10000.0,
+            "rope_theta": 1000000.0, "final_logit_softcapping": 30.0,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "activation_sparsity_pattern": [0.95], "hidden_size_per_layer_input": 16,
+            "altup_num_inputs": 4, "altup_coef_clip": 120.0, "altup_correct_scale": true,
+            "altup_active_idx": 0,
+        });
+        text.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        json!({"model_type": "gemma3n", "text_config": text})
+    }
+
+    #[test]
+    fn gemma3n_refuses_a_sparsity_per_layer_missing_and_a_per_layer_table_of_other_sizes() {
+        let short = gemma3n_with(json!({"activation_sparsity_pattern": []}));
+        let (kind, detail) = refusal(short);
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(detail.contains("activation_sparsity_pattern"), "{detail}");
+        let (_, detail) = refusal(gemma3n_with(json!({"activation_sparsity_pattern": [1.0]})));
+        assert!(detail.contains("[0, 1)"), "{detail}");
+        // 12 rows of 1 layer x 16 features wanted; 10 rows of 8 stored.
+        let table = Array::zeros::<f32>(&[10, 8]).unwrap();
+        let tensors = [("model.embed_tokens_per_layer.weight".to_string(), table)];
+        let (kind, detail) = refusal_with(gemma3n_with(json!({})), tensors.into_iter().collect());
+        assert_eq!(kind, LoadErrorKind::InvalidWeights);
+        assert!(
+            detail.contains("model.embed_tokens_per_layer is (10, 8)"),
+            "{detail}"
+        );
+    }
+
     #[test]
     fn unknown_model_type_is_unsupported_and_named() {
         let (kind, detail) = refusal(tiny("rwkv7"));

@@ -90,6 +90,8 @@ pub(super) fn config(hp: &Hyperparameters) -> Map<String, Value> {
         "num_experts_per_tok": experts.used,
         "moe_intermediate_size": experts.feed_forward_length,
         "n_shared_experts": hp.shared_experts.unwrap_or(0),
+        // The converter writes these only where config.json has them; transformers'
+        // Glm4MoeConfig defaults (the model's meaning without them) are 1.0 and true.
         "routed_scaling_factor": hp.expert_weights_scale.unwrap_or(1.0),
         "norm_topk_prob": experts.normalize.unwrap_or(true),
         "n_group": 1,

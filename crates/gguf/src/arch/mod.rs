@@ -142,8 +142,17 @@ impl Architecture {
                         hp.nextn_layers, hp.num_layers
                     )));
                 }
-                // block_count counts the multi-token-prediction layers, which are dropped.
+                // block_count counts the multi-token-prediction layers, which are dropped:
+                // the first of them must be one (`nextn.eh_proj`), not a layer of the model.
                 hp.num_layers -= hp.nextn_layers;
+                let first = format!("blk.{}.nextn.eh_proj.weight", hp.num_layers);
+                if hp.nextn_layers > 0 && file.tensor(&first).is_none() {
+                    return Err(ImportError::Inconsistent(format!(
+                        "glm4moe.nextn_predict_layers says the last {} block(s) predict ahead, \
+                         but the file has no {first}",
+                        hp.nextn_layers
+                    )));
+                }
                 hp.attention_bias = file.tensor("blk.0.attn_q.bias").is_some();
                 hp.qk_norm = file.tensor("blk.0.attn_q_norm.weight").is_some();
             }

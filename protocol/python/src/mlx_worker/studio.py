@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import os
 import time
 from typing import Any, Iterable, Iterator
@@ -351,7 +352,10 @@ class MLXInferenceBackend:
         kv_sent = kv_bits if (not turboquant and kv_bits in WORKER_KV_BITS) else None
         mode = spec_mode(speculative_type)
         draft_model = spec_draft_model if (spec_draft_model and mode in ("auto", *_COMPANION_MODES)) else None
-        if not spec_draft_model:
+        # Studio looks for none where it cannot speculate (`speculation_refusal`: a quantized KV
+        # cache, an adapter).
+        refused = kv_bits is not None or turboquant or getattr(config, "is_lora", False)
+        if not spec_draft_model and not refused:
             vision = bool(getattr(config, "is_vision", False))
             draft_model = _cached_companion(mode, name, vision, spec_drafters_allowed)
         params: dict[str, Any] = {
@@ -1086,7 +1090,8 @@ def _cached_companion(mode: str, name: str, vision: bool, allowed: Any) -> str |
         target = name if os.path.isdir(name) else hf_cache_snapshot_dir(name)
         target_config = spec._read_config(target) if target is not None else {}
         found = spec.discover_companions(name, target_config, allowed)
-    except Exception:  # a cache that cannot be read finds nothing, as in Studio
+    except Exception as e:  # a cache that cannot be read finds nothing, as in Studio
+        logging.getLogger(__name__).warning("mlx-worker: no companion drafter discovery: %s", e)
         return None
     for source in found:
         if source.kind in _COMPANION_MODES and (mode == "auto" or source.kind == mode):
@@ -1129,11 +1134,14 @@ def _speculation(
     elif mode == "auto" and not (named or vision):
         pass
     elif mode == "auto":
-        if draft_model:
+        # Studio's order: a named drafter, then the built-in head, then a discovered companion.
+        if draft_model and named:
             kind, method = _COMPANION_KINDS.get(draft_kind, "draft_model"), "draft_model"
         elif mtp_layers:
             kind, method = "mtp", "mtp"
             reason = "drafter_incompatible" if draft_refused else None
+        elif draft_model:
+            kind, method = _COMPANION_KINDS.get(draft_kind, "draft_model"), "draft_model"
         elif draft_refused:
             reason = "drafter_incompatible"
     elif mode == "mtp" and mtp_layers:
