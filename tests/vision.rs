@@ -362,6 +362,7 @@ async fn a_multimodal_checkpoint_without_its_tower_runs_as_text() {
     for (name, architecture) in [
         ("tiny-gemma4-multimodal", "gemma4"),
         ("tiny-mistral3-mistral4", "mistral3"),
+        ("tiny-gemma3n", "gemma3n"),
     ] {
         let Some((dir, images)) = fixture(name) else {
             return;
