@@ -211,10 +211,16 @@ async fn the_prompt_cache_reuses_an_image_only_for_that_image() {
 /// A vision encoder's output is kept by the image's pixels: another question about the same
 /// image, sharing no KV prefix with the first past its opening (the text before the image
 /// differs), skips the tower (`usage.cached_images`) and answers what a fresh worker answers;
-/// another image runs the tower. Gemma 3 (SigLIP) and Qwen3-VL (deepstack rows kept too).
+/// another image runs the tower. Gemma 3 (SigLIP), Qwen3-VL (deepstack rows kept too) and
+/// Qwen3-VL-MoE.
 #[tokio::test]
 async fn an_images_encoder_output_is_kept_for_the_next_question_about_it() {
-    for (name, architecture) in [("tiny-gemma3-vl", "gemma3"), ("tiny-qwen3-vl", "qwen3_vl")] {
+    let fixtures = [
+        ("tiny-gemma3-vl", "gemma3"),
+        ("tiny-qwen3-vl", "qwen3_vl"),
+        ("tiny-qwen3-vl-moe-vision", "qwen3_vl_moe"),
+    ];
+    for (name, architecture) in fixtures {
         let Some((dir, images)) = fixture(name) else {
             return;
         };
