@@ -222,7 +222,7 @@ async fn an_images_encoder_output_is_kept_for_the_next_question_about_it() {
     ];
     for (name, architecture) in fixtures {
         let Some((dir, images)) = fixture(name) else {
-            return;
+            continue;
         };
         let ask = |question: &str, img: &Path| {
             greedy(vec![user(vec![text(question), image(model_id(img))])])
@@ -371,7 +371,7 @@ async fn a_multimodal_checkpoint_without_its_tower_runs_as_text() {
         ("tiny-gemma3n", "gemma3n"),
     ] {
         let Some((dir, images)) = fixture(name) else {
-            return;
+            continue;
         };
         let w = worker(&[]);
         let loaded = within_for(LIMIT, w.call::<Load>(&LoadParams::new(model_id(&dir))))

@@ -182,7 +182,15 @@ impl Weights {
                 ),
             )
         })?;
-        Ok((get("group_size", 64), get("bits", 4), mode))
+        let (group_size, bits) = (get("group_size", 64), get("bits", 4));
+        // Sizes are divided by both: a damaged config must fail here, not divide by zero.
+        if !(1..=8).contains(&bits) || group_size <= 0 {
+            return Err(invalid(format!(
+                "`{path}`: quantization bits {bits} / group_size {group_size} are not what MLX \
+                 quantizes (1-8 bits, groups of 32, 64 or 128)"
+            )));
+        }
+        Ok((group_size, bits, mode))
     }
 
     /// A linear layer at `prefix` (`prefix.weight`, optional `.bias`, `.scales`/`.biases`).

@@ -126,11 +126,12 @@ impl PerLayerInputs {
         vocab: Option<i32>,
     ) -> Result<Self, EngineError> {
         let embed_tokens_per_layer = weights.embedding("model.embed_tokens_per_layer")?;
-        // A token's row is read by id: a table narrower than its layers' inputs, or shorter
-        // than the ids that reach it, must fail here, not gather out of bounds later.
+        // A token's row is read by id: a table narrower than its layers' inputs, or (where the
+        // family bounds the ids: Gemma 3n) of another height, must fail here, not gather out of
+        // bounds later.
         let (rows, columns) = embed_tokens_per_layer.table.dims();
-        let wide = layers as i32 * width;
-        if columns != wide || vocab.is_some_and(|v| v != rows) {
+        let wide = layers as i64 * width as i64;
+        if columns as i64 != wide || vocab.is_some_and(|v| v != rows) {
             return Err(EngineError::load(
                 LoadErrorKind::InvalidWeights,
                 format!(

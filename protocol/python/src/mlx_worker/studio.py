@@ -353,8 +353,9 @@ class MLXInferenceBackend:
         mode = spec_mode(speculative_type)
         draft_model = spec_draft_model if (spec_draft_model and mode in ("auto", *_COMPANION_MODES)) else None
         # Studio looks for none where it cannot speculate (`speculation_refusal`: a quantized KV
-        # cache, an adapter).
-        refused = kv_bits is not None or turboquant or getattr(config, "is_lora", False)
+        # cache, an adapter). The worker quantizes only 8 and 4 bits: other widths load without,
+        # and a drafter then drafts (as a named one does).
+        refused = kv_sent is not None or getattr(config, "is_lora", False)
         if not spec_draft_model and not refused:
             vision = bool(getattr(config, "is_vision", False))
             draft_model = _cached_companion(mode, name, vision, spec_drafters_allowed)
@@ -1139,10 +1140,10 @@ def _speculation(
             kind, method = _COMPANION_KINDS.get(draft_kind, "draft_model"), "draft_model"
         elif mtp_layers:
             kind, method = "mtp", "mtp"
-            reason = "drafter_incompatible" if draft_refused else None
+            reason = "drafter_incompatible" if draft_refused and named else None
         elif draft_model:
             kind, method = _COMPANION_KINDS.get(draft_kind, "draft_model"), "draft_model"
-        elif draft_refused:
+        elif draft_refused and named:  # a discovered one passed over says nothing, as in Studio
             reason = "drafter_incompatible"
     elif mode == "mtp" and mtp_layers:
         # A named companion is not loaded here: Studio passes over it to the built-in head.

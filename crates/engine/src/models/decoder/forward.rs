@@ -168,8 +168,8 @@ impl<F: Family> Decoder<F> {
                 h = h.add(rows)?;
             }
             for (slot, _) in (captured.iter_mut().zip(capture)).filter(|(_, &c)| c == i) {
-                // A family carrying several hidden states (Gemma 3n's streams) has none of
-                // `(1, L, hidden)` to give.
+                // A family carrying several hidden states (Gemma 3n's streams, 4-D) has no
+                // `(B, L, hidden)` to give.
                 if h.ndim() != 3 {
                     return Err(mlx_rs::error::Exception::custom(
                         "this model's layers carry several hidden states; a drafter cannot \
