@@ -434,14 +434,20 @@ mod tests {
 
     #[test]
     fn quantization_bits_mlx_cannot_hold_are_refused_at_load() {
-        let config = tiny_with("llama", json!({"quantization": {"bits": 0, "group_size": 64}}));
+        let config = tiny_with(
+            "llama",
+            json!({"quantization": {"bits": 0, "group_size": 64}}),
+        );
         let zeros = |shape: &[i32]| Array::zeros::<f32>(shape).unwrap();
         let tensors = [
             ("model.embed_tokens.weight", zeros(&[8, 8])),
             ("model.embed_tokens.scales", zeros(&[8, 1])),
             ("model.embed_tokens.biases", zeros(&[8, 1])),
         ];
-        let tensors = tensors.into_iter().map(|(n, a)| (n.to_string(), a)).collect();
+        let tensors = tensors
+            .into_iter()
+            .map(|(n, a)| (n.to_string(), a))
+            .collect();
         let (kind, detail) = refusal_with(config, tensors);
         assert_eq!(kind, LoadErrorKind::InvalidWeights);
         assert!(detail.contains("quantization bits 0"), "{detail}");
